@@ -1,0 +1,61 @@
+/* meshalloc public interface.
+ *
+ * The allocator itself is used through the standard C and C++ entry points (malloc, free,
+ * operator new, ...), either by linking with -lmeshalloc or with LD_PRELOAD=libmeshalloc.so.
+ * This header adds introspection and control in the style of jemalloc's mallctl.
+ */
+#ifndef MESHALLOC_H
+#define MESHALLOC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Reads and/or writes the value called `name` (dotted, jemalloc style).
+ *   oldp/oldlenp: where to store the current value and its size (both NULL to skip reading);
+ *   newp/newlen:  the value to write (NULL/0 to skip writing, and for actions).
+ * Returns 0 on success or an errno value: ENOENT for an unknown name, EINVAL for a size
+ * mismatch, EPERM for writing a read-only value.
+ *
+ * Statistics are snapshots refreshed by writing (or reading) "epoch", as in jemalloc:
+ *   "epoch"                       uint64_t  refresh the statistics snapshot
+ *   "version"                     const char*
+ *   "stats.allocated"             size_t    bytes in live objects (rounded to their size class)
+ *   "stats.active"                size_t    bytes in spans holding at least one object
+ *   "stats.resident"              size_t    bytes of physical memory the heap holds
+ *   "stats.mapped"                size_t    bytes of address space committed to the heap
+ *   "stats.metadata"              size_t    bytes used by the allocator's own bookkeeping
+ *   "stats.retained"              size_t    bytes of empty spans kept for reuse (dirty cache)
+ *   "stats.large.allocated"       size_t    bytes in objects larger than the biggest size class
+ *   "arenas.narenas"              unsigned  always 1
+ *   "arenas.nbins"                unsigned  number of small size classes
+ *   "arenas.bin.<j>.size"         size_t    object size of class j
+ *   "stats.arenas.<i>.bins.<j>.curslabs"  size_t  spans of class j
+ *   "stats.arenas.<i>.bins.<j>.curregs"   size_t  live objects of class j
+ *   "stats.classes.<j>.size|spans|objects" size_t same, under meshalloc's own names
+ *   "mesh.count"                  uint64_t  successful meshes since start
+ *   "mesh.released"               size_t    bytes currently released by meshing
+ *   "mesh.released_peak"          size_t    high-water mark of the above
+ *   "mesh.mappings"               size_t    memory mappings the heap currently uses
+ *   "mesh.pauses" / "mesh.pause_total_ns" / "mesh.pause_max_ns"  uint64_t
+ *   "opt.<name>"                  the value of an option (see docs/options.md)
+ * Actions (no value): "arena.<i>.purge", "arena.<i>.decay", "thread.tcache.flush",
+ *   "mesh.compact".
+ */
+int meshalloc_mallctl(const char* name, void* oldp, size_t* oldlenp, void* newp, size_t newlen);
+
+/* Meshes every size class now and returns empty memory to the OS. Returns the number of
+ * bytes released. */
+size_t meshalloc_compact(void);
+
+/* Writes the statistics report to file descriptor `fd`, as text or (json != 0) JSON. */
+void meshalloc_print_stats(int fd, int json);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MESHALLOC_H */
