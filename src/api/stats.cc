@@ -1,0 +1,159 @@
+#include "api/stats.h"
+
+#include "heap/arena.h"
+#include "heap/config.h"
+#include "heap/heap.h"
+#include "heap/internal_heap.h"
+#include "heap/thread_heap.h"
+#include "platform/os.h"
+#include "support/lock.h"
+#include "support/text_writer.h"
+
+namespace meshalloc::api {
+
+namespace {
+constexpr size_t kReportCapacity = 32 << 10;
+constexpr char kVersion[] = "0.1.0";
+
+void writeOptionValue(TextWriter& out, const OptionView& option, bool json) {
+  switch (option.kind) {
+    case OptionView::kBool: out.boolean(*static_cast<bool*>(option.field)); break;
+    case OptionView::kUnsigned: out.unsignedValue(*static_cast<uint64_t*>(option.field)); break;
+    case OptionView::kSize: out.unsignedValue(*static_cast<size_t*>(option.field)); break;
+    case OptionView::kRandomization:
+      out.unsignedValue(static_cast<unsigned>(*static_cast<Randomization*>(option.field)));
+      break;
+    case OptionView::kStatsFormat: {
+      StatsFormat format = *static_cast<StatsFormat*>(option.field);
+      if (json) out.put('"');
+      out.text(format == StatsFormat::kJson ? "json" : format == StatsFormat::kText ? "text" : "off");
+      if (json) out.put('"');
+      break;
+    }
+    case OptionView::kString: {
+      const char* value = *static_cast<const char**>(option.field);
+      if (!value) {
+        out.text(json ? "null" : "(unset)");
+        break;
+      }
+      if (json) out.put('"');
+      for (const char* c = value; *c; c++) {
+        if (json && (*c == '"' || *c == '\\')) out.put('\\');
+        if (static_cast<unsigned char>(*c) >= 0x20) out.put(*c);
+      }
+      if (json) out.put('"');
+      break;
+    }
+  }
+}
+}  // namespace
+
+HeapStats collectStats() {
+  HeapStats stats = {};
+  if (!heap::ensureInitialized()) return stats;
+  size_t pageSize = Arena::pageSize();
+  for (unsigned c = 0; c < kNumSizeClasses; c++) stats.classes[c] = GlobalHeap::classStats(c);
+  // Attached spans are counted through their threads; slots waiting in a shuffle vector are free.
+  ThreadHeap::lockRegistry();
+  for (ThreadHeap* heap = ThreadHeap::registryHead(); heap; heap = heap->nextInRegistry()) {
+    stats.threadHeaps += heap->inUse();
+    for (unsigned c = 0; c < kNumSizeClasses; c++) {
+      ShuffleVector& v = heap->vector(c);
+      MiniHeap* mini = __atomic_load_n(&v.attached, __ATOMIC_RELAXED);
+      if (!mini) continue;
+      uint32_t live = mini->liveCount.load(std::memory_order_relaxed);
+      uint32_t waiting = __atomic_load_n(&v.length, __ATOMIC_RELAXED);
+      stats.classes[c].liveObjects += live > waiting ? live - waiting : 0;
+    }
+  }
+  ThreadHeap::unlockRegistry();
+  for (unsigned c = 0; c < kNumSizeClasses; c++) {
+    stats.allocated += stats.classes[c].liveObjects * stats.classes[c].objectSize;
+  }
+  stats.largeAllocated = GlobalHeap::largeBytes();
+  stats.largeCount = GlobalHeap::largeCount();
+  stats.allocated += stats.largeAllocated;
+  ArenaStats arena = Arena::stats();
+  stats.active = arena.activeBytes;
+  stats.retained = arena.dirtyBytes;
+  stats.reserved = arena.reservedBytes;
+  stats.segments = arena.segmentCount;
+  stats.purgedTotal = arena.purgedBytesTotal;
+  stats.metadata = InternalHeap::bytesMapped();
+  stats.resident = stats.active + stats.retained + stats.metadata;
+  stats.mapped = stats.resident;
+  (void)pageSize;
+  return stats;
+}
+
+void writeStats(int fd, bool json) {
+  HeapStats stats = collectStats();
+  static char buffer[kReportCapacity];  // static: a 32 KiB stack frame could overflow small stacks
+  static Mutex bufferLock;
+  LockGuard guard(bufferLock);
+  TextWriter out(buffer, sizeof(buffer));
+  struct Field {
+    const char* name;
+    uint64_t value;
+  };
+  const Field fields[] = {
+      {"allocated", stats.allocated},      {"active", stats.active},
+      {"resident", stats.resident},        {"mapped", stats.mapped},
+      {"reserved", stats.reserved},        {"metadata", stats.metadata},
+      {"retained", stats.retained},        {"large_allocated", stats.largeAllocated},
+      {"large_count", stats.largeCount},   {"thread_heaps", stats.threadHeaps},
+      {"segments", stats.segments},        {"purged_total", stats.purgedTotal},
+  };
+  if (json) {
+    out.text("{\"version\":\"").text(kVersion).text("\",\"page_size\":").unsignedValue(Arena::pageSize());
+    out.text(",\"options\":{");
+    bool first = true;
+    for (const OptionView* o = optionsBegin(); o != optionsEnd(); o++) {
+      if (!first) out.put(',');
+      first = false;
+      out.put('"').text(o->name).text("\":");
+      writeOptionValue(out, *o, true);
+    }
+    out.text("},\"stats\":{");
+    first = true;
+    for (const Field& f : fields) {
+      if (!first) out.put(',');
+      first = false;
+      out.put('"').text(f.name).text("\":").unsignedValue(f.value);
+    }
+    out.text("},\"classes\":[");
+    for (unsigned c = 0; c < kNumSizeClasses; c++) {
+      const SizeClassStats& s = stats.classes[c];
+      if (c) out.put(',');
+      out.text("{\"size\":").unsignedValue(s.objectSize).text(",\"span_pages\":").unsignedValue(SizeClasses::plan(c).pages);
+      out.text(",\"spans\":").unsignedValue(s.spans).text(",\"objects\":").unsignedValue(s.liveObjects);
+      out.text(",\"partial_spans\":").unsignedValue(s.partialSpans).text(",\"full_spans\":").unsignedValue(s.fullSpans);
+      out.put('}');
+    }
+    out.text("]}\n");
+  } else {
+    out.text("meshalloc ").text(kVersion).text(" statistics\n");
+    for (const Field& f : fields) {
+      out.text("  ").text(f.name);
+      for (size_t pad = 0; pad + __builtin_strlen(f.name) < 16; pad++) out.put(' ');
+      out.unsignedValue(f.value).text("\n");
+    }
+    out.text("  options:");
+    for (const OptionView* o = optionsBegin(); o != optionsEnd(); o++) {
+      out.put(' ').text(o->name).put('=');
+      writeOptionValue(out, *o, false);
+    }
+    out.text("\n  size class   spans  objects  partial   full  utilisation\n");
+    for (unsigned c = 0; c < kNumSizeClasses; c++) {
+      const SizeClassStats& s = stats.classes[c];
+      if (!s.spans) continue;
+      size_t capacity = s.spans * SizeClasses::plan(c).objectCount;
+      out.text("  ").unsignedValue(s.objectSize).text("\t").unsignedValue(s.spans).text("\t").unsignedValue(s.liveObjects);
+      out.text("\t").unsignedValue(s.partialSpans).text("\t").unsignedValue(s.fullSpans).text("\t");
+      out.fixed(capacity ? 100.0 * static_cast<double>(s.liveObjects) / static_cast<double>(capacity) : 0.0, 1).text("%\n");
+    }
+  }
+  os::writeFd(fd, out.data(), out.length());
+}
+
+}  // namespace meshalloc::api

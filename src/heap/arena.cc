@@ -1,0 +1,302 @@
+#include "heap/arena.h"
+
+#include <cstring>
+
+#include "heap/config.h"
+#include "heap/internal_heap.h"
+
+namespace meshalloc {
+
+namespace {
+size_t roundUp(size_t value, size_t multiple) { return (value + multiple - 1) / multiple * multiple; }
+size_t log2Floor(size_t value) { return 63 - static_cast<size_t>(__builtin_clzl(value)); }
+}  // namespace
+
+bool Arena::init() {
+  pageSize_ = os::pageSize();
+  pageShift_ = os::pageShift();
+  // Both top-level tables are reserved lazily: only the entries of granules in use are touched.
+  pageMaps_ = static_cast<std::atomic<uintptr_t>*>(os::reserveAligned(kTopEntries * sizeof(uintptr_t), pageSize_));
+  segments_ = static_cast<std::atomic<Segment*>*>(os::reserveAligned(kTopEntries * sizeof(Segment*), pageSize_));
+  return pageMaps_ && segments_;
+}
+
+size_t Arena::binFor(size_t pages) {
+  if (pages <= kExactBins) return pages - 1;
+  size_t bin = kExactBins + log2Floor(pages) - log2Floor(kExactBins);
+  return bin < kBins ? bin : kBins - 1;
+}
+
+Arena::Segment* Arena::createSegment(size_t bytes, size_t alignment, bool dedicated) {
+  size_t segmentBytes = roundUp(bytes, kGranule);
+  size_t segmentAlignment = alignment > kGranule ? alignment : kGranule;
+  if (segmentBytes < bytes) return nullptr;
+  void* base = os::reserveAligned(segmentBytes, segmentAlignment);
+  if (!base) return nullptr;
+  uintptr_t start = reinterpret_cast<uintptr_t>(base);
+  if (((start + segmentBytes - 1) >> kGranuleShift) >= kTopEntries) {
+    os::unmap(base, segmentBytes);
+    return nullptr;
+  }
+  Segment* segment = static_cast<Segment*>(InternalHeap::allocate(sizeof(Segment)));
+  size_t pages = segmentBytes >> pageShift_;
+  size_t mapBytes = roundUp(pages * sizeof(uint64_t), pageSize_);
+  void* map = segment ? os::reserveAligned(mapBytes, pageSize_) : nullptr;
+  if (!map) {
+    if (segment) InternalHeap::free(segment, sizeof(Segment));
+    os::unmap(base, segmentBytes);
+    return nullptr;
+  }
+  segment->base = start;
+  segment->pages = pages;
+  segment->dedicated = dedicated;
+  segment->pageMap = static_cast<std::atomic<uint64_t>*>(map);
+  segment->pageMapBytes = mapBytes;
+  uintptr_t biased = reinterpret_cast<uintptr_t>(map) - (start >> pageShift_) * sizeof(uint64_t);
+  for (size_t g = start >> kGranuleShift; g < (start + segmentBytes) >> kGranuleShift; g++) {
+    segments_[g].store(segment, std::memory_order_relaxed);
+    pageMaps_[g].store(biased, std::memory_order_release);
+  }
+  stats_.reservedBytes += segmentBytes;
+  stats_.segmentCount++;
+  if (dedicated) stats_.dedicatedCount++;
+  return segment;
+}
+
+void Arena::destroySegment(Segment* segment) {
+  size_t bytes = segment->pages << pageShift_;
+  for (size_t g = segment->base >> kGranuleShift; g < (segment->base + bytes) >> kGranuleShift; g++) {
+    pageMaps_[g].store(0, std::memory_order_release);
+    segments_[g].store(nullptr, std::memory_order_relaxed);
+  }
+  os::unmap(reinterpret_cast<void*>(segment->base), bytes);
+  os::unmap(segment->pageMap, segment->pageMapBytes);
+  stats_.reservedBytes -= bytes;
+  stats_.segmentCount--;
+  if (segment->dedicated) stats_.dedicatedCount--;
+  InternalHeap::free(segment, sizeof(Segment));
+}
+
+void Arena::clearEntry(Segment* segment, uintptr_t address) {
+  entryRef(segment, address).store(0, std::memory_order_release);
+}
+
+void Arena::markFreeRun(FreeRun* run) {
+  uint64_t tagged = reinterpret_cast<uintptr_t>(run) | PageEntry::kFreeRunTag;
+  entryRef(run->segment, run->start).store(tagged, std::memory_order_release);
+  entryRef(run->segment, run->start + ((run->pages - 1) << pageShift_)).store(tagged, std::memory_order_release);
+}
+
+void Arena::removeFreeRun(FreeRun* run) {
+  freeBins_[binFor(run->pages)].remove(run);
+  clearEntry(run->segment, run->start);
+  clearEntry(run->segment, run->start + ((run->pages - 1) << pageShift_));
+}
+
+// Inserts a clean run, merging it with free neighbours in the same segment.
+void Arena::insertFreeRun(Segment* segment, uintptr_t start, size_t pages) {
+  uintptr_t end = start + (pages << pageShift_);
+  if (start > segment->base) {
+    uint64_t before = entryRef(segment, start - pageSize_).load(std::memory_order_relaxed);
+    if (before & PageEntry::kFreeRunTag) {
+      FreeRun* left = reinterpret_cast<FreeRun*>(before & ~PageEntry::kFreeRunTag);
+      removeFreeRun(left);
+      start = left->start;
+      pages += left->pages;
+      InternalHeap::free(left, sizeof(FreeRun));
+    }
+  }
+  if (end < segment->base + (segment->pages << pageShift_)) {
+    uint64_t after = entryRef(segment, end).load(std::memory_order_relaxed);
+    if (after & PageEntry::kFreeRunTag) {
+      FreeRun* right = reinterpret_cast<FreeRun*>(after & ~PageEntry::kFreeRunTag);
+      removeFreeRun(right);
+      pages += right->pages;
+      InternalHeap::free(right, sizeof(FreeRun));
+    }
+  }
+  FreeRun* run = static_cast<FreeRun*>(InternalHeap::allocate(sizeof(FreeRun)));
+  if (!run) return;  // metadata exhausted: the pages are leaked rather than corrupted
+  run->start = start;
+  run->pages = pages;
+  run->segment = segment;
+  freeBins_[binFor(pages)].pushFront(run);
+  markFreeRun(run);
+}
+
+// Takes [start, start+pages) out of `run` (which must contain it) and re-inserts the remainders.
+void Arena::splitAndTake(FreeRun* run, uintptr_t start, size_t pages) {
+  Segment* segment = run->segment;
+  uintptr_t runStart = run->start;
+  uintptr_t runEnd = run->start + (run->pages << pageShift_);
+  uintptr_t end = start + (pages << pageShift_);
+  removeFreeRun(run);
+  InternalHeap::free(run, sizeof(FreeRun));
+  if (start > runStart) insertFreeRun(segment, runStart, (start - runStart) >> pageShift_);
+  if (runEnd > end) insertFreeRun(segment, end, (runEnd - end) >> pageShift_);
+}
+
+uintptr_t Arena::takeFromFreeRuns(size_t pages, size_t alignment) {
+  size_t slack = alignment > pageSize_ ? (alignment >> pageShift_) - 1 : 0;
+  size_t needed = pages + slack;
+  for (size_t bin = binFor(needed); bin < kBins; bin++) {
+    for (FreeRun* run = freeBins_[bin].front(); run; run = freeBins_[bin].next(run)) {
+      if (run->pages < needed) continue;  // only the logarithmic bins hold mixed sizes
+      uintptr_t start = run->start;
+      if (alignment > pageSize_) start = (start + alignment - 1) & ~(alignment - 1);
+      splitAndTake(run, start, pages);
+      return start;
+    }
+  }
+  return 0;
+}
+
+uintptr_t Arena::takeDirty(size_t pages) {
+  if (pages > kExactBins) return 0;
+  DirtyRun* run = dirtyBins_[pages - 1].popFront();
+  if (!run) return 0;
+  uintptr_t start = run->start;
+  stats_.dirtyBytes -= pages << pageShift_;
+  InternalHeap::free(run, sizeof(DirtyRun));
+  return start;
+}
+
+uintptr_t Arena::allocate(size_t pages, size_t alignment, bool* zeroed) {
+  if (pages == 0) pages = 1;
+  if (pages > (size_t{1} << (kAddressBits - pageShift_))) return 0;
+  size_t bytes = pages << pageShift_;
+  LockGuard guard(lock_);
+  uintptr_t start = 0;
+  *zeroed = false;
+  if (alignment <= pageSize_) start = takeDirty(pages);
+  if (!start) {
+    *zeroed = true;
+    if (bytes >= kDedicatedThreshold || alignment >= kGranule / kAlignedDedicatedDivisor) {
+      Segment* segment = createSegment(bytes, alignment, true);
+      start = segment ? segment->base : 0;
+    } else {
+      start = takeFromFreeRuns(pages, alignment);
+      if (!start) {
+        Segment* segment = createSegment(kGranule, alignment, false);
+        if (!segment) return 0;
+        insertFreeRun(segment, segment->base, segment->pages);
+        start = takeFromFreeRuns(pages, alignment);
+      }
+    }
+  }
+  if (start) stats_.activeBytes += bytes;
+  return start;
+}
+
+void Arena::assign(uintptr_t start, size_t pages, MiniHeap* owner, bool everyPage) {
+  Segment* segment = segmentOf(start);
+  size_t count = everyPage ? pages : 1;
+  for (size_t i = 0; i < count; i++) {
+    size_t index = i <= PageEntry::kMaxPageIndex ? i : PageEntry::kMaxPageIndex;
+    entryRef(segment, start + (i << pageShift_)).store(PageEntry::make(owner, index), std::memory_order_release);
+  }
+}
+
+void Arena::releaseClean(uintptr_t start, size_t pages) {
+  Segment* segment = segmentOf(start);
+  insertFreeRun(segment, start, pages);
+}
+
+void Arena::release(uintptr_t start, size_t pages, bool mayCache) {
+  size_t bytes = pages << pageShift_;
+  LockGuard guard(lock_);
+  Segment* segment = segmentOf(start);
+  stats_.activeBytes -= bytes;
+  // Owner entries go first, so a later free of a stale pointer finds nothing.
+  for (size_t i = 0; i < pages; i++) {
+    std::atomic<uint64_t>& entry = entryRef(segment, start + (i << pageShift_));
+    if (entry.load(std::memory_order_relaxed)) entry.store(0, std::memory_order_release);
+  }
+  if (segment->dedicated) {
+    destroySegment(segment);
+    return;
+  }
+  uint64_t now = os::monotonicNanos();
+  if (mayCache && pages <= kExactBins && bytes <= gHeapConfig.maxCachedRunBytes &&
+      gHeapConfig.dirtyCacheBytes > 0) {
+    DirtyRun* run = static_cast<DirtyRun*>(InternalHeap::allocate(sizeof(DirtyRun)));
+    if (run) {
+      run->start = start;
+      run->pages = pages;
+      run->freedAtNs = now;
+      dirtyBins_[pages - 1].pushFront(run);
+      stats_.dirtyBytes += bytes;
+      if (stats_.dirtyBytes > gHeapConfig.dirtyCacheBytes || now - lastDecayCheckNs_ > kDecayCheckIntervalNs) {
+        purgeLocked(false, now);
+      }
+      return;
+    }
+  }
+  os::decommit(reinterpret_cast<void*>(start), bytes);
+  stats_.purgedBytesTotal += bytes;
+  releaseClean(start, pages);
+}
+
+size_t Arena::purgeLocked(bool everything, uint64_t nowNs) {
+  lastDecayCheckNs_ = nowNs;
+  size_t purged = 0;
+  for (;;) {
+    // The oldest run of each bin is at its back; purge the globally oldest first.
+    DirtyRun* oldest = nullptr;
+    for (size_t bin = 0; bin < kExactBins; bin++) {
+      DirtyRun* candidate = dirtyBins_[bin].back();
+      if (candidate && (!oldest || candidate->freedAtNs < oldest->freedAtNs)) oldest = candidate;
+    }
+    if (!oldest) break;
+    bool expired = nowNs - oldest->freedAtNs >= gHeapConfig.decayMs * kNanosPerMilli;
+    bool overLimit = stats_.dirtyBytes > gHeapConfig.dirtyCacheBytes;
+    if (!everything && !expired && !overLimit) break;
+    dirtyBins_[oldest->pages - 1].remove(oldest);
+    size_t bytes = oldest->pages << pageShift_;
+    stats_.dirtyBytes -= bytes;
+    os::decommit(reinterpret_cast<void*>(oldest->start), bytes);
+    releaseClean(oldest->start, oldest->pages);
+    InternalHeap::free(oldest, sizeof(DirtyRun));
+    purged += bytes;
+  }
+  stats_.purgedBytesTotal += purged;
+  return purged;
+}
+
+size_t Arena::purge(bool everything) {
+  LockGuard guard(lock_);
+  return purgeLocked(everything, os::monotonicNanos());
+}
+
+bool Arena::tryGrow(uintptr_t start, size_t pages, size_t newPages) {
+  LockGuard guard(lock_);
+  Segment* segment = segmentOf(start);
+  if (!segment || segment->dedicated) return false;
+  uintptr_t end = start + (pages << pageShift_);
+  if (end >= segment->base + (segment->pages << pageShift_)) return false;
+  uint64_t after = entryRef(segment, end).load(std::memory_order_relaxed);
+  if (!(after & PageEntry::kFreeRunTag)) return false;
+  FreeRun* run = reinterpret_cast<FreeRun*>(after & ~PageEntry::kFreeRunTag);
+  size_t extra = newPages - pages;
+  if (run->start != end || run->pages < extra) return false;
+  splitAndTake(run, end, extra);
+  stats_.activeBytes += extra << pageShift_;
+  return true;
+}
+
+void Arena::shrink(uintptr_t start, size_t pages, size_t newPages) {
+  if (newPages >= pages) return;
+  uintptr_t tail = start + (newPages << pageShift_);
+  {
+    LockGuard guard(lock_);
+    if (segmentOf(start)->dedicated) return;  // a dedicated segment is released whole
+  }
+  release(tail, pages - newPages, false);
+}
+
+ArenaStats Arena::stats() {
+  LockGuard guard(lock_);
+  return stats_;
+}
+
+}  // namespace meshalloc

@@ -1,0 +1,152 @@
+// The arena hands out runs of pages for spans and large objects. Address space is reserved in
+// segments on demand (no fixed cap); a two-level table maps any address to its page's entry in
+// the owning segment's page map, so pointer -> MiniHeap lookup is two dependent loads however
+// large the heap grows. Empty runs are coalesced, and recently freed runs are kept committed in
+// a small dirty cache that decays back to the OS.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "platform/os.h"
+#include "support/list.h"
+#include "support/lock.h"
+
+namespace meshalloc {
+
+struct MiniHeap;
+
+// Page-map entry encoding. A MiniHeap pointer (low bit clear) in bits 0..47, with the page's
+// index inside its virtual span in bits 48..63 so that any virtual span (including meshed
+// aliases) can locate its own start. A free run is marked on its first and last page with the
+// run's bookkeeping pointer and the low bit set. Every other page reads as zero.
+struct PageEntry {
+  static constexpr uint64_t kFreeRunTag = 1;
+  static constexpr unsigned kPageIndexShift = 48;
+  static constexpr uint64_t kPointerMask = (1ull << kPageIndexShift) - 1;
+  static constexpr size_t kMaxPageIndex = (1u << (64 - kPageIndexShift)) - 1;
+
+  static bool isMiniHeap(uint64_t entry) { return entry != 0 && !(entry & kFreeRunTag); }
+  static MiniHeap* miniHeap(uint64_t entry) { return reinterpret_cast<MiniHeap*>(entry & kPointerMask); }
+  static size_t pageIndex(uint64_t entry) { return entry >> kPageIndexShift; }
+  static uint64_t make(MiniHeap* heap, size_t pageIndex) {
+    return reinterpret_cast<uintptr_t>(heap) | (static_cast<uint64_t>(pageIndex) << kPageIndexShift);
+  }
+};
+
+struct ArenaStats {
+  size_t reservedBytes;  // address space held in segments
+  size_t activeBytes;    // pages handed out to spans and large objects
+  size_t dirtyBytes;     // freed pages still committed in the cache
+  size_t segmentCount;
+  size_t dedicatedCount;
+  uint64_t purgedBytesTotal;
+};
+
+class Arena {
+ public:
+  static constexpr unsigned kGranuleShift = 26;  // segments are multiples of 64 MiB
+  static constexpr size_t kGranule = size_t{1} << kGranuleShift;
+  static constexpr unsigned kAddressBits = 47;  // user address space without 5-level hints
+  static constexpr size_t kTopEntries = size_t{1} << (kAddressBits - kGranuleShift);
+  // Objects at least this large get a segment of their own, unmapped when they are freed.
+  static constexpr size_t kDedicatedThreshold = kGranule / 2;
+  // Alignments this large are cheaper to satisfy with a segment of their own.
+  static constexpr size_t kAlignedDedicatedDivisor = 4;
+  static constexpr size_t kExactBins = 64;
+  static constexpr size_t kBins = kExactBins + 48;
+  // How often (at most) arena calls look for dirty runs that have outlived the decay time.
+  static constexpr uint64_t kDecayCheckIntervalNs = 10'000'000;
+  static constexpr uint64_t kNanosPerMilli = 1000000;
+
+  static bool init();
+  static size_t pageSize() { return pageSize_; }
+  static size_t pageShift() { return pageShift_; }
+
+  // Returns the start of `pages` contiguous pages aligned to `alignment` bytes (0 or a power
+  // of two), or 0 if address space is exhausted. *zeroed tells whether they are fresh zeros.
+  static uintptr_t allocate(size_t pages, size_t alignment, bool* zeroed);
+  // Returns a run to the arena. `mayCache` lets it sit in the dirty cache for quick reuse.
+  static void release(uintptr_t start, size_t pages, bool mayCache);
+  // Extends [start, start+pages) in place to newPages if the following pages are free.
+  static bool tryGrow(uintptr_t start, size_t pages, size_t newPages);
+  // Returns the tail of a run beyond newPages to the arena.
+  static void shrink(uintptr_t start, size_t pages, size_t newPages);
+
+  // Records the owner of every page of a span (every page for small spans so interior
+  // addresses resolve; the first page only for large objects).
+  static void assign(uintptr_t start, size_t pages, MiniHeap* owner, bool everyPage);
+
+  static uint64_t entryFor(uintptr_t address) {
+    size_t granule = address >> kGranuleShift;
+    if (granule >= kTopEntries) return 0;
+    uintptr_t biased = pageMaps_[granule].load(std::memory_order_acquire);
+    if (!biased) return 0;
+    return reinterpret_cast<const std::atomic<uint64_t>*>(biased + (address >> pageShift_) * sizeof(uint64_t))
+        ->load(std::memory_order_acquire);
+  }
+  static bool contains(uintptr_t address) {
+    size_t granule = address >> kGranuleShift;
+    return granule < kTopEntries && pageMaps_[granule].load(std::memory_order_relaxed) != 0;
+  }
+
+  // Gives back dirty runs older than the decay time (all of them if `everything`), and any in
+  // excess of the cache limit. Returns the bytes decommitted.
+  static size_t purge(bool everything);
+  static ArenaStats stats();
+
+  static void lockForFork() { lock_.lock(); }
+  static void unlockAfterFork() { lock_.unlock(); }
+  static void resetAfterFork() { lock_.resetAfterFork(); }
+
+ private:
+  struct Segment {
+    uintptr_t base;
+    size_t pages;
+    bool dedicated;
+    std::atomic<uint64_t>* pageMap;
+    size_t pageMapBytes;
+  };
+  struct FreeRun : ListNode {
+    uintptr_t start;
+    size_t pages;
+    Segment* segment;
+  };
+  struct DirtyRun : ListNode {
+    uintptr_t start;
+    size_t pages;
+    uint64_t freedAtNs;
+  };
+
+  static size_t binFor(size_t pages);
+  static Segment* segmentOf(uintptr_t address) {
+    return segments_[address >> kGranuleShift].load(std::memory_order_relaxed);
+  }
+  static std::atomic<uint64_t>& entryRef(Segment* segment, uintptr_t address) {
+    return segment->pageMap[(address - segment->base) >> pageShift_];
+  }
+  static Segment* createSegment(size_t bytes, size_t alignment, bool dedicated);
+  static void destroySegment(Segment* segment);
+  static uintptr_t takeFromFreeRuns(size_t pages, size_t alignment);
+  static void insertFreeRun(Segment* segment, uintptr_t start, size_t pages);
+  static void removeFreeRun(FreeRun* run);
+  static void markFreeRun(FreeRun* run);
+  static void clearEntry(Segment* segment, uintptr_t address);
+  static void releaseClean(uintptr_t start, size_t pages);
+  static uintptr_t takeDirty(size_t pages);
+  static size_t purgeLocked(bool everything, uint64_t nowNs);
+  static void splitAndTake(FreeRun* run, uintptr_t start, size_t pages);
+
+  static inline Mutex lock_;
+  static inline std::atomic<uintptr_t>* pageMaps_ = nullptr;  // biased page-map base per granule
+  static inline std::atomic<Segment*>* segments_ = nullptr;
+  static inline size_t pageShift_ = 12;
+  static inline size_t pageSize_ = 4096;
+  static inline IntrusiveList<FreeRun> freeBins_[kBins];
+  static inline IntrusiveList<DirtyRun> dirtyBins_[kExactBins];
+  static inline ArenaStats stats_ = {};
+  static inline uint64_t lastDecayCheckNs_ = 0;
+};
+
+}  // namespace meshalloc

@@ -1,0 +1,53 @@
+// Run-time options of the allocator, read once at start-up from MESHALLOC_* environment
+// variables (one per option, mimalloc style) and from MESHALLOC_CONF="name:value,..." (jemalloc
+// style; the individual variables win). See docs/options.md.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace meshalloc {
+
+enum class Randomization : uint8_t {
+  kNone = 0,             // slots handed out in address order
+  kOnRefill = 1,         // shuffle vector shuffled whenever it is refilled
+  kOnRefillAndFree = 2,  // ... and every local free lands at a random position
+};
+
+enum class StatsFormat : uint8_t { kNone = 0, kText = 1, kJson = 2 };
+
+struct HeapConfig {
+  bool meshing = true;
+  Randomization randomization = Randomization::kOnRefillAndFree;
+  size_t dirtyCacheBytes = size_t{8} << 20;
+  uint64_t decayMs = 1000;
+  // Runs larger than this are decommitted at once instead of cached.
+  size_t maxCachedRunBytes = size_t{256} << 10;
+  // Meshing (see mesh/): background period, CPU budget, SplitMesher probe limit.
+  uint64_t meshPeriodMs = 100;
+  uint64_t meshBudgetPermille = 20;
+  uint64_t meshProbes = 64;
+  bool meshBackgroundThread = true;
+  StatsFormat statsAtExit = StatsFormat::kNone;
+  const char* statsFile = nullptr;  // points into the environment block
+  bool showOptions = false;
+};
+
+inline HeapConfig gHeapConfig;
+
+// Fills gHeapConfig from the environment; warns on stderr about values it cannot parse.
+void loadConfigFromEnvironment();
+// Writes every option's name, value and source variable to `fd`.
+void printConfig(int fd);
+
+// Visits every option as (name, value rendered as text); used by mallctl "opt.*" and printing.
+struct OptionView {
+  const char* name;
+  enum Kind : uint8_t { kBool, kUnsigned, kSize, kRandomization, kStatsFormat, kString } kind;
+  void* field;
+};
+const OptionView* findOption(const char* name);
+const OptionView* optionsBegin();
+const OptionView* optionsEnd();
+
+}  // namespace meshalloc

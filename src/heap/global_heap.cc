@@ -1,0 +1,219 @@
+#include "heap/global_heap.h"
+
+#include "heap/arena.h"
+#include "heap/errors.h"
+#include "heap/internal_heap.h"
+#include "platform/os.h"
+
+namespace meshalloc {
+
+GlobalHeap::ClassState GlobalHeap::classes_[kNumSizeClasses];
+
+size_t GlobalHeap::binFor(const MiniHeap* heap, uint32_t live) {
+  size_t bin = static_cast<size_t>(live) * kOccupancyBins / heap->objectCount;
+  return bin < kOccupancyBins ? bin : kOccupancyBins - 1;
+}
+
+void GlobalHeap::unlink(ClassState& state, MiniHeap* heap) {
+  if (heap->state == SpanState::kPartial) state.partial[heap->occupancyBin].remove(heap);
+  else if (heap->state == SpanState::kFull) state.full.remove(heap);
+}
+
+MiniHeap* GlobalHeap::createSpan(unsigned sizeClass) {
+  const SpanPlan& plan = SizeClasses::plan(sizeClass);
+  MiniHeap* heap = static_cast<MiniHeap*>(InternalHeap::allocate(MiniHeap::bytesFor(plan.objectCount)));
+  if (!heap) return nullptr;
+  bool zeroed = false;
+  uintptr_t start = Arena::allocate(plan.pages, 0, &zeroed);
+  if (!start) {
+    InternalHeap::free(heap, MiniHeap::bytesFor(plan.objectCount));
+    return nullptr;
+  }
+  new (heap) MiniHeap();
+  heap->objectSize = plan.objectSize;
+  heap->reciprocal = plan.reciprocal;
+  heap->objectCount = plan.objectCount;
+  heap->spanPages = plan.pages;
+  heap->sizeClass = static_cast<uint8_t>(sizeClass);
+  heap->spanStart = start;
+  heap->zeroed = zeroed;
+  heap->bitmap().clearAll();
+  Arena::assign(start, plan.pages, heap, true);
+  return heap;
+}
+
+void GlobalHeap::destroySpan(ClassState& state, MiniHeap* heap) {
+  unlink(state, heap);
+  heap->state = SpanState::kFreed;
+  state.spans--;
+  Arena::release(heap->spanStart, heap->spanPages, true);
+  InternalHeap::free(heap, MiniHeap::bytesFor(heap->objectCount));
+}
+
+MiniHeap* GlobalHeap::acquireSpan(unsigned sizeClass, ThreadHeap* owner) {
+  ClassState& state = classes_[sizeClass];
+  LockGuard guard(state.lock);
+  MiniHeap* heap = nullptr;
+  for (size_t bin = kOccupancyBins; bin-- > 0 && !heap;) heap = state.partial[bin].popFront();
+  if (!heap) {
+    heap = createSpan(sizeClass);
+    if (!heap) return nullptr;
+    state.spans++;
+  }
+  heap->state = SpanState::kAttached;
+  heap->owner.store(owner, std::memory_order_seq_cst);
+  return heap;
+}
+
+void GlobalHeap::placeDetached(ClassState& state, MiniHeap* heap) {
+  uint32_t live = heap->liveCount.load(std::memory_order_seq_cst);
+  if (live == 0) {
+    destroySpan(state, heap);
+  } else if (live >= heap->objectCount) {
+    heap->state = SpanState::kFull;
+    state.full.pushFront(heap);
+  } else {
+    heap->state = SpanState::kPartial;
+    heap->occupancyBin = static_cast<uint8_t>(binFor(heap, live));
+    state.partial[heap->occupancyBin].pushFront(heap);
+  }
+}
+
+void GlobalHeap::releaseSpan(MiniHeap* heap) {
+  ClassState& state = classes_[heap->sizeClass];
+  LockGuard guard(state.lock);
+  // seq_cst pairs with freeRemote: either this sees its decrement or it sees owner == nullptr.
+  heap->owner.store(nullptr, std::memory_order_seq_cst);
+  placeDetached(state, heap);
+}
+
+void GlobalHeap::freeRemote(MiniHeap* heap, size_t slot, uintptr_t address) {
+  if (!heap->bitmap().tryUnset(slot)) reportHeapError(HeapError::kDoubleFree, "free", reinterpret_cast<void*>(address));
+  uint32_t before = heap->liveCount.fetch_sub(1, std::memory_order_seq_cst);
+  // Attached spans are the owner's business; a detached span only needs attention when it
+  // becomes empty (give it back) or stops being full (make it visible to refills).
+  if (before != 1 && before != heap->objectCount) return;
+  if (heap->owner.load(std::memory_order_seq_cst) != nullptr) return;
+  unsigned sizeClass = heap->sizeClass;
+  if (sizeClass >= kNumSizeClasses) return;
+  ClassState& state = classes_[sizeClass];
+  LockGuard guard(state.lock);
+  // Re-check under the lock: another thread may have attached, moved or freed it meanwhile.
+  if (heap->sizeClass != sizeClass || (heap->state != SpanState::kPartial && heap->state != SpanState::kFull)) return;
+  uint32_t live = heap->liveCount.load(std::memory_order_seq_cst);
+  if (live == 0) {
+    destroySpan(state, heap);
+  } else if (heap->state == SpanState::kFull && live < heap->objectCount) {
+    state.full.remove(heap);
+    placeDetached(state, heap);
+  }
+}
+
+void* GlobalHeap::allocateLarge(size_t bytes, size_t alignment, bool* zeroed) {
+  size_t pageSize = os::pageSize();
+  size_t pages = (bytes + pageSize - 1) >> os::pageShift();
+  if (pages == 0) pages = 1;
+  MiniHeap* heap = static_cast<MiniHeap*>(InternalHeap::allocate(MiniHeap::bytesFor(1)));
+  if (!heap) return nullptr;
+  uintptr_t start = Arena::allocate(pages, alignment, zeroed);
+  if (!start) {
+    InternalHeap::free(heap, MiniHeap::bytesFor(1));
+    return nullptr;
+  }
+  new (heap) MiniHeap();
+  heap->sizeClass = kLargeClass;
+  heap->objectCount = 1;
+  heap->objectSize = static_cast<uint32_t>(pages > UINT32_MAX ? UINT32_MAX : pages);
+  heap->spanPages = static_cast<uint32_t>(pages);
+  heap->spanStart = start;
+  heap->zeroed = *zeroed;
+  heap->requestedBytes = pages * pageSize;
+  heap->state = SpanState::kLarge;
+  heap->liveCount.store(1, std::memory_order_relaxed);
+  if (pages > UINT32_MAX) {
+    // spanPages is 32-bit: more than 16 TiB in one object is beyond any machine's memory.
+    Arena::release(start, pages, false);
+    InternalHeap::free(heap, MiniHeap::bytesFor(1));
+    return nullptr;
+  }
+  Arena::assign(start, pages, heap, false);
+  LockGuard guard(largeLock_);
+  largeBytes_ += heap->requestedBytes;
+  largeCount_++;
+  return reinterpret_cast<void*>(start);
+}
+
+void GlobalHeap::freeLarge(MiniHeap* heap, uintptr_t address) {
+  if (heap->liveCount.exchange(0, std::memory_order_acq_rel) != 1) {
+    reportHeapError(HeapError::kDoubleFree, "free", reinterpret_cast<void*>(address));
+  }
+  {
+    LockGuard guard(largeLock_);
+    largeBytes_ -= heap->requestedBytes;
+    largeCount_--;
+  }
+  heap->state = SpanState::kFreed;
+  Arena::release(heap->spanStart, heap->spanPages, true);
+  InternalHeap::free(heap, MiniHeap::bytesFor(1));
+}
+
+bool GlobalHeap::resizeLargeInPlace(MiniHeap* heap, size_t bytes) {
+  size_t pageSize = os::pageSize();
+  size_t pages = (bytes + pageSize - 1) >> os::pageShift();
+  if (pages == heap->spanPages) return true;
+  if (pages > UINT32_MAX) return false;
+  if (pages < heap->spanPages) {
+    Arena::shrink(heap->spanStart, heap->spanPages, pages);
+  } else if (!Arena::tryGrow(heap->spanStart, heap->spanPages, pages)) {
+    return false;
+  }
+  LockGuard guard(largeLock_);
+  largeBytes_ = largeBytes_ - heap->requestedBytes + pages * pageSize;
+  heap->requestedBytes = pages * pageSize;
+  heap->spanPages = static_cast<uint32_t>(pages);
+  heap->zeroed = false;
+  return true;
+}
+
+SizeClassStats GlobalHeap::classStats(unsigned sizeClass) {
+  ClassState& state = classes_[sizeClass];
+  LockGuard guard(state.lock);
+  SizeClassStats result = {kSizeClassSizes[sizeClass], state.spans, 0, 0, state.full.size()};
+  for (auto& bin : state.partial) {
+    result.partialSpans += bin.size();
+    for (MiniHeap* heap = bin.front(); heap; heap = bin.next(heap)) {
+      result.liveObjects += heap->liveCount.load(std::memory_order_relaxed);
+    }
+  }
+  for (MiniHeap* heap = state.full.front(); heap; heap = state.full.next(heap)) {
+    result.liveObjects += heap->liveCount.load(std::memory_order_relaxed);
+  }
+  return result;
+}
+
+size_t GlobalHeap::largeBytes() {
+  LockGuard guard(largeLock_);
+  return largeBytes_;
+}
+
+size_t GlobalHeap::largeCount() {
+  LockGuard guard(largeLock_);
+  return largeCount_;
+}
+
+void GlobalHeap::lockForFork() {
+  for (auto& state : classes_) state.lock.lock();
+  largeLock_.lock();
+}
+
+void GlobalHeap::unlockAfterFork() {
+  largeLock_.unlock();
+  for (auto& state : classes_) state.lock.unlock();
+}
+
+void GlobalHeap::resetAfterFork() {
+  largeLock_.resetAfterFork();
+  for (auto& state : classes_) state.lock.resetAfterFork();
+}
+
+}  // namespace meshalloc

@@ -1,0 +1,71 @@
+// The global heap owns every detached span, sorted per size class into occupancy bins so that
+// refills take the fullest partial span first. It also serves large objects and the frees
+// that do not land in the freeing thread's own attached span.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "heap/mini_heap.h"
+#include "heap/size_class.h"
+#include "support/list.h"
+#include "support/lock.h"
+
+namespace meshalloc {
+
+class ThreadHeap;
+
+struct SizeClassStats {
+  size_t objectSize;
+  size_t spans;
+  size_t liveObjects;  // owned slots: may include slots waiting in thread shuffle vectors
+  size_t partialSpans;
+  size_t fullSpans;
+};
+
+class GlobalHeap {
+ public:
+  static constexpr size_t kOccupancyBins = 4;
+
+  // Hands `owner` a span of `sizeClass` with at least one free slot: the fullest partial span
+  // if there is one, otherwise a fresh one. Returns nullptr when memory is exhausted.
+  static MiniHeap* acquireSpan(unsigned sizeClass, ThreadHeap* owner);
+  // Takes a span back from its owner; the owner has already returned its unused slots.
+  static void releaseSpan(MiniHeap* heap);
+  // A free of slot `slot` of a span that is not attached to the calling thread.
+  static void freeRemote(MiniHeap* heap, size_t slot, uintptr_t address);
+
+  static void* allocateLarge(size_t bytes, size_t alignment, bool* zeroed);
+  static void freeLarge(MiniHeap* heap, uintptr_t address);
+  // Resizes a large object in place if the arena allows; returns false otherwise.
+  static bool resizeLargeInPlace(MiniHeap* heap, size_t bytes);
+
+  static SizeClassStats classStats(unsigned sizeClass);
+  static size_t largeBytes();
+  static size_t largeCount();
+
+  static void lockForFork();
+  static void unlockAfterFork();
+  static void resetAfterFork();
+
+ private:
+  struct alignas(64) ClassState {
+    Mutex lock;
+    IntrusiveList<MiniHeap> partial[kOccupancyBins];
+    IntrusiveList<MiniHeap> full;
+    size_t spans = 0;
+  };
+
+  static MiniHeap* createSpan(unsigned sizeClass);
+  static void destroySpan(ClassState& state, MiniHeap* heap);
+  static void placeDetached(ClassState& state, MiniHeap* heap);
+  static void unlink(ClassState& state, MiniHeap* heap);
+  static size_t binFor(const MiniHeap* heap, uint32_t live);
+
+  static ClassState classes_[kNumSizeClasses];
+  static inline Mutex largeLock_;
+  static inline size_t largeBytes_ = 0;
+  static inline size_t largeCount_ = 0;
+};
+
+}  // namespace meshalloc

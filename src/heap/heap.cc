@@ -1,0 +1,255 @@
+#include "heap/heap.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <string.h>
+
+#include <atomic>
+
+#include "heap/config.h"
+#include "heap/errors.h"
+#include "heap/global_heap.h"
+#include "heap/internal_heap.h"
+#include "platform/os.h"
+
+extern "C" {
+// glibc's own allocator, still exported under these names: a pointer that glibc handed out
+// before we were in place must be given back to glibc.
+void __libc_free(void* pointer);
+size_t __libc_malloc_usable_size(void* pointer) __attribute__((weak));
+}
+
+namespace meshalloc::heap {
+
+namespace {
+
+enum InitState : int { kUninitialized = 0, kInitializing = 1, kReady = 2, kFailed = 3 };
+std::atomic<int> gInitState{kUninitialized};
+pthread_key_t gThreadExitKey;
+
+void onThreadExit(void* value) {
+  ThreadHeap* heap = static_cast<ThreadHeap*>(value);
+  if (tlsThreadHeap == heap) tlsThreadHeap = nullptr;
+  heap->retire();
+}
+
+void prepareFork() {
+  ThreadHeap::lockRegistry();
+  GlobalHeap::lockForFork();
+  Arena::lockForFork();
+  InternalHeap::lockForFork();
+}
+
+void parentAfterFork() {
+  InternalHeap::unlockAfterFork();
+  Arena::unlockAfterFork();
+  GlobalHeap::unlockAfterFork();
+  ThreadHeap::unlockRegistry();
+}
+
+void childAfterFork() {
+  // The child has only the forking thread. Other threads' heaps stay attached to their spans
+  // (their slots are simply never reused in the child): touching them could race with a
+  // half-finished fast-path operation captured by the fork.
+  InternalHeap::resetAfterFork();
+  Arena::resetAfterFork();
+  GlobalHeap::resetAfterFork();
+  ThreadHeap::resetRegistryAfterFork();
+}
+
+bool initializeOnce() {
+  os::initPlatform();
+  loadConfigFromEnvironment();
+  SizeClasses::init(os::pageSize());
+  if (!Arena::init()) return false;
+  if (pthread_key_create(&gThreadExitKey, onThreadExit) != 0) return false;
+  if (gHeapConfig.showOptions) printConfig(2);
+  return true;
+}
+
+ThreadHeap* threadHeap() {
+  ThreadHeap* heap = tlsThreadHeap;
+  if (heap) return heap;
+  if (!ensureInitialized()) return nullptr;
+  heap = ThreadHeap::create();
+  if (!heap) return nullptr;
+  tlsThreadHeap = heap;
+  pthread_setspecific(gThreadExitKey, heap);
+  return heap;
+}
+
+uintptr_t spanStartFor(uintptr_t address, uint64_t entry) {
+  return (address & ~(Arena::pageSize() - 1)) - (PageEntry::pageIndex(entry) << Arena::pageShift());
+}
+
+// Resolves a pointer the program passed back to us, reporting every kind of misuse. Returns
+// nullptr for a pointer glibc owns.
+MiniHeap* resolve(const void* pointer, uint64_t entry, const char* operation, int64_t* slot) {
+  uintptr_t address = reinterpret_cast<uintptr_t>(pointer);
+  if (!PageEntry::isMiniHeap(entry)) {
+    if (Arena::contains(address)) reportHeapError(HeapError::kStalePointer, operation, pointer);
+    if (os::isInBrkHeap(address)) return nullptr;
+    reportHeapError(HeapError::kInvalidPointer, operation, pointer);
+  }
+  MiniHeap* mini = PageEntry::miniHeap(entry);
+  if (mini->isLarge()) {
+    if (address != mini->spanStart) {
+      reportHeapError(HeapError::kInteriorPointer, operation, pointer, reinterpret_cast<void*>(mini->spanStart));
+    }
+    *slot = 0;
+    return mini;
+  }
+  uintptr_t spanStart = spanStartFor(address, entry);
+  *slot = mini->slotOf(address - spanStart);
+  if (*slot < 0) {
+    uintptr_t objectStart = spanStart + (address - spanStart) / mini->objectSize * mini->objectSize;
+    reportHeapError(HeapError::kInteriorPointer, operation, pointer, reinterpret_cast<void*>(objectStart));
+  }
+  return mini;
+}
+
+void freeResolved(void* pointer, MiniHeap* mini, int64_t slot) {
+  uintptr_t address = reinterpret_cast<uintptr_t>(pointer);
+  if (mini->isLarge()) {
+    GlobalHeap::freeLarge(mini, address);
+    return;
+  }
+  ThreadHeap* heap = tlsThreadHeap;
+  if (heap && mini->owner.load(std::memory_order_relaxed) == heap) {
+    ShuffleVector& v = heap->vector(mini->sizeClass);
+    if (v.contains(static_cast<size_t>(slot))) reportHeapError(HeapError::kDoubleFree, "free", pointer);
+    v.push(static_cast<uint32_t>(slot));
+    return;
+  }
+  GlobalHeap::freeRemote(mini, static_cast<size_t>(slot), address);
+}
+
+size_t usableSizeOf(const MiniHeap* mini) {
+  return mini->isLarge() ? mini->spanBytes(Arena::pageSize()) : mini->objectSize;
+}
+
+void* failNoMemory() {
+  errno = ENOMEM;
+  return nullptr;
+}
+
+}  // namespace
+
+bool ensureInitialized() {
+  int state = gInitState.load(std::memory_order_acquire);
+  if (__builtin_expect(state == kReady, 1)) return true;
+  if (state == kUninitialized) {
+    int expected = kUninitialized;
+    if (gInitState.compare_exchange_strong(expected, kInitializing, std::memory_order_acq_rel)) {
+      bool ok = initializeOnce();
+      gInitState.store(ok ? kReady : kFailed, std::memory_order_release);
+      // Registered only once ready: pthread_atfork may itself allocate.
+      if (ok) pthread_atfork(prepareFork, parentAfterFork, childAfterFork);
+      return ok;
+    }
+  }
+  while ((state = gInitState.load(std::memory_order_acquire)) == kInitializing) {
+    // Another thread is initialising (it never allocates while doing so); wait for it.
+  }
+  return state == kReady;
+}
+
+void* allocateSlow(size_t size) {
+  if (size > kMaxSmallSize) {
+    if (size > kMaxRequest || !ensureInitialized()) return failNoMemory();
+    bool zeroed;
+    void* block = GlobalHeap::allocateLarge(size, 0, &zeroed);
+    return block ? block : failNoMemory();
+  }
+  ThreadHeap* heap = threadHeap();
+  if (!heap) return failNoMemory();
+  unsigned sizeClass = SizeClasses::classOf(size);
+  if (!heap->refill(sizeClass)) return failNoMemory();
+  return heap->vector(sizeClass).pop();
+}
+
+void deallocateSlow(void* pointer, uint64_t entry) {
+  if (!pointer) return;
+  int64_t slot;
+  MiniHeap* mini = resolve(pointer, entry, "free", &slot);
+  if (!mini) {
+    __libc_free(pointer);
+    return;
+  }
+  freeResolved(pointer, mini, slot);
+}
+
+void* allocateAligned(size_t size, size_t alignment) {
+  if (alignment <= kMinAlignment) return allocate(size);
+  if (size > kMaxRequest || alignment > kMaxRequest) return failNoMemory();
+  if (!ensureInitialized()) return failNoMemory();
+  if (alignment <= Arena::pageSize()) {
+    unsigned sizeClass = SizeClasses::classForAlignment(size ? size : 1, alignment);
+    if (sizeClass != kLargeClass) return allocate(kSizeClassSizes[sizeClass]);
+  }
+  bool zeroed;
+  void* block = GlobalHeap::allocateLarge(size, alignment, &zeroed);
+  return block ? block : failNoMemory();
+}
+
+void* allocateZeroed(size_t size) {
+  if (size > kMaxSmallSize) {
+    if (size > kMaxRequest || !ensureInitialized()) return failNoMemory();
+    bool zeroed;
+    void* block = GlobalHeap::allocateLarge(size, 0, &zeroed);
+    if (!block) return failNoMemory();
+    if (!zeroed) memset(block, 0, size);
+    return block;
+  }
+  void* block = allocate(size);
+  if (block) memset(block, 0, size);
+  return block;
+}
+
+void* reallocate(void* pointer, size_t size) {
+  uint64_t entry = Arena::entryFor(reinterpret_cast<uintptr_t>(pointer));
+  int64_t slot;
+  MiniHeap* mini = resolve(pointer, entry, "realloc", &slot);
+  if (size > kMaxRequest) return failNoMemory();
+  size_t oldSize;
+  if (!mini) {
+    oldSize = __libc_malloc_usable_size ? __libc_malloc_usable_size(pointer) : 0;
+  } else {
+    oldSize = usableSizeOf(mini);
+    if (!mini->isLarge()) {
+      // Stay put while the new size still maps to this object's class (shrinking by more
+      // than that moves, so the memory is not held by a much larger slot).
+      if (size <= oldSize && (size > kMaxSmallSize || SizeClasses::classOf(size) == mini->sizeClass)) {
+        return pointer;
+      }
+    } else if (size > kMaxSmallSize && size > oldSize / 2) {
+      if (GlobalHeap::resizeLargeInPlace(mini, size)) return pointer;
+    }
+  }
+  void* moved = allocate(size);
+  if (!moved) return nullptr;
+  memcpy(moved, pointer, oldSize < size ? oldSize : size);
+  if (mini) freeResolved(pointer, mini, slot);
+  else __libc_free(pointer);
+  return moved;
+}
+
+size_t usableSize(const void* pointer) {
+  if (!pointer) return 0;
+  uint64_t entry = Arena::entryFor(reinterpret_cast<uintptr_t>(pointer));
+  int64_t slot;
+  MiniHeap* mini = resolve(pointer, entry, "malloc_usable_size", &slot);
+  if (!mini) return __libc_malloc_usable_size ? __libc_malloc_usable_size(const_cast<void*>(pointer)) : 0;
+  return usableSizeOf(mini);
+}
+
+void flushThreadCache() {
+  if (ThreadHeap* heap = tlsThreadHeap) heap->detachAll();
+}
+
+size_t releaseFreeMemory() {
+  if (!ensureInitialized()) return 0;
+  return Arena::purge(true);
+}
+
+}  // namespace meshalloc::heap

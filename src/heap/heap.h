@@ -1,0 +1,69 @@
+// The heap's front door: allocation and deallocation with their inline fast paths, used by the
+// exported entry points in api/. Sizes are already validated by the caller unless noted.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "heap/arena.h"
+#include "heap/mini_heap.h"
+#include "heap/size_class.h"
+#include "heap/thread_heap.h"
+
+namespace meshalloc::heap {
+
+// Requests larger than this fail with ENOMEM, as glibc's do (objects must fit ptrdiff_t).
+constexpr size_t kMaxRequest = PTRDIFF_MAX;
+
+bool ensureInitialized();
+void* allocateSlow(size_t size);
+void deallocateSlow(void* pointer, uint64_t entry);
+
+inline void* allocate(size_t size) {
+  if (__builtin_expect(size <= kMaxSmallSize, 1)) {
+    ThreadHeap* heap = tlsThreadHeap;
+    if (__builtin_expect(heap != nullptr, 1)) {
+      ShuffleVector& v = heap->vector(SizeClasses::classOf(size));
+      if (__builtin_expect(v.length != 0, 1)) return v.pop();
+    }
+  }
+  return allocateSlow(size);
+}
+
+inline void deallocate(void* pointer) {
+  uintptr_t address = reinterpret_cast<uintptr_t>(pointer);
+  uint64_t entry = Arena::entryFor(address);
+  if (__builtin_expect(PageEntry::isMiniHeap(entry), 1)) {
+    MiniHeap* mini = PageEntry::miniHeap(entry);
+    ThreadHeap* heap = tlsThreadHeap;
+    if (__builtin_expect(heap != nullptr && mini->owner.load(std::memory_order_relaxed) == heap, 1)) {
+      uintptr_t spanStart = (address & ~(Arena::pageSize() - 1)) - (PageEntry::pageIndex(entry) << Arena::pageShift());
+      int64_t slot = mini->slotOf(address - spanStart);
+      ShuffleVector& v = heap->vector(mini->sizeClass);
+      if (__builtin_expect(slot >= 0 && !v.contains(static_cast<size_t>(slot)), 1)) {
+        if (heap->randomization() == Randomization::kOnRefillAndFree) {
+          v.pushRandomly(static_cast<uint32_t>(slot), heap->rng());
+        } else {
+          v.push(static_cast<uint32_t>(slot));
+        }
+        return;
+      }
+    }
+  }
+  deallocateSlow(pointer, entry);
+}
+
+// A block of at least `size` bytes aligned to `alignment` (a power of two); nullptr + ENOMEM.
+void* allocateAligned(size_t size, size_t alignment);
+// calloc's core: `size` zeroed bytes, skipping the memset for pages fresh from the OS.
+void* allocateZeroed(size_t size);
+void* reallocate(void* pointer, size_t size);
+// Usable bytes of a live block (0 for nullptr); reports misuse like free does.
+size_t usableSize(const void* pointer);
+
+// Returns the calling thread's attached spans to the global heap.
+void flushThreadCache();
+// Returns cached empty pages to the OS; returns bytes released.
+size_t releaseFreeMemory();
+
+}  // namespace meshalloc::heap

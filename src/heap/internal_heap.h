@@ -1,0 +1,41 @@
+// The allocator's own heap for metadata (MiniHeaps, thread heaps, arena bookkeeping). It never
+// calls malloc, and freed blocks are reused only for blocks of the same size, so metadata stays
+// type-stable: a stale pointer read by a racing free never lands in unrelated data.
+#pragma once
+
+#include <cstddef>
+
+#include "support/lock.h"
+
+namespace meshalloc {
+
+class InternalHeap {
+ public:
+  static constexpr size_t kGranule = 64;  // one cache line: metadata never shares a line
+  static constexpr size_t kMaxPooledSize = 4096;
+  static constexpr size_t kChunkSize = 1 << 20;
+
+  // Zero-filled storage of at least `bytes`; nullptr if the OS refuses memory.
+  static void* allocate(size_t bytes);
+  // `bytes` must be the size passed to allocate().
+  static void free(void* block, size_t bytes);
+  static size_t bytesMapped();
+
+  static void lockForFork() { lock_.lock(); }
+  static void unlockAfterFork() { lock_.unlock(); }
+  static void resetAfterFork() { lock_.resetAfterFork(); }
+
+ private:
+  struct FreeBlock {
+    FreeBlock* next;
+  };
+  static constexpr size_t kPools = kMaxPooledSize / kGranule;
+
+  static inline Mutex lock_;
+  static inline FreeBlock* pools_[kPools] = {};
+  static inline char* bump_ = nullptr;
+  static inline char* bumpEnd_ = nullptr;
+  static inline size_t mapped_ = 0;
+};
+
+}  // namespace meshalloc

@@ -1,0 +1,58 @@
+// A MiniHeap owns one physical span: its size class, its allocation bitmap and the virtual
+// span(s) that map it. It is either attached (its free slots are in one thread's shuffle vector)
+// or detached (held by the global heap in an occupancy bin, the full list, or being freed).
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "heap/size_class.h"
+#include "support/bitmap.h"
+#include "support/list.h"
+
+namespace meshalloc {
+
+class ThreadHeap;
+
+// Where a MiniHeap sits in the global heap; changed only under its size class's lock.
+enum class SpanState : uint8_t { kAttached, kPartial, kFull, kLarge, kFreed };
+
+struct MiniHeap : ListNode {
+  // The thread heap this span is attached to, or nullptr. Only the owning thread sets it to
+  // itself, so `owner == me` is a safe test for a local free without locks.
+  std::atomic<ThreadHeap*> owner{nullptr};
+  // Slots currently owned (allocated to the program or held in the owner's shuffle vector).
+  std::atomic<uint32_t> liveCount{0};
+  uint32_t objectSize = 0;
+  uint32_t reciprocal = 0;
+  uint32_t objectCount = 0;
+  uint32_t spanPages = 0;
+  uint8_t sizeClass = 0;
+  SpanState state = SpanState::kFreed;
+  uint8_t occupancyBin = 0;
+  bool zeroed = false;  // large objects: the pages were fresh from the OS
+  uintptr_t spanStart = 0;
+  size_t requestedBytes = 0;  // large objects only, for statistics
+  // Trailing storage: AtomicBitmap words (objectCount bits).
+
+  static size_t bytesFor(size_t objectCount) {
+    return sizeof(MiniHeap) + AtomicBitmap::wordsFor(objectCount) * sizeof(std::atomic<uint64_t>);
+  }
+  AtomicBitmap bitmap() {
+    return AtomicBitmap(reinterpret_cast<std::atomic<uint64_t>*>(this + 1), objectCount);
+  }
+  bool isLarge() const { return sizeClass == kLargeClass; }
+  size_t spanBytes(size_t pageSize) const { return static_cast<size_t>(spanPages) * pageSize; }
+
+  // Slot index of `delta` bytes into a virtual span, or -1 if it is not the start of a slot.
+  int64_t slotOf(uintptr_t delta) const {
+    uint64_t slot = (static_cast<uint64_t>(delta) * reciprocal) >> 32;
+    if (slot * objectSize != delta || slot >= objectCount) return -1;
+    return static_cast<int64_t>(slot);
+  }
+};
+
+static_assert(sizeof(MiniHeap) % alignof(std::atomic<uint64_t>) == 0);
+
+}  // namespace meshalloc

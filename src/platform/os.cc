@@ -1,0 +1,178 @@
+#include "platform/os.h"
+
+#include <errno.h>
+#include <linux/futex.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <fcntl.h>
+#include <string.h>
+
+namespace meshalloc::os {
+namespace {
+
+constexpr size_t kFallbackPageSize = 4096;
+constexpr long kDefaultMaxMapCount = 65530;
+
+size_t gPageSize = 0;
+size_t gPageShift = 0;
+
+void computePageSize() {
+  long size = sysconf(_SC_PAGESIZE);
+  gPageSize = size > 0 ? static_cast<size_t>(size) : kFallbackPageSize;
+  gPageShift = static_cast<size_t>(__builtin_ctzl(gPageSize));
+}
+
+}  // namespace
+
+void initPlatform() {
+  if (gPageSize == 0) computePageSize();
+}
+
+size_t pageSize() {
+  if (__builtin_expect(gPageSize == 0, 0)) computePageSize();
+  return gPageSize;
+}
+
+size_t pageShift() {
+  if (__builtin_expect(gPageSize == 0, 0)) computePageSize();
+  return gPageShift;
+}
+
+void* reserveAligned(size_t bytes, size_t alignment) {
+  // Over-reserve and trim so that the result is aligned without relying on mmap hints.
+  size_t padded = bytes + alignment;
+  if (padded < bytes) return nullptr;
+  void* raw = mmap(nullptr, padded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
+  if (raw == MAP_FAILED) return nullptr;
+  uintptr_t start = reinterpret_cast<uintptr_t>(raw);
+  uintptr_t aligned = (start + alignment - 1) & ~(alignment - 1);
+  if (aligned > start) munmap(raw, aligned - start);
+  uintptr_t end = aligned + bytes;
+  uintptr_t rawEnd = start + padded;
+  if (rawEnd > end) munmap(reinterpret_cast<void*>(end), rawEnd - end);
+  return reinterpret_cast<void*>(aligned);
+}
+
+void unmap(void* addr, size_t bytes) { munmap(addr, bytes); }
+
+void decommit(void* addr, size_t bytes) {
+  // MADV_DONTNEED drops the pages at once (unlike MADV_FREE), so PSS and the cgroup charge
+  // fall immediately, which is what users measuring us will see.
+  madvise(addr, bytes, MADV_DONTNEED);
+}
+
+void* mapMetadata(size_t bytes) {
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  return p == MAP_FAILED ? nullptr : p;
+}
+
+uint64_t monotonicNanos() {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+uint64_t entropy64() {
+  uint64_t value = 0;
+  if (getrandom(&value, sizeof(value), GRND_NONBLOCK) != sizeof(value)) {
+    // Early in boot getrandom may not be ready; time and address bits are enough for shuffling.
+    value = monotonicNanos() ^ (reinterpret_cast<uintptr_t>(&value) << 16);
+  }
+  return value;
+}
+
+long maxMapCount() {
+  int fd = open("/proc/sys/vm/max_map_count", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return kDefaultMaxMapCount;
+  char buffer[32];
+  ssize_t n = read(fd, buffer, sizeof(buffer) - 1);
+  close(fd);
+  if (n <= 0) return kDefaultMaxMapCount;
+  long value = 0;
+  for (ssize_t i = 0; i < n && buffer[i] >= '0' && buffer[i] <= '9'; i++) value = value * 10 + (buffer[i] - '0');
+  return value > 0 ? value : kDefaultMaxMapCount;
+}
+
+int currentThreadId() { return static_cast<int>(syscall(SYS_gettid)); }
+
+void futexWait(const void* addr, uint32_t expected) {
+  syscall(SYS_futex, addr, FUTEX_WAIT_PRIVATE, expected, nullptr, nullptr, 0);
+}
+
+void futexWakeOne(const void* addr) { syscall(SYS_futex, addr, FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0); }
+
+void writeFd(int fd, const char* text, size_t length) {
+  while (length > 0) {
+    ssize_t n = write(fd, text, length);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    text += n;
+    length -= static_cast<size_t>(n);
+  }
+}
+
+void writeStderr(const char* text, size_t length) { writeFd(STDERR_FILENO, text, length); }
+
+void abortProcess() {
+  // abort() raises SIGABRT, so the default action (a core dump) and any handler still apply.
+  abort();
+}
+
+const char* getEnv(const char* name) { return getenv(name); }
+
+}  // namespace meshalloc::os
+
+namespace meshalloc::os {
+
+namespace {
+uintptr_t parseHex(const char*& cursor) {
+  uintptr_t value = 0;
+  for (;; cursor++) {
+    char c = *cursor;
+    if (c >= '0' && c <= '9') value = value * 16 + static_cast<uintptr_t>(c - '0');
+    else if (c >= 'a' && c <= 'f') value = value * 16 + static_cast<uintptr_t>(c - 'a' + 10);
+    else return value;
+  }
+}
+}  // namespace
+
+bool isInBrkHeap(uintptr_t address) {
+  int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  constexpr size_t kLineCapacity = 512;
+  char line[kLineCapacity];
+  size_t used = 0;
+  bool found = false;
+  for (;;) {
+    ssize_t n = read(fd, line + used, sizeof(line) - 1 - used);
+    if (n <= 0) break;
+    used += static_cast<size_t>(n);
+    line[used] = '\0';
+    char* newline;
+    while ((newline = static_cast<char*>(memchr(line, '\n', used))) != nullptr) {
+      *newline = '\0';
+      size_t length = static_cast<size_t>(newline - line);
+      if (length >= 6 && memcmp(newline - 6, "[heap]", 6) == 0) {
+        const char* cursor = line;
+        uintptr_t start = parseHex(cursor);
+        cursor++;  // '-'
+        uintptr_t end = parseHex(cursor);
+        found = address >= start && address < end;
+      }
+      used -= length + 1;
+      memmove(line, newline + 1, used);
+    }
+    if (used == sizeof(line) - 1) used = 0;  // a line longer than the buffer cannot be [heap]
+  }
+  close(fd);
+  return found;
+}
+
+}  // namespace meshalloc::os
