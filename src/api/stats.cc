@@ -59,9 +59,13 @@ HeapStats collectStats() {
     stats.threadHeaps += heap->inUse();
     for (unsigned c = 0; c < kNumSizeClasses; c++) {
       ShuffleVector& v = heap->vector(c);
-      MiniHeap* mini = __atomic_load_n(&v.attached, __ATOMIC_RELAXED);
-      if (!mini) continue;
-      uint32_t live = mini->liveCount.load(std::memory_order_relaxed);
+      uint32_t attached = __atomic_load_n(&v.attachedCount, __ATOMIC_RELAXED);
+      uint64_t live = 0;
+      for (unsigned span = 0; span < attached && span < kMaxSpansPerVector; span++) {
+        if (MiniHeap* mini = __atomic_load_n(&v.spans[span], __ATOMIC_RELAXED)) {
+          live += mini->liveCount.load(std::memory_order_relaxed);
+        }
+      }
       uint32_t waiting = __atomic_load_n(&v.length, __ATOMIC_RELAXED);
       stats.classes[c].liveObjects += live > waiting ? live - waiting : 0;
     }

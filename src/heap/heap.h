@@ -40,11 +40,12 @@ inline void deallocate(void* pointer) {
       uintptr_t spanStart = (address & ~(Arena::pageSize() - 1)) - (PageEntry::pageIndex(entry) << Arena::pageShift());
       int64_t slot = mini->slotOf(address - spanStart);
       ShuffleVector& v = heap->vector(mini->sizeClass);
-      if (__builtin_expect(slot >= 0 && !v.contains(static_cast<size_t>(slot)), 1)) {
+      unsigned span = mini->attachIndex;
+      if (__builtin_expect(slot >= 0 && !v.contains(span, static_cast<size_t>(slot)), 1)) {
         if (heap->randomization() == Randomization::kOnRefillAndFree) {
-          v.pushRandomly(static_cast<uint32_t>(slot), heap->rng());
+          v.pushRandomly(span, static_cast<uint32_t>(slot), heap->rng());
         } else {
-          v.push(static_cast<uint32_t>(slot));
+          v.push(span, static_cast<uint32_t>(slot));
         }
         return;
       }

@@ -31,6 +31,7 @@ struct MiniHeap : ListNode {
   uint8_t sizeClass = 0;
   SpanState state = SpanState::kFreed;
   uint8_t occupancyBin = 0;
+  uint8_t attachIndex = 0;  // position in the owner's shuffle vector while attached
   bool zeroed = false;  // large objects: the pages were fresh from the OS
   uintptr_t spanStart = 0;
   size_t requestedBytes = 0;  // large objects only, for statistics

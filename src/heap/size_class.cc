@@ -5,7 +5,8 @@ namespace meshalloc {
 namespace {
 
 uint32_t planPages(uint32_t objectSize, size_t pageSize) {
-  size_t minPages = (kMinObjectsPerSpan * objectSize + pageSize - 1) / pageSize;
+  size_t minBytes = kMinObjectsPerSpan * objectSize > kMinSpanBytes ? kMinObjectsPerSpan * objectSize : kMinSpanBytes;
+  size_t minPages = (minBytes + pageSize - 1) / pageSize;
   if (minPages == 0) minPages = 1;
   size_t bestPages = minPages;
   size_t bestWaste = pageSize * minPages;

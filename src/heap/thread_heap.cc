@@ -16,15 +16,16 @@ Mutex gRegistryLock;
 ThreadHeap* gRegistry = nullptr;
 ThreadHeap* gPool = nullptr;  // heaps of finished threads, reused before allocating new ones
 
-size_t slotWords(unsigned sizeClass) { return (SizeClasses::plan(sizeClass).objectCount + 63) / 64; }
+size_t wordsPerSpan(unsigned sizeClass) { return (SizeClasses::plan(sizeClass).objectCount + 63) / 64; }
+size_t entryBytes(unsigned sizeClass) {
+  return kMaxSpansPerVector * SizeClasses::plan(sizeClass).objectCount * sizeof(uint32_t);
+}
+size_t bitmapBytes(unsigned sizeClass) { return kMaxSpansPerVector * wordsPerSpan(sizeClass) * sizeof(uint64_t); }
 }  // namespace
 
 size_t ThreadHeap::storageBytes() {
   size_t bytes = sizeof(ThreadHeap);
-  for (unsigned c = 0; c < kNumSizeClasses; c++) {
-    bytes += slotWords(c) * sizeof(uint64_t);
-    bytes += (SizeClasses::plan(c).objectCount * sizeof(uint16_t) + 7) & ~size_t{7};
-  }
+  for (unsigned c = 0; c < kNumSizeClasses; c++) bytes += bitmapBytes(c) + entryBytes(c);
   return bytes;
 }
 
@@ -33,10 +34,11 @@ void ThreadHeap::initialize(char* storage) {
   for (unsigned c = 0; c < kNumSizeClasses; c++) {
     ShuffleVector& v = vectors_[c];
     v.objectSize = SizeClasses::plan(c).objectSize;
+    v.wordsPerSpan = static_cast<uint32_t>(wordsPerSpan(c));
     v.inVector = reinterpret_cast<uint64_t*>(cursor);
-    cursor += slotWords(c) * sizeof(uint64_t);
-    v.slots = reinterpret_cast<uint16_t*>(cursor);
-    cursor += (SizeClasses::plan(c).objectCount * sizeof(uint16_t) + 7) & ~size_t{7};
+    cursor += bitmapBytes(c);
+    v.entries = reinterpret_cast<uint32_t*>(cursor);
+    cursor += entryBytes(c);
   }
 }
 
@@ -72,7 +74,8 @@ void ThreadHeap::retire() {
   gPool = this;
 }
 
-void ThreadHeap::fill(ShuffleVector& v, MiniHeap* heap) {
+void ThreadHeap::claimFreeSlots(ShuffleVector& v, unsigned span) {
+  MiniHeap* heap = v.spans[span];
   AtomicBitmap bitmap = heap->bitmap();
   uint32_t claimed = 0;
   for (size_t w = 0; w < bitmap.words(); w++) {
@@ -80,71 +83,90 @@ void ThreadHeap::fill(ShuffleVector& v, MiniHeap* heap) {
     while (bits) {
       unsigned bit = static_cast<unsigned>(__builtin_ctzll(bits));
       bits &= bits - 1;
-      v.push(static_cast<uint32_t>(w * 64 + bit));
+      v.push(span, static_cast<uint32_t>(w * 64 + bit));
       claimed++;
     }
   }
   if (claimed) heap->liveCount.fetch_add(claimed, std::memory_order_acq_rel);
+}
+
+void ThreadHeap::detachEmptyEntry(ShuffleVector& v, unsigned span) {
+  GlobalHeap::releaseSpan(v.spans[span]);
+  unsigned last = --v.attachedCount;
+  if (span != last) {
+    // Only legal while the vector is empty: no entry refers to `last` by index.
+    v.spans[span] = v.spans[last];
+    v.spanStarts[span] = v.spanStarts[last];
+    v.spans[span]->attachIndex = static_cast<uint8_t>(span);
+  }
+  v.spans[last] = nullptr;
+  v.spanStarts[last] = 0;
+}
+
+void ThreadHeap::shuffle(ShuffleVector& v) {
   if (randomization_ == Randomization::kNone) {
     // Pop from the end must yield ascending addresses: reverse the ascending fill.
     for (uint32_t i = 0, j = v.length; i + 1 < j; i++, j--) {
-      uint16_t t = v.slots[i];
-      v.slots[i] = v.slots[j - 1];
-      v.slots[j - 1] = t;
+      uint32_t t = v.entries[i];
+      v.entries[i] = v.entries[j - 1];
+      v.entries[j - 1] = t;
     }
-  } else {
-    for (uint32_t i = v.length; i > 1; i--) {  // Fisher-Yates
-      uint32_t j = rng_.below(i);
-      uint16_t t = v.slots[i - 1];
-      v.slots[i - 1] = v.slots[j];
-      v.slots[j] = t;
-    }
+    return;
+  }
+  for (uint32_t i = v.length; i > 1; i--) {  // Fisher-Yates
+    uint32_t j = rng_.below(i);
+    uint32_t t = v.entries[i - 1];
+    v.entries[i - 1] = v.entries[j];
+    v.entries[j] = t;
   }
 }
 
 bool ThreadHeap::refill(unsigned sizeClass) {
   ShuffleVector& v = vectors_[sizeClass];
   if (v.length) return true;
-  if (MiniHeap* current = v.attached) {
-    // Other threads may have freed slots of our span meanwhile; reclaim them before moving on.
-    if (current->liveCount.load(std::memory_order_acquire) < current->objectCount) {
-      fill(v, current);
-      if (v.length) return true;
-    }
-    detach(sizeClass);
+  uint32_t objectsPerSpan = SizeClasses::plan(sizeClass).objectCount;
+  // Spans that other threads freed into are reclaimed; spans still full go back.
+  for (unsigned span = v.attachedCount; span-- > 0;) {
+    MiniHeap* heap = v.spans[span];
+    if (heap->liveCount.load(std::memory_order_acquire) >= heap->objectCount) detachEmptyEntry(v, span);
   }
-  for (;;) {
+  for (unsigned span = 0; span < v.attachedCount; span++) claimFreeSlots(v, span);
+  // Top up from the global heap until a span's worth of slots is available.
+  while (v.length < objectsPerSpan && v.attachedCount < kMaxSpansPerVector) {
     MiniHeap* heap = GlobalHeap::acquireSpan(sizeClass, this);
-    if (!heap) return false;
-    v.attached = heap;
-    v.spanStart = heap->spanStart;
-    fill(v, heap);
-    if (v.length) return true;
-    detach(sizeClass);  // a partial span that filled up before we claimed it: try another
+    if (!heap) break;
+    unsigned span = v.attachedCount++;
+    heap->attachIndex = static_cast<uint8_t>(span);
+    v.spans[span] = heap;
+    v.spanStarts[span] = heap->spanStart;
+    claimFreeSlots(v, span);
   }
+  shuffle(v);
+  return v.length > 0;
 }
 
-
-void ThreadHeap::detach(unsigned sizeClass) {
+void ThreadHeap::detachAll(unsigned sizeClass) {
   ShuffleVector& v = vectors_[sizeClass];
-  MiniHeap* heap = v.attached;
-  if (!heap) return;
-  if (v.length) {
+  for (unsigned span = 0; span < v.attachedCount; span++) {
+    MiniHeap* heap = v.spans[span];
     AtomicBitmap bitmap = heap->bitmap();
+    uint32_t returned = 0;
     for (size_t w = 0; w < bitmap.words(); w++) {
-      if (v.inVector[w]) bitmap.clearMask(w, v.inVector[w]);
-      v.inVector[w] = 0;
+      uint64_t* word = v.inVectorWord(span, w * 64);
+      if (*word) {
+        returned += static_cast<uint32_t>(__builtin_popcountll(*word));
+        bitmap.clearMask(w, *word);
+        *word = 0;
+      }
     }
-    heap->liveCount.fetch_sub(v.length, std::memory_order_acq_rel);
-    v.length = 0;
+    if (returned) heap->liveCount.fetch_sub(returned, std::memory_order_acq_rel);
   }
-  v.attached = nullptr;
-  v.spanStart = 0;
-  GlobalHeap::releaseSpan(heap);
+  v.length = 0;
+  while (v.attachedCount) detachEmptyEntry(v, v.attachedCount - 1);
 }
 
 void ThreadHeap::detachAll() {
-  for (unsigned c = 0; c < kNumSizeClasses; c++) detach(c);
+  for (unsigned c = 0; c < kNumSizeClasses; c++) detachAll(c);
 }
 
 ThreadHeap* ThreadHeap::registryHead() { return gRegistry; }

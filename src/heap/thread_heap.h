@@ -1,6 +1,8 @@
-// Per-thread heap: one shuffle vector per size class, each holding the free slots of the span
-// attached to this thread. malloc pops a slot and free of a slot of an attached span pushes it
-// back, with no atomics and no locks; everything else goes to the global heap.
+// Per-thread heap: one shuffle vector per size class, holding the free slots of the (up to
+// kMaxSpansPerVector) spans attached to this thread. malloc pops a slot and a free of a slot
+// of an attached span pushes it back, with no atomics and no locks; everything else goes to
+// the global heap. Drawing from several spans keeps refills rare when the fullest partial
+// spans have only a few free slots each.
 #pragma once
 
 #include <cstddef>
@@ -13,33 +15,44 @@
 
 namespace meshalloc {
 
+constexpr unsigned kMaxSpansPerVector = 4;
+
 struct ShuffleVector {
+  // An entry packs (attached span index, slot) so one vector can serve several spans.
+  static constexpr unsigned kSpanShift = 16;
+  static constexpr uint32_t kSlotMask = (1u << kSpanShift) - 1;
+
   uint32_t length = 0;  // free slots available, popped from the end
   uint32_t objectSize = 0;
-  uintptr_t spanStart = 0;
-  MiniHeap* attached = nullptr;
-  uint16_t* slots = nullptr;    // capacity: the class's objects per span
-  uint64_t* inVector = nullptr;  // bit per slot: set while the slot sits in `slots`
+  uint32_t wordsPerSpan = 0;  // inVector words per attached span
+  uint32_t attachedCount = 0;
+  uintptr_t spanStarts[kMaxSpansPerVector] = {};
+  MiniHeap* spans[kMaxSpansPerVector] = {};
+  uint32_t* entries = nullptr;   // capacity: kMaxSpansPerVector x objects per span
+  uint64_t* inVector = nullptr;  // bit per (span, slot): set while the slot sits in `entries`
 
-  bool contains(size_t slot) const { return (inVector[slot / 64] >> (slot % 64)) & 1; }
+  uint64_t* inVectorWord(unsigned span, size_t slot) { return &inVector[span * wordsPerSpan + slot / 64]; }
+  bool contains(unsigned span, size_t slot) { return (*inVectorWord(span, slot) >> (slot % 64)) & 1; }
 
   void* pop() {
-    uint32_t slot = slots[--length];
-    inVector[slot / 64] &= ~(1ull << (slot % 64));
-    return reinterpret_cast<void*>(spanStart + static_cast<uintptr_t>(slot) * objectSize);
+    uint32_t entry = entries[--length];
+    unsigned span = entry >> kSpanShift;
+    uint32_t slot = entry & kSlotMask;
+    *inVectorWord(span, slot) &= ~(1ull << (slot % 64));
+    return reinterpret_cast<void*>(spanStarts[span] + static_cast<uintptr_t>(slot) * objectSize);
   }
 
-  void push(uint32_t slot) {
-    inVector[slot / 64] |= 1ull << (slot % 64);
-    slots[length++] = static_cast<uint16_t>(slot);
+  void push(unsigned span, uint32_t slot) {
+    *inVectorWord(span, slot) |= 1ull << (slot % 64);
+    entries[length++] = (span << kSpanShift) | slot;
   }
 
   // Pushes, then swaps the new entry with a random one: the vector stays a uniform shuffle.
-  void pushRandomly(uint32_t slot, Rng& rng) {
-    inVector[slot / 64] |= 1ull << (slot % 64);
+  void pushRandomly(unsigned span, uint32_t slot, Rng& rng) {
+    *inVectorWord(span, slot) |= 1ull << (slot % 64);
     uint32_t position = rng.below(length + 1);
-    slots[length++] = slots[position];
-    slots[position] = static_cast<uint16_t>(slot);
+    entries[length++] = entries[position];
+    entries[position] = (span << kSpanShift) | slot;
   }
 };
 
@@ -50,10 +63,10 @@ class ThreadHeap {
   // Returns every attached span to the global heap and puts this heap up for reuse.
   void retire();
 
-  // Refills the vector of `sizeClass`; false when memory is exhausted.
+  // Refills the (empty) vector of `sizeClass`; false when memory is exhausted.
   bool refill(unsigned sizeClass);
-  // Returns the vector's slots and its span to the global heap (e.g. "thread.tcache.flush").
-  void detach(unsigned sizeClass);
+  // Returns the vector's slots and spans to the global heap (e.g. "thread.tcache.flush").
+  void detachAll(unsigned sizeClass);
   void detachAll();
 
   ShuffleVector& vector(unsigned sizeClass) { return vectors_[sizeClass]; }
@@ -71,7 +84,11 @@ class ThreadHeap {
  private:
   static size_t storageBytes();
   void initialize(char* storage);
-  void fill(ShuffleVector& vector, MiniHeap* heap);
+  // Claims every free slot of attached span `span` into the vector.
+  void claimFreeSlots(ShuffleVector& v, unsigned span);
+  // Detaches span `span` (which has no entries in the vector) and compacts the span table.
+  void detachEmptyEntry(ShuffleVector& v, unsigned span);
+  void shuffle(ShuffleVector& v);
 
   ShuffleVector vectors_[kNumSizeClasses];
   Rng rng_;
