@@ -294,6 +294,17 @@ void Arena::shrink(uintptr_t start, size_t pages, size_t newPages) {
   release(tail, pages - newPages, false);
 }
 
+uint64_t Arena::entryAtOrBelow(uintptr_t address) {
+  LockGuard guard(lock_);
+  Segment* segment = segmentOf(address);
+  if (!segment) return 0;
+  for (uintptr_t page = address & ~(pageSize_ - 1);; page -= pageSize_) {
+    uint64_t entry = entryRef(segment, page).load(std::memory_order_acquire);
+    if (entry) return entry;
+    if (page == segment->base) return 0;
+  }
+}
+
 ArenaStats Arena::stats() {
   LockGuard guard(lock_);
   return stats_;

@@ -91,6 +91,10 @@ class Arena {
     return granule < kTopEntries && pageMaps_[granule].load(std::memory_order_relaxed) != 0;
   }
 
+  // For error reports only: the owner of the nearest owned page at or below `address` in the
+  // same segment (large objects record their owner on their first page only).
+  static uint64_t entryAtOrBelow(uintptr_t address);
+
   // Gives back dirty runs older than the decay time (all of them if `everything`), and any in
   // excess of the cache limit. Returns the bytes decommitted.
   static size_t purge(bool everything);

@@ -87,7 +87,16 @@ uintptr_t spanStartFor(uintptr_t address, uint64_t entry) {
 MiniHeap* resolve(const void* pointer, uint64_t entry, const char* operation, int64_t* slot) {
   uintptr_t address = reinterpret_cast<uintptr_t>(pointer);
   if (!PageEntry::isMiniHeap(entry)) {
-    if (Arena::contains(address)) reportHeapError(HeapError::kStalePointer, operation, pointer);
+    if (Arena::contains(address)) {
+      uint64_t below = Arena::entryAtOrBelow(address);
+      if (PageEntry::isMiniHeap(below)) {
+        MiniHeap* owner = PageEntry::miniHeap(below);
+        if (owner->isLarge() && address < owner->spanStart + owner->spanBytes(Arena::pageSize())) {
+          reportHeapError(HeapError::kInteriorPointer, operation, pointer, reinterpret_cast<void*>(owner->spanStart));
+        }
+      }
+      reportHeapError(HeapError::kStalePointer, operation, pointer);
+    }
     if (os::isInBrkHeap(address)) return nullptr;
     reportHeapError(HeapError::kInvalidPointer, operation, pointer);
   }

@@ -1,0 +1,117 @@
+#include "heap/arena.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "heap/heap.h"
+
+namespace meshalloc {
+namespace {
+
+class ArenaTest : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_TRUE(heap::ensureInitialized()); }
+  size_t page() const { return Arena::pageSize(); }
+};
+
+TEST_F(ArenaTest, FreshRunsAreZeroedAndReleasedRunsCoalesce) {
+  bool zeroed = false;
+  // Allocate three neighbours from a fresh segment region, give them back, and expect one run
+  // covering all three to be available at the first one's address.
+  constexpr size_t kPages = 200;  // beyond the dirty cache's exact bins, so released clean
+  uintptr_t a = Arena::allocate(kPages, 0, &zeroed);
+  ASSERT_NE(a, 0u);
+  EXPECT_TRUE(zeroed);
+  uintptr_t b = Arena::allocate(kPages, 0, &zeroed);
+  uintptr_t c = Arena::allocate(kPages, 0, &zeroed);
+  ASSERT_TRUE(b && c);
+  memset(reinterpret_cast<void*>(a), 0xab, kPages * page());
+  Arena::release(a, kPages, false);
+  Arena::release(b, kPages, false);
+  Arena::release(c, kPages, false);
+  uintptr_t merged = Arena::allocate(3 * kPages, 0, &zeroed);
+  EXPECT_TRUE(zeroed);
+  EXPECT_EQ(*reinterpret_cast<unsigned char*>(merged), 0) << "released pages must read as zero";
+  Arena::release(merged, 3 * kPages, false);
+}
+
+TEST_F(ArenaTest, AlignedRunsAreAligned) {
+  for (size_t alignment : {page() * 2, page() * 16, size_t{1} << 21}) {
+    bool zeroed;
+    uintptr_t run = Arena::allocate(3, alignment, &zeroed);
+    ASSERT_NE(run, 0u);
+    EXPECT_EQ(run % alignment, 0u);
+    Arena::release(run, 3, false);
+  }
+}
+
+TEST_F(ArenaTest, GrowsInPlaceIntoAFreeNeighbour) {
+  bool zeroed;
+  uintptr_t run = Arena::allocate(300, 0, &zeroed);
+  Arena::shrink(run, 300, 100);
+  EXPECT_TRUE(Arena::tryGrow(run, 100, 250));
+  Arena::release(run, 250, false);
+}
+
+TEST_F(ArenaTest, AddressSpaceGrowsBeyondOneSegmentAndLookupsScale) {
+  // Several granules' worth of runs: the arena must reserve more segments on demand, and every
+  // page of every run must resolve through the two-level table.
+  size_t pagesPerRun = (Arena::kGranule / page()) / 4;
+  std::vector<uintptr_t> runs;
+  size_t segmentsBefore = Arena::stats().segmentCount;
+  for (int i = 0; i < 12; i++) {
+    bool zeroed;
+    uintptr_t run = Arena::allocate(pagesPerRun, 0, &zeroed);
+    ASSERT_NE(run, 0u);
+    runs.push_back(run);
+  }
+  EXPECT_GE(Arena::stats().segmentCount, segmentsBefore + 2);
+  alignas(64) static char fakeOwner[64];  // stands in for a MiniHeap: only its address is used
+  for (uintptr_t run : runs) {
+    Arena::assign(run, 4, reinterpret_cast<MiniHeap*>(fakeOwner), true);
+    for (size_t p = 0; p < 4; p++) {
+      uint64_t entry = Arena::entryFor(run + p * page() + 17);
+      ASSERT_TRUE(PageEntry::isMiniHeap(entry));
+      EXPECT_EQ(PageEntry::miniHeap(entry), reinterpret_cast<MiniHeap*>(fakeOwner));
+      EXPECT_EQ(PageEntry::pageIndex(entry), p);
+    }
+    Arena::release(run, pagesPerRun, false);
+    EXPECT_FALSE(PageEntry::isMiniHeap(Arena::entryFor(run))) << "a released run has no owner";
+  }
+}
+
+TEST_F(ArenaTest, HugeObjectsGetADedicatedSegmentThatIsUnmappedOnRelease) {
+  size_t pages = (Arena::kDedicatedThreshold * 2) / page();
+  size_t reservedBefore = Arena::stats().reservedBytes;
+  bool zeroed;
+  uintptr_t run = Arena::allocate(pages, 0, &zeroed);
+  ASSERT_NE(run, 0u);
+  EXPECT_GE(Arena::stats().reservedBytes, reservedBefore + pages * page());
+  EXPECT_EQ(Arena::stats().dedicatedCount, 1u);
+  Arena::release(run, pages, true);
+  EXPECT_EQ(Arena::stats().reservedBytes, reservedBefore);
+  EXPECT_FALSE(Arena::contains(run));
+}
+
+TEST_F(ArenaTest, ForeignAddressesHaveNoEntry) {
+  int onStack = 0;
+  static int inData = 0;
+  EXPECT_EQ(Arena::entryFor(reinterpret_cast<uintptr_t>(&onStack)), 0u);
+  EXPECT_EQ(Arena::entryFor(reinterpret_cast<uintptr_t>(&inData)), 0u);
+  EXPECT_EQ(Arena::entryFor(0), 0u);
+  EXPECT_EQ(Arena::entryFor(~uintptr_t{0}), 0u);
+}
+
+TEST_F(ArenaTest, DirtyCacheDecaysToTheOs) {
+  bool zeroed;
+  uintptr_t run = Arena::allocate(4, 0, &zeroed);
+  Arena::release(run, 4, true);
+  EXPECT_GE(Arena::stats().dirtyBytes, 4 * page());
+  EXPECT_GT(Arena::purge(true), 0u);
+  EXPECT_EQ(Arena::stats().dirtyBytes, 0u);
+}
+
+}  // namespace
+}  // namespace meshalloc

@@ -1,0 +1,210 @@
+#include "heap/heap.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "api/entry_points.h"
+#include "api/stats.h"
+#include "heap/config.h"
+#include "heap/global_heap.h"
+
+namespace meshalloc {
+namespace {
+
+// Runs `body` on a fresh thread, so it gets a fresh thread heap with the current configuration.
+template <typename Body>
+void onNewThread(Body body) {
+  std::thread thread(body);
+  thread.join();
+}
+
+class HeapTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(heap::ensureInitialized());
+    saved_ = gHeapConfig;
+  }
+  void TearDown() override { gHeapConfig = saved_; }
+  HeapConfig saved_;
+};
+
+TEST_F(HeapTest, ASpanHandsOutEverySlotExactlyOnce) {
+  constexpr size_t kSize = 10240;
+  unsigned c = SizeClasses::classOf(kSize);
+  size_t perSpan = SizeClasses::plan(c).objectCount;
+  onNewThread([&] {
+    std::set<uintptr_t> seen;
+    std::vector<void*> blocks;
+    for (size_t i = 0; i < perSpan * 3; i++) {
+      void* p = heap::allocate(kSize);
+      ASSERT_NE(p, nullptr);
+      ASSERT_TRUE(seen.insert(reinterpret_cast<uintptr_t>(p)).second) << "slot handed out twice";
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % kMinAlignment, 0u);
+      memset(p, 0x5a, kSize);
+      blocks.push_back(p);
+    }
+    for (void* p : blocks) heap::deallocate(p);
+  });
+}
+
+std::vector<uintptr_t> firstAddresses(Randomization level, size_t size, size_t count) {
+  gHeapConfig.randomization = level;
+  std::vector<uintptr_t> addresses;
+  onNewThread([&] {
+    std::vector<void*> blocks;
+    for (size_t i = 0; i < count; i++) blocks.push_back(heap::allocate(size));
+    for (void* p : blocks) addresses.push_back(reinterpret_cast<uintptr_t>(p));
+    for (void* p : blocks) heap::deallocate(p);
+  });
+  return addresses;
+}
+
+TEST_F(HeapTest, RandomizationZeroAllocatesInAddressOrder) {
+  // A class no other test uses, so the thread starts from a fresh span.
+  auto addresses = firstAddresses(Randomization::kNone, 7000, 20);
+  for (size_t i = 1; i < addresses.size(); i++) EXPECT_EQ(addresses[i] - addresses[i - 1], 7168u);
+}
+
+TEST_F(HeapTest, RandomizationShufflesAllocationOrder) {
+  for (Randomization level : {Randomization::kOnRefill, Randomization::kOnRefillAndFree}) {
+    auto addresses = firstAddresses(level, 200, 64);
+    EXPECT_FALSE(std::is_sorted(addresses.begin(), addresses.end()));
+    EXPECT_FALSE(std::is_sorted(addresses.rbegin(), addresses.rend()));
+    std::set<uintptr_t> distinct(addresses.begin(), addresses.end());
+    EXPECT_EQ(distinct.size(), addresses.size());
+  }
+}
+
+TEST_F(HeapTest, ShuffleIsRoughlyUniform) {
+  // Which slot of its span does a thread's first allocation get? Over many fresh threads the
+  // answer should cover most of the span's 64 slots (about 61 expected for 200 draws), which a
+  // biased or missing shuffle would not.
+  gHeapConfig.randomization = Randomization::kOnRefill;
+  constexpr size_t kSize = 256;
+  constexpr int kTrials = 200;
+  std::set<uintptr_t> firstSlots;
+  for (int t = 0; t < kTrials; t++) {
+    onNewThread([&] {
+      void* p = heap::allocate(kSize);
+      uintptr_t address = reinterpret_cast<uintptr_t>(p);
+      uint64_t entry = Arena::entryFor(address);
+      uintptr_t spanStart = (address & ~(Arena::pageSize() - 1)) - PageEntry::pageIndex(entry) * Arena::pageSize();
+      firstSlots.insert((address - spanStart) / kSize);
+      heap::deallocate(p);
+    });
+  }
+  EXPECT_GE(firstSlots.size(), 40u);
+}
+
+TEST_F(HeapTest, FreedMemoryGoesBackToTheOs) {
+  constexpr size_t kSize = 256;
+  constexpr size_t kCount = 40000;  // ~10 MiB
+  ArenaStats before = Arena::stats();
+  onNewThread([&] {
+    std::vector<void*> blocks;
+    for (size_t i = 0; i < kCount; i++) {
+      blocks.push_back(heap::allocate(kSize));
+      memset(blocks.back(), 1, kSize);
+    }
+    EXPECT_GE(Arena::stats().activeBytes, before.activeBytes + kCount * kSize);
+    for (void* p : blocks) heap::deallocate(p);
+  });
+  heap::releaseFreeMemory();
+  ArenaStats after = Arena::stats();
+  EXPECT_LE(after.activeBytes, before.activeBytes + (1 << 20)) << "empty spans must leave the heap";
+  EXPECT_EQ(after.dirtyBytes, 0u);
+}
+
+TEST_F(HeapTest, RemoteFreesEmptyAndReleaseSpans) {
+  constexpr size_t kSize = 3000;
+  constexpr size_t kCount = 5000;
+  std::vector<void*> blocks;
+  onNewThread([&] {
+    for (size_t i = 0; i < kCount; i++) {
+      blocks.push_back(heap::allocate(kSize));
+      memset(blocks.back(), 7, kSize);
+    }
+  });  // the allocating thread is gone: its spans were detached on exit
+  size_t activeWithObjects = Arena::stats().activeBytes;
+  onNewThread([&] {
+    for (void* p : blocks) heap::deallocate(p);
+  });
+  EXPECT_LT(Arena::stats().activeBytes + kCount * kSize / 2, activeWithObjects);
+}
+
+TEST_F(HeapTest, ThreadExitReturnsAttachedSpans) {
+  api::HeapStats before = api::collectStats();
+  onNewThread([&] {
+    for (int i = 0; i < 100; i++) heap::deallocate(heap::allocate(48));
+    EXPECT_EQ(api::collectStats().threadHeaps, before.threadHeaps + 1);
+  });
+  EXPECT_EQ(api::collectStats().threadHeaps, before.threadHeaps);
+}
+
+TEST_F(HeapTest, LargeObjectsAreZeroedAndResizeInPlace) {
+  constexpr size_t kSize = 1 << 20;
+  char* p = static_cast<char*>(api::callocImpl(1, kSize));
+  ASSERT_NE(p, nullptr);
+  for (size_t i = 0; i < kSize; i += 512) ASSERT_EQ(p[i], 0);
+  memset(p, 'x', kSize);
+  api::freeImpl(p);
+  p = static_cast<char*>(api::callocImpl(kSize, 1));  // likely the same, now dirty, pages
+  for (size_t i = 0; i < kSize; i += 512) ASSERT_EQ(p[i], 0);
+  memset(p, 'y', kSize);
+  char* grown = static_cast<char*>(api::reallocImpl(p, 3 * kSize));
+  ASSERT_NE(grown, nullptr);
+  for (size_t i = 0; i < kSize; i += 4096) ASSERT_EQ(grown[i], 'y');
+  EXPECT_GE(api::usableSizeImpl(grown), 3 * kSize);
+  api::freeImpl(grown);
+}
+
+TEST_F(HeapTest, ReallocKeepsContentsAcrossClasses) {
+  char* p = static_cast<char*>(api::mallocImpl(10));
+  memcpy(p, "0123456789", 10);
+  for (size_t size : {20ul, 100ul, 5000ul, 20000ul, 100000ul, 50ul, 10ul}) {
+    p = static_cast<char*>(api::reallocImpl(p, size));
+    ASSERT_NE(p, nullptr);
+    ASSERT_EQ(memcmp(p, "0123456789", 10), 0) << size;
+    EXPECT_GE(api::usableSizeImpl(p), size);
+  }
+  api::freeImpl(p);
+}
+
+using HeapDeathTest = HeapTest;
+
+TEST_F(HeapDeathTest, MisuseIsReportedWithTheAddress) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        void* p = api::mallocImpl(64);
+        api::freeImpl(p);
+        api::freeImpl(p);
+      },
+      "meshalloc: double free of 0x[0-9a-f]+");
+  EXPECT_DEATH(
+      {
+        char* p = static_cast<char*>(api::mallocImpl(64));
+        api::freeImpl(p + 16);
+      },
+      "meshalloc: free of interior pointer 0x[0-9a-f]+ \\(the object starts at 0x[0-9a-f]+\\)");
+  EXPECT_DEATH(
+      {
+        static char notOurs[64];
+        api::freeImpl(notOurs);
+      },
+      "meshalloc: free of invalid pointer 0x[0-9a-f]+");
+  EXPECT_DEATH(
+      {
+        char* p = static_cast<char*>(api::mallocImpl(1 << 20));
+        api::freeImpl(p + 8192);
+      },
+      "meshalloc: free of interior pointer");
+}
+
+}  // namespace
+}  // namespace meshalloc
