@@ -50,19 +50,49 @@ void GlobalHeap::destroySpan(ClassState& state, MiniHeap* heap) {
   InternalHeap::free(heap, MiniHeap::bytesFor(heap->objectCount));
 }
 
-MiniHeap* GlobalHeap::acquireSpan(unsigned sizeClass, ThreadHeap* owner) {
+void GlobalHeap::rescanFull(ClassState& state) {
+  for (size_t i = 0; i < kFullRescanPerRefill; i++) {
+    MiniHeap* heap = state.full.popFront();
+    if (!heap) return;
+    uint32_t live = heap->liveCount.load(std::memory_order_seq_cst);
+    if (live >= heap->objectCount) {
+      state.full.pushBack(heap);  // still full: to the back, so the next rescan sees others
+      continue;
+    }
+    heap->state = SpanState::kUnlisted;
+    placeDetached(state, heap);
+  }
+}
+
+unsigned GlobalHeap::exchangeSpans(unsigned sizeClass, ThreadHeap* owner, MiniHeap* const* release,
+                                   unsigned releaseCount, MiniHeap** acquired, unsigned maxAcquire,
+                                   uint32_t wantSlots) {
   ClassState& state = classes_[sizeClass];
   LockGuard guard(state.lock);
-  MiniHeap* heap = nullptr;
-  for (size_t bin = kOccupancyBins; bin-- > 0 && !heap;) heap = state.partial[bin].popFront();
-  if (!heap) {
-    heap = createSpan(sizeClass);
-    if (!heap) return nullptr;
-    state.spans++;
+  for (unsigned i = 0; i < releaseCount; i++) detachLocked(state, release[i]);
+  rescanFull(state);
+  unsigned count = 0;
+  uint32_t covered = 0;
+  for (size_t bin = kOccupancyBins; bin-- > 0 && count < maxAcquire && covered < wantSlots;) {
+    while (count < maxAcquire && covered < wantSlots) {
+      MiniHeap* heap = state.partial[bin].popFront();
+      if (!heap) break;
+      uint32_t live = heap->liveCount.load(std::memory_order_relaxed);
+      covered += live < heap->objectCount ? heap->objectCount - live : 0;
+      acquired[count++] = heap;
+    }
   }
-  heap->state = SpanState::kAttached;
-  heap->owner.store(owner, std::memory_order_seq_cst);
-  return heap;
+  if (count == 0 && maxAcquire > 0) {
+    MiniHeap* heap = createSpan(sizeClass);
+    if (!heap) return 0;
+    state.spans++;
+    acquired[count++] = heap;
+  }
+  for (unsigned i = 0; i < count; i++) {
+    acquired[i]->state = SpanState::kAttached;
+    acquired[i]->owner.store(owner, std::memory_order_seq_cst);
+  }
+  return count;
 }
 
 void GlobalHeap::placeDetached(ClassState& state, MiniHeap* heap) {
@@ -79,34 +109,34 @@ void GlobalHeap::placeDetached(ClassState& state, MiniHeap* heap) {
   }
 }
 
-void GlobalHeap::releaseSpan(MiniHeap* heap) {
-  ClassState& state = classes_[heap->sizeClass];
-  LockGuard guard(state.lock);
+void GlobalHeap::detachLocked(ClassState& state, MiniHeap* heap) {
   // seq_cst pairs with freeRemote: either this sees its decrement or it sees owner == nullptr.
   heap->owner.store(nullptr, std::memory_order_seq_cst);
   placeDetached(state, heap);
+}
+
+void GlobalHeap::releaseSpan(MiniHeap* heap) {
+  ClassState& state = classes_[heap->sizeClass];
+  LockGuard guard(state.lock);
+  detachLocked(state, heap);
 }
 
 void GlobalHeap::freeRemote(MiniHeap* heap, size_t slot, uintptr_t address) {
   if (!heap->bitmap().tryUnset(slot)) reportHeapError(HeapError::kDoubleFree, "free", reinterpret_cast<void*>(address));
   uint32_t before = heap->liveCount.fetch_sub(1, std::memory_order_seq_cst);
   // Attached spans are the owner's business; a detached span only needs attention when it
-  // becomes empty (give it back) or stops being full (make it visible to refills).
-  if (before != 1 && before != heap->objectCount) return;
+  // becomes empty.
+  if (before != 1) return;
   if (heap->owner.load(std::memory_order_seq_cst) != nullptr) return;
   unsigned sizeClass = heap->sizeClass;
   if (sizeClass >= kNumSizeClasses) return;
+  // A full span that gained a free slot is not moved here (that would take the lock on most
+  // remote frees); rescanFull finds it on a later refill.
   ClassState& state = classes_[sizeClass];
   LockGuard guard(state.lock);
   // Re-check under the lock: another thread may have attached, moved or freed it meanwhile.
   if (heap->sizeClass != sizeClass || (heap->state != SpanState::kPartial && heap->state != SpanState::kFull)) return;
-  uint32_t live = heap->liveCount.load(std::memory_order_seq_cst);
-  if (live == 0) {
-    destroySpan(state, heap);
-  } else if (heap->state == SpanState::kFull && live < heap->objectCount) {
-    state.full.remove(heap);
-    placeDetached(state, heap);
-  }
+  if (heap->liveCount.load(std::memory_order_seq_cst) == 0) destroySpan(state, heap);
 }
 
 void* GlobalHeap::allocateLarge(size_t bytes, size_t alignment, bool* zeroed) {

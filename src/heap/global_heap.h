@@ -26,10 +26,17 @@ struct SizeClassStats {
 class GlobalHeap {
  public:
   static constexpr size_t kOccupancyBins = 4;
+  // Remote frees never lock to move a span out of the full list; each refill instead checks
+  // this many full spans (rotating through the list) and refiles those with free slots.
+  static constexpr size_t kFullRescanPerRefill = 16;
 
-  // Hands `owner` a span of `sizeClass` with at least one free slot: the fullest partial span
-  // if there is one, otherwise a fresh one. Returns nullptr when memory is exhausted.
-  static MiniHeap* acquireSpan(unsigned sizeClass, ThreadHeap* owner);
+  // One trip to the global heap for a refill, under one lock: takes back `releaseCount` spans
+  // from `owner`, then hands it up to `maxAcquire` spans, fullest first, until about
+  // `wantSlots` free slots are covered (a fresh span if there is no partial one). Returns the
+  // number of spans stored in `acquired`; 0 only when memory is exhausted.
+  static unsigned exchangeSpans(unsigned sizeClass, ThreadHeap* owner, MiniHeap* const* release,
+                                unsigned releaseCount, MiniHeap** acquired, unsigned maxAcquire,
+                                uint32_t wantSlots);
   // Takes a span back from its owner; the owner has already returned its unused slots.
   static void releaseSpan(MiniHeap* heap);
   // A free of slot `slot` of a span that is not attached to the calling thread.
@@ -59,6 +66,8 @@ class GlobalHeap {
   static MiniHeap* createSpan(unsigned sizeClass);
   static void destroySpan(ClassState& state, MiniHeap* heap);
   static void placeDetached(ClassState& state, MiniHeap* heap);
+  static void detachLocked(ClassState& state, MiniHeap* heap);
+  static void rescanFull(ClassState& state);
   static void unlink(ClassState& state, MiniHeap* heap);
   static size_t binFor(const MiniHeap* heap, uint32_t live);
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "heap/arena.h"
+#include "heap/global_heap.h"
 #include "heap/mini_heap.h"
 #include "heap/size_class.h"
 #include "heap/thread_heap.h"
@@ -47,6 +48,14 @@ inline void deallocate(void* pointer) {
         } else {
           v.push(span, static_cast<uint32_t>(slot));
         }
+        return;
+      }
+    } else if (__builtin_expect(!mini->isLarge(), 1)) {
+      // A span this thread does not own: clear its bit directly (no re-resolution).
+      uintptr_t spanStart = (address & ~(Arena::pageSize() - 1)) - (PageEntry::pageIndex(entry) << Arena::pageShift());
+      int64_t slot = mini->slotOf(address - spanStart);
+      if (__builtin_expect(slot >= 0, 1)) {
+        GlobalHeap::freeRemote(mini, static_cast<size_t>(slot), address);
         return;
       }
     }

@@ -16,7 +16,7 @@ namespace meshalloc {
 class ThreadHeap;
 
 // Where a MiniHeap sits in the global heap; changed only under its size class's lock.
-enum class SpanState : uint8_t { kAttached, kPartial, kFull, kLarge, kFreed };
+enum class SpanState : uint8_t { kAttached, kPartial, kFull, kUnlisted, kLarge, kFreed };
 
 struct MiniHeap : ListNode {
   // The thread heap this span is attached to, or nullptr. Only the owning thread sets it to

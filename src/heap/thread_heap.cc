@@ -17,9 +17,13 @@ ThreadHeap* gRegistry = nullptr;
 ThreadHeap* gPool = nullptr;  // heaps of finished threads, reused before allocating new ones
 
 size_t wordsPerSpan(unsigned sizeClass) { return (SizeClasses::plan(sizeClass).objectCount + 63) / 64; }
-size_t entryBytes(unsigned sizeClass) {
-  return kMaxSpansPerVector * SizeClasses::plan(sizeClass).objectCount * sizeof(uint32_t);
+uint32_t vectorCapacity(unsigned sizeClass) {
+  uint32_t perSpan = SizeClasses::plan(sizeClass).objectCount;
+  uint32_t all = kMaxSpansPerVector * perSpan;
+  uint32_t budget = perSpan > kVectorEntryBudget ? perSpan : kVectorEntryBudget;
+  return all < budget ? all : budget;
 }
+size_t entryBytes(unsigned sizeClass) { return vectorCapacity(sizeClass) * sizeof(uint32_t); }
 size_t bitmapBytes(unsigned sizeClass) { return kMaxSpansPerVector * wordsPerSpan(sizeClass) * sizeof(uint64_t); }
 }  // namespace
 
@@ -35,6 +39,7 @@ void ThreadHeap::initialize(char* storage) {
     ShuffleVector& v = vectors_[c];
     v.objectSize = SizeClasses::plan(c).objectSize;
     v.wordsPerSpan = static_cast<uint32_t>(wordsPerSpan(c));
+    v.capacity = vectorCapacity(c);
     v.inVector = reinterpret_cast<uint64_t*>(cursor);
     cursor += bitmapBytes(c);
     v.entries = reinterpret_cast<uint32_t*>(cursor);
@@ -78,8 +83,13 @@ void ThreadHeap::claimFreeSlots(ShuffleVector& v, unsigned span) {
   MiniHeap* heap = v.spans[span];
   AtomicBitmap bitmap = heap->bitmap();
   uint32_t claimed = 0;
-  for (size_t w = 0; w < bitmap.words(); w++) {
-    uint64_t bits = bitmap.claimWord(w);
+  for (size_t w = 0; w < bitmap.words() && v.length < v.capacity; w++) {
+    // Read first: most words of a busy span are full, and a failed claim still costs an atomic.
+    uint64_t free = ~bitmap.loadWord(w) & bitmap.validMask(w);
+    if (!free) continue;
+    uint32_t room = v.capacity - v.length;
+    while (static_cast<uint32_t>(__builtin_popcountll(free)) > room) free &= free - 1;  // keep the top `room`
+    uint64_t bits = bitmap.claimMask(w, free);
     while (bits) {
       unsigned bit = static_cast<unsigned>(__builtin_ctzll(bits));
       bits &= bits - 1;
@@ -90,8 +100,7 @@ void ThreadHeap::claimFreeSlots(ShuffleVector& v, unsigned span) {
   if (claimed) heap->liveCount.fetch_add(claimed, std::memory_order_acq_rel);
 }
 
-void ThreadHeap::detachEmptyEntry(ShuffleVector& v, unsigned span) {
-  GlobalHeap::releaseSpan(v.spans[span]);
+void ThreadHeap::removeSpan(ShuffleVector& v, unsigned span) {
   unsigned last = --v.attachedCount;
   if (span != last) {
     // Only legal while the vector is empty: no entry refers to `last` by index.
@@ -125,21 +134,31 @@ bool ThreadHeap::refill(unsigned sizeClass) {
   ShuffleVector& v = vectors_[sizeClass];
   if (v.length) return true;
   uint32_t objectsPerSpan = SizeClasses::plan(sizeClass).objectCount;
-  // Spans that other threads freed into are reclaimed; spans still full go back.
+  uint32_t wanted = objectsPerSpan < v.capacity ? objectsPerSpan : v.capacity;
+  // Spans still full go back; those other threads freed into are reclaimed in place.
+  MiniHeap* released[kMaxSpansPerVector];
+  unsigned releasedCount = 0;
   for (unsigned span = v.attachedCount; span-- > 0;) {
     MiniHeap* heap = v.spans[span];
-    if (heap->liveCount.load(std::memory_order_acquire) >= heap->objectCount) detachEmptyEntry(v, span);
+    if (heap->liveCount.load(std::memory_order_acquire) >= heap->objectCount) {
+      released[releasedCount++] = heap;
+      removeSpan(v, span);
+    }
   }
   for (unsigned span = 0; span < v.attachedCount; span++) claimFreeSlots(v, span);
-  // Top up from the global heap until a span's worth of slots is available.
-  while (v.length < objectsPerSpan && v.attachedCount < kMaxSpansPerVector) {
-    MiniHeap* heap = GlobalHeap::acquireSpan(sizeClass, this);
-    if (!heap) break;
-    unsigned span = v.attachedCount++;
-    heap->attachIndex = static_cast<uint8_t>(span);
-    v.spans[span] = heap;
-    v.spanStarts[span] = heap->spanStart;
-    claimFreeSlots(v, span);
+  unsigned room = v.length < wanted ? kMaxSpansPerVector - v.attachedCount : 0;
+  if (releasedCount || room) {
+    // One trip (one lock) to the global heap per refill, however many spans change hands.
+    MiniHeap* acquired[kMaxSpansPerVector];
+    unsigned count = GlobalHeap::exchangeSpans(sizeClass, this, released, releasedCount, acquired, room,
+                                               wanted - (v.length < wanted ? v.length : wanted));
+    for (unsigned i = 0; i < count; i++) {
+      unsigned span = v.attachedCount++;
+      acquired[i]->attachIndex = static_cast<uint8_t>(span);
+      v.spans[span] = acquired[i];
+      v.spanStarts[span] = acquired[i]->spanStart;
+      claimFreeSlots(v, span);
+    }
   }
   shuffle(v);
   return v.length > 0;
@@ -162,7 +181,10 @@ void ThreadHeap::detachAll(unsigned sizeClass) {
     if (returned) heap->liveCount.fetch_sub(returned, std::memory_order_acq_rel);
   }
   v.length = 0;
-  while (v.attachedCount) detachEmptyEntry(v, v.attachedCount - 1);
+  while (v.attachedCount) {
+    GlobalHeap::releaseSpan(v.spans[v.attachedCount - 1]);
+    removeSpan(v, v.attachedCount - 1);
+  }
 }
 
 void ThreadHeap::detachAll() {

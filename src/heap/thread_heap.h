@@ -15,7 +15,10 @@
 
 namespace meshalloc {
 
-constexpr unsigned kMaxSpansPerVector = 4;
+constexpr unsigned kMaxSpansPerVector = 8;
+// A vector holds at most max(objects per span, this) entries, so a thread's idle free slots
+// (memory other threads cannot use) stay bounded for every class.
+constexpr uint32_t kVectorEntryBudget = 512;
 
 struct ShuffleVector {
   // An entry packs (attached span index, slot) so one vector can serve several spans.
@@ -26,9 +29,10 @@ struct ShuffleVector {
   uint32_t objectSize = 0;
   uint32_t wordsPerSpan = 0;  // inVector words per attached span
   uint32_t attachedCount = 0;
+  uint32_t capacity = 0;  // entries
   uintptr_t spanStarts[kMaxSpansPerVector] = {};
   MiniHeap* spans[kMaxSpansPerVector] = {};
-  uint32_t* entries = nullptr;   // capacity: kMaxSpansPerVector x objects per span
+  uint32_t* entries = nullptr;   // `capacity` entries
   uint64_t* inVector = nullptr;  // bit per (span, slot): set while the slot sits in `entries`
 
   uint64_t* inVectorWord(unsigned span, size_t slot) { return &inVector[span * wordsPerSpan + slot / 64]; }
@@ -86,8 +90,8 @@ class ThreadHeap {
   void initialize(char* storage);
   // Claims every free slot of attached span `span` into the vector.
   void claimFreeSlots(ShuffleVector& v, unsigned span);
-  // Detaches span `span` (which has no entries in the vector) and compacts the span table.
-  void detachEmptyEntry(ShuffleVector& v, unsigned span);
+  // Drops span `span` (which has no entries in the vector) from the table, compacting it.
+  void removeSpan(ShuffleVector& v, unsigned span);
   void shuffle(ShuffleVector& v);
 
   ShuffleVector vectors_[kNumSizeClasses];

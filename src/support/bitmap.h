@@ -47,6 +47,11 @@ class AtomicBitmap {
     return ~words_[w].fetch_or(mask, std::memory_order_acq_rel) & mask;
   }
 
+  // Sets the bits of `mask` in word `w`, returning those of them that were clear before.
+  uint64_t claimMask(size_t w, uint64_t mask) {
+    return ~words_[w].fetch_or(mask, std::memory_order_acq_rel) & mask;
+  }
+
   void clearMask(size_t w, uint64_t mask) { words_[w].fetch_and(~mask, std::memory_order_acq_rel); }
 
   uint64_t loadWord(size_t w) const { return words_[w].load(std::memory_order_acquire); }
