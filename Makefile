@@ -19,7 +19,7 @@ demo: setup release
 	./scripts/demo.sh
 
 test: setup release asan tsan
-	ctest --preset release
+	ctest --preset release -LE stress-long
 	ctest --preset asan -L unit
 	ctest --preset tsan -L unit
 	$(PYTEST) -q python/tests

@@ -42,6 +42,27 @@ void* newOrThrow(Allocate allocate) {
   }
 }
 
+// nothrow forms run the same handler loop but return nullptr once no handler is installed.
+// (A handler that throws from here terminates: catching needs libstdc++'s unwinder, which the
+// library does not link.)
+template <typename Allocate>
+void* newOrNull(Allocate allocate) {
+  for (;;) {
+    if (void* block = allocate()) return block;
+    NewHandler handler = currentNewHandler();
+    if (!handler) return nullptr;
+    handler();
+  }
+}
+
+void* newSizedNothrow(std::size_t size) {
+  return newOrNull([size] { return meshalloc::heap::allocate(size); });
+}
+
+void* newAlignedNothrow(std::size_t size, std::align_val_t alignment) {
+  return newOrNull([=] { return meshalloc::heap::allocateAligned(size, static_cast<std::size_t>(alignment)); });
+}
+
 void* newSized(std::size_t size) {
   void* block = meshalloc::heap::allocate(size);
   return block ? block : newOrThrow([size] { return meshalloc::heap::allocate(size); });
@@ -58,20 +79,20 @@ void* newAligned(std::size_t size, std::align_val_t alignment) {
 MESHALLOC_EXPORT void* operator new(std::size_t size) { return newSized(size); }
 MESHALLOC_EXPORT void* operator new[](std::size_t size) { return newSized(size); }
 MESHALLOC_EXPORT void* operator new(std::size_t size, const std::nothrow_t&) noexcept {
-  return meshalloc::heap::allocate(size);
+  return newSizedNothrow(size);
 }
 MESHALLOC_EXPORT void* operator new[](std::size_t size, const std::nothrow_t&) noexcept {
-  return meshalloc::heap::allocate(size);
+  return newSizedNothrow(size);
 }
 MESHALLOC_EXPORT void* operator new(std::size_t size, std::align_val_t alignment) { return newAligned(size, alignment); }
 MESHALLOC_EXPORT void* operator new[](std::size_t size, std::align_val_t alignment) {
   return newAligned(size, alignment);
 }
 MESHALLOC_EXPORT void* operator new(std::size_t size, std::align_val_t alignment, const std::nothrow_t&) noexcept {
-  return meshalloc::heap::allocateAligned(size, static_cast<std::size_t>(alignment));
+  return newAlignedNothrow(size, alignment);
 }
 MESHALLOC_EXPORT void* operator new[](std::size_t size, std::align_val_t alignment, const std::nothrow_t&) noexcept {
-  return meshalloc::heap::allocateAligned(size, static_cast<std::size_t>(alignment));
+  return newAlignedNothrow(size, alignment);
 }
 
 MESHALLOC_EXPORT void operator delete(void* p) noexcept { meshalloc::heap::deallocate(p); }

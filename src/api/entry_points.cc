@@ -137,10 +137,7 @@ int malloptImpl(int parameter, int value) {
 void statsImpl() { writeStats(STDERR_FILENO, false); }
 
 int infoImpl(int options, FILE* stream) {
-  if (options != 0) {
-    errno = EINVAL;
-    return -1;
-  }
+  if (options != 0) return EINVAL;  // glibc returns the error number itself
   HeapStats s = collectStats();
   char buffer[8192];
   TextWriter out(buffer, sizeof(buffer));

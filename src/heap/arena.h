@@ -147,8 +147,8 @@ class Arena {
   static inline std::atomic<Segment*>* segments_ = nullptr;
   static inline size_t pageShift_ = 12;
   static inline size_t pageSize_ = 4096;
-  static inline IntrusiveList<FreeRun> freeBins_[kBins];
-  static inline IntrusiveList<DirtyRun> dirtyBins_[kExactBins];
+  static constinit inline IntrusiveList<FreeRun> freeBins_[kBins];
+  static constinit inline IntrusiveList<DirtyRun> dirtyBins_[kExactBins];
   static inline ArenaStats stats_ = {};
   static inline uint64_t lastDecayCheckNs_ = 0;
 };

@@ -7,7 +7,7 @@
 
 namespace meshalloc {
 
-GlobalHeap::ClassState GlobalHeap::classes_[kNumSizeClasses];
+constinit GlobalHeap::ClassState GlobalHeap::classes_[kNumSizeClasses];
 
 size_t GlobalHeap::binFor(const MiniHeap* heap, uint32_t live) {
   size_t bin = static_cast<size_t>(live) * kOccupancyBins / heap->objectCount;

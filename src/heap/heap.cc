@@ -126,11 +126,13 @@ void freeResolved(void* pointer, MiniHeap* mini, int64_t slot) {
   ThreadHeap* heap = tlsThreadHeap;
   if (heap && mini->owner.load(std::memory_order_relaxed) == heap) {
     ShuffleVector& v = heap->vector(mini->sizeClass);
-    if (v.contains(mini->attachIndex, static_cast<size_t>(slot))) {
+    if (v.contains(mini->attachIndex, static_cast<size_t>(slot)) || !mini->bitmap().isSet(static_cast<size_t>(slot))) {
       reportHeapError(HeapError::kDoubleFree, "free", pointer);
     }
-    v.push(mini->attachIndex, static_cast<uint32_t>(slot));
-    return;
+    if (v.length < v.capacity) {
+      v.push(mini->attachIndex, static_cast<uint32_t>(slot));
+      return;
+    }
   }
   GlobalHeap::freeRemote(mini, static_cast<size_t>(slot), address);
 }

@@ -42,7 +42,12 @@ inline void deallocate(void* pointer) {
       int64_t slot = mini->slotOf(address - spanStart);
       ShuffleVector& v = heap->vector(mini->sizeClass);
       unsigned span = mini->attachIndex;
-      if (__builtin_expect(slot >= 0 && !v.contains(span, static_cast<size_t>(slot)), 1)) {
+      // A full vector (its spans can have more slots out than it holds) sends the slot back
+      // through the bitmap instead; the span stays attached and reclaims it on refill.
+      // The bitmap bit is clear if another thread already freed this slot (a double free).
+      if (__builtin_expect(slot >= 0 && !v.contains(span, static_cast<size_t>(slot)) && v.length < v.capacity &&
+                               mini->bitmap().isSet(static_cast<size_t>(slot)),
+                           1)) {
         if (heap->randomization() == Randomization::kOnRefillAndFree) {
           v.pushRandomly(span, static_cast<uint32_t>(slot), heap->rng());
         } else {

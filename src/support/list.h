@@ -15,11 +15,13 @@ struct ListNode {
 template <typename T>
 class IntrusiveList {
  public:
-  IntrusiveList() { head_.prev = head_.next = &head_; }
+  // Constant-initialised (the sentinel links itself on first insertion): lists live in
+  // statics that malloc may reach before any dynamic initialiser of this library has run.
+  constexpr IntrusiveList() = default;
   IntrusiveList(const IntrusiveList&) = delete;
   IntrusiveList& operator=(const IntrusiveList&) = delete;
 
-  bool empty() const { return head_.next == &head_; }
+  bool empty() const { return head_.next == nullptr || head_.next == &head_; }
   size_t size() const { return size_; }
 
   void pushFront(T* item) { insertAfter(&head_, item); }
@@ -48,6 +50,8 @@ class IntrusiveList {
 
  private:
   void insertAfter(ListNode* position, T* item) {
+    if (head_.next == nullptr) head_.prev = head_.next = &head_;
+    if (position == nullptr) position = &head_;
     ListNode* node = item;
     node->prev = position;
     node->next = position->next;

@@ -108,7 +108,7 @@ TEST(EntryPoints, IntrospectionIsPlausible) {
   EXPECT_EQ(malloptImpl(M_ARENA_MAX, 2), 1);
   EXPECT_EQ(malloptImpl(M_MXFAST, 100000), 0);
   EXPECT_GE(trimImpl(0), 0);
-  EXPECT_EQ(infoImpl(1, stdout), -1);
+  EXPECT_EQ(infoImpl(1, stdout), EINVAL);
 }
 
 }  // namespace

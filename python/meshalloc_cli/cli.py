@@ -1,0 +1,368 @@
+"""The `meshalloc` command line: run, compare, allocators.
+
+Everything the commands do lives in the library modules (measure, compare, output,
+plotting); this file only parses arguments and prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+from rich.console import Console
+from rich.table import Table
+from rich import box
+
+from . import __version__, allocators as allocator_registry
+from .compare import DEFAULT_REPEAT, Comparison, RunRecord, compare
+from .errors import EXIT_OK, EXIT_SIGNAL_BASE, EXIT_USAGE, MeshallocError
+from .measure import DEFAULT_INTERVAL_S, KIB, MIB, RunResult, check_command, measure
+from .output import (FIGURE_STEM, RSS_NOTE, prepare_output_directory, table_cells, table_notes, write_comparison,
+                     write_run)
+
+PROGRAM = "meshalloc"
+COMMAND_SEPARATOR = "--"
+MS_PER_S = 1000.0
+DEFAULT_OUT_ROOT = Path("out")
+TIMESTAMP_FORMAT = "%Y%m%d-%H%M%S"
+# The allocators `compare` uses when --allocators is not given (those that are present).
+DEFAULT_COMPARE_ALLOCATORS = ("glibc", "jemalloc", "mimalloc", "tcmalloc", "meshalloc")
+NON_TERMINAL_WIDTH = 160
+SIGINT_EXIT = EXIT_SIGNAL_BASE + 2  # what a shell reports for a command stopped by Ctrl-C
+
+EPILOG = """exit status: the command's own (run), or 128+N when it was killed by signal N;
+2 for bad usage, 126 when the command cannot be executed, 127 when it is not found."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse prints the whole usage before an error; the issue asks for one line."""
+
+    def error(self, message: str):  # type: ignore[override]
+        sys.stderr.write(f"{self.prog}: {message} (see `{self.prog} --help`)\n")
+        sys.exit(EXIT_USAGE)
+
+
+def _positive_ms(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of milliseconds: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"the interval must be positive, not {text}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {text}")
+    return value
+
+
+def _add_measurement_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--interval", type=_positive_ms, default=DEFAULT_INTERVAL_S * MS_PER_S, metavar="MS",
+                        help="sampling interval in milliseconds (default %(default)g, i.e. 100 Hz)")
+    parser.add_argument("--out", type=Path, metavar="DIR",
+                        help="directory for the TSV, JSON and figure files (default out/<command>-<time>)")
+    parser.add_argument("--no-cgroup", action="store_true",
+                        help="do not put the command in a memory cgroup of its own")
+    parser.add_argument("--no-figure", action="store_true", help="skip the PNG/SVG figure")
+    parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ARGS",
+                        help="the command to run, after --")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(prog=PROGRAM, description="Measure a program's memory the right way (PSS, page tables, "
+                           "memory-cgroup charge) and compare allocators on it.", epilog=EPILOG,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="subcommand", metavar="COMMAND")
+    commands.required = True
+
+    run = commands.add_parser("run", help="run a command under one allocator and sample its memory",
+                              description="Run CMD under an allocator, sample the whole process tree's memory at a "
+                              "fixed rate until it exits, print mean/peak/final and wall time, and write a TSV time "
+                              "series and a figure. The exit status of CMD is passed through.", epilog=EPILOG)
+    run.add_argument("--allocator", "-a", default="system", metavar="A",
+                     help="allocator name or .so path (default: system, i.e. no LD_PRELOAD); "
+                     "see `meshalloc allocators`")
+    _add_measurement_options(run)
+
+    comparison = commands.add_parser("compare", help="the same command under several allocators, side by side",
+                                     description="Run CMD under each allocator, interleaved and repeated, and "
+                                     "print a table of medians and ratios against a baseline, with one figure "
+                                     "of every allocator's memory over time.", epilog=EPILOG)
+    comparison.add_argument("--allocators", metavar="A,B,...",
+                            help="comma-separated allocators (default: those of "
+                            f"{','.join(DEFAULT_COMPARE_ALLOCATORS)} that are present)")
+    comparison.add_argument("--repeat", type=_positive_int, default=DEFAULT_REPEAT, metavar="N",
+                            help="runs per allocator (default %(default)s)")
+    comparison.add_argument("--baseline", metavar="NAME", help="allocator the ratios are against (default: the first)")
+    _add_measurement_options(comparison)
+
+    listing = commands.add_parser("allocators", help="list the allocators available on this machine",
+                                  description="List every allocator name, whether it is available here and "
+                                  "which library it loads.")
+    listing.add_argument("--install", action="store_true",
+                         help="apt-get install the comparison allocators first (needs root)")
+    return parser
+
+
+def _split_command(argv: Sequence[str]):
+    """Everything after the first `--` is the command, untouched by argparse (which
+    would otherwise take options of the command, like `ls --all`, for its own)."""
+    argv = list(argv)
+    if COMMAND_SEPARATOR in argv:
+        index = argv.index(COMMAND_SEPARATOR)
+        return argv[:index], argv[index + 1:]
+    return argv, None
+
+
+def _default_out(kind: str) -> Path:
+    stamp = datetime.now().strftime(TIMESTAMP_FORMAT)
+    candidate = DEFAULT_OUT_ROOT / f"{kind}-{stamp}"
+    suffix = 1
+    while candidate.exists():
+        suffix += 1
+        candidate = DEFAULT_OUT_ROOT / f"{kind}-{stamp}-{suffix}"
+    return candidate
+
+
+def _mib(value: Optional[float]) -> str:
+    return "—" if value is None else f"{value / MIB:.1f} MiB"
+
+
+def _kib(value: Optional[float]) -> str:
+    return "—" if value is None else f"{value / KIB:.0f} KiB"
+
+
+def _count(value: Optional[float]) -> str:
+    return "—" if value is None else f"{value:.0f}"
+
+
+def _cgroup_line(result: RunResult) -> str:
+    status = result.cgroup
+    if status.available:
+        return f"memory cgroup v{status.version}: {status.path} (removed after the run)"
+    return f"memory cgroup: not available — {status.reason}"
+
+
+def print_run_report(result: RunResult, files: List[Path], console: Console) -> None:
+    """The summary `meshalloc run` prints (to stderr, like time(1), so the command's own
+    stdout stays clean for pipes)."""
+    command = " ".join(result.command)
+    console.print(f"[bold]meshalloc run[/bold]: {command} under [bold]{result.allocator.name}[/bold] — "
+                  f"{result.describe_exit()}", highlight=False, soft_wrap=True)
+    rate = result.achieved_rate
+    rate_text = f" at {rate:.0f} Hz" if rate else ""
+    console.print(f"wall time {result.wall_time:.3f} s · {len(result.samples)} samples{rate_text} "
+                  f"(every {result.interval * MS_PER_S:g} ms)", highlight=False)
+    console.print(_cgroup_line(result), highlight=False, soft_wrap=True)
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False)
+    table.add_column("metric")
+    for column in ("mean", "peak", "final"):
+        table.add_column(column, justify="right")
+    rows = [("PSS", "pss", _mib), ("cgroup charge", "cgroup", _mib), ("RSS*", "rss", _mib),
+            ("page tables", "pte", _kib), ("mappings", "maps", _count)]
+    for label, metric, formatter in rows:
+        summary = result.summary(metric)
+        if summary is None:
+            if metric == "cgroup":
+                continue
+            table.add_row(label, "—", "—", "—")
+            continue
+        table.add_row(label, formatter(summary.mean), formatter(summary.peak), formatter(summary.final))
+    if result.cgroup_kernel_peak is not None:
+        table.add_row("cgroup peak (kernel)", "", _mib(result.cgroup_kernel_peak), "")
+    if result.samples:
+        console.print(table)
+    else:
+        console.print("no samples: the command exited before the first one could be taken", highlight=False)
+    console.print(f"* {RSS_NOTE}", highlight=False, soft_wrap=True)
+    if result.signal_name:
+        console.print(f"[bold red]the command was killed by {result.signal_name}[/bold red]; "
+                      f"its partial samples were written", highlight=False)
+    console.print("files: " + " ".join(str(path) for path in files), highlight=False, soft_wrap=True)
+
+
+def _command_or_error(command: Optional[List[str]], remainder: List[str]) -> List[str]:
+    if command is None:
+        command = remainder
+    elif remainder:
+        raise MeshallocError(f"unexpected arguments before --: {' '.join(remainder)}")
+    if not command:
+        raise MeshallocError("missing command: put it after --, e.g. `meshalloc run -- ls -l`")
+    return command
+
+
+def cmd_run(args, command: List[str], err: Console) -> int:
+    allocator = allocator_registry.resolve(args.allocator)
+    check_command(command, allocator.environment())
+    out = prepare_output_directory(args.out or _default_out("run"))
+    result = measure(command, allocator, interval=args.interval / MS_PER_S, use_cgroup=not args.no_cgroup)
+    files = list(write_run(result, out).values())
+    if not args.no_figure and result.samples:
+        from .plotting import plot_run
+
+        files += plot_run(result, out / FIGURE_STEM)
+    print_run_report(result, files, err)
+    return result.exit_code
+
+
+def _compare_allocators(spec: Optional[str]):
+    if spec is not None:
+        names = [name for name in (part.strip() for part in spec.split(",")) if name]
+        if not names:
+            raise MeshallocError("--allocators is empty")
+        return allocator_registry.resolve_all(names)
+    present = []
+    for name in DEFAULT_COMPARE_ALLOCATORS:
+        try:
+            present.append(allocator_registry.resolve(name))
+        except MeshallocError:
+            continue
+    if not present:
+        raise MeshallocError("none of the default allocators is available; see `meshalloc allocators`")
+    return present
+
+
+class _Progress:
+    """A rich progress bar on a terminal; one plain line per run otherwise (CI logs, pipes,
+    `make demo` output), where a redrawn bar would leave only noise."""
+
+    def __init__(self, console: Console):
+        self._console = console
+        self._bar = None
+        self._task = None
+        if console.is_terminal:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), console=console)
+
+    def __enter__(self):
+        if self._bar is not None:
+            self._bar.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self._bar is not None:
+            self._bar.stop()
+
+    def start(self, order: int, total: int, allocator: str, repetition: int) -> None:
+        description = f"{allocator} (run {repetition})"
+        if self._bar is not None:
+            if self._task is None:
+                self._task = self._bar.add_task(description, total=total)
+            self._bar.update(self._task, description=description)
+
+    def finish(self, record: RunRecord, total: int) -> None:
+        result = record.result
+        pss = result.summary("pss")
+        line = (f"[{record.order}/{total}] {record.allocator} #{record.repetition}: {result.wall_time:.3f} s, "
+                f"peak PSS {_mib(pss.peak if pss else None)}")
+        if not result.succeeded:
+            line += f", {result.describe_exit()}" + (f" (log: {record.log})" if record.log else "")
+        if self._bar is not None:
+            self._bar.advance(self._task)
+            if not result.succeeded:
+                self._bar.console.print(line, highlight=False)
+        else:
+            self._console.print(line, highlight=False, soft_wrap=True)
+
+
+def print_comparison(comparison: Comparison, files: List[Path], figure: Optional[Path], console: Console) -> None:
+    headers, rows = table_cells(comparison)
+    table = Table(box=box.SIMPLE_HEAD, title=" ".join(comparison.command), title_justify="left")
+    for index, header in enumerate(headers):
+        table.add_column(header, justify="left" if index == 0 else "right")
+    for cells in rows:
+        table.add_row(*cells)
+    console.print(table)
+    for note in table_notes(comparison):
+        console.print(note, highlight=False, soft_wrap=True)
+    if figure is not None:
+        console.print(f"figure: {figure}", highlight=False, soft_wrap=True)
+    console.print("files: " + " ".join(str(path) for path in files), highlight=False, soft_wrap=True)
+
+
+def cmd_compare(args, command: List[str], out_console: Console, err: Console) -> int:
+    chosen = _compare_allocators(args.allocators)
+    baseline = args.baseline
+    if baseline is not None:
+        names = [allocator.name for allocator in chosen]
+        if baseline not in names:
+            raise MeshallocError(f"baseline '{baseline}' is not one of the compared allocators ({', '.join(names)})")
+    check_command(command, chosen[0].environment())
+    out = prepare_output_directory(args.out or _default_out("compare"))
+    with _Progress(err) as progress:
+        comparison = compare(command, chosen, repeat=args.repeat, baseline=baseline,
+                             interval=args.interval / MS_PER_S, use_cgroup=not args.no_cgroup,
+                             log_dir=out / "logs", on_start=progress.start, on_finish=progress.finish)
+    files = list(write_comparison(comparison, out).values())
+    figure = None
+    if not args.no_figure and any(run.result.samples for run in comparison.runs):
+        from .plotting import plot_comparison
+
+        figures = plot_comparison(comparison, out / FIGURE_STEM)
+        files += figures
+        figure = figures[0]
+    print_comparison(comparison, files, figure, out_console)
+    if comparison.interrupted:
+        return SIGINT_EXIT
+    failed = comparison.failed_runs
+    return failed[0].result.exit_code if failed else EXIT_OK
+
+
+def cmd_allocators(args, out_console: Console, err: Console) -> int:
+    if args.install:
+        allocator_registry.install_debian_packages()
+    table = Table(box=box.SIMPLE_HEAD)
+    for header in ("allocator", "available", "library", "notes"):
+        table.add_column(header, overflow="fold")
+    for row in allocator_registry.availability():
+        table.add_row(row.name, "yes" if row.available else "no",
+                      str(row.library) if row.library else "—", row.note)
+    out_console.print(table)
+    return EXIT_OK
+
+
+def _console(stderr: bool) -> Console:
+    """Rich wraps at 80 columns when it is not writing to a terminal; tables in logs and
+    captured output read better unwrapped, unless COLUMNS says otherwise."""
+    console = Console(stderr=stderr)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(stderr=stderr, width=NON_TERMINAL_WIDTH)
+    return console
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    options, command = _split_command(argv)
+    parser = build_parser()
+    args = parser.parse_args(options)
+    out_console = _console(stderr=False)
+    err = _console(stderr=True)
+    try:
+        if args.subcommand == "allocators":
+            if command:
+                raise MeshallocError("`meshalloc allocators` takes no command")
+            return cmd_allocators(args, out_console, err)
+        command = _command_or_error(command, args.command)
+        if args.subcommand == "run":
+            return cmd_run(args, command, err)
+        return cmd_compare(args, command, out_console, err)
+    except MeshallocError as error:
+        sys.stderr.write(f"{PROGRAM}: {error}\n")
+        return error.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,185 @@
+"""The same command under several allocators, interleaved and repeated, summarised in a
+table of medians and ratios against a baseline. The library form of `meshalloc compare`.
+
+Runs are interleaved (A B C, A B C, ...) rather than grouped, so slow drifts of the
+machine -- page cache warming, thermal throttling, a noisy neighbour -- spread over every
+allocator instead of penalising whichever ran last.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, List, Optional, Sequence
+
+from .allocators import Allocator
+from .errors import MeshallocError
+from .measure import DEFAULT_INTERVAL_S, RunResult, measure
+
+DEFAULT_REPEAT = 3
+UNSAFE_FILE_CHARACTERS = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+@dataclass
+class RunRecord:
+    allocator: str
+    repetition: int  # 1-based
+    order: int  # 1-based position in the interleaved schedule
+    result: RunResult
+    log: Optional[Path] = None
+
+
+@dataclass
+class Stat:
+    """Median and range of one quantity over an allocator's successful runs."""
+
+    median: float
+    low: float
+    high: float
+
+    @classmethod
+    def of(cls, values: Sequence[Optional[float]]) -> Optional["Stat"]:
+        present = [value for value in values if value is not None]
+        if not present:
+            return None
+        return cls(statistics.median(present), min(present), max(present))
+
+
+@dataclass
+class TableRow:
+    allocator: str
+    runs: int
+    succeeded: int
+    mean_pss: Optional[Stat]
+    peak_pss: Optional[Stat]
+    time: Optional[Stat]
+    peak_cgroup: Optional[Stat]  # the kernel's high-water mark where it keeps one
+    peak_pte: Optional[Stat]
+    peak_maps: Optional[Stat]
+    mean_ratio: Optional[float] = None  # median mean PSS / the baseline's
+    peak_ratio: Optional[float] = None
+    time_ratio: Optional[float] = None
+
+
+@dataclass
+class Comparison:
+    command: List[str]
+    allocators: List[Allocator]
+    baseline: str
+    repeat: int
+    interval: float
+    runs: List[RunRecord] = field(default_factory=list)
+    rows: List[TableRow] = field(default_factory=list)
+    interrupted: bool = False
+
+    def row(self, allocator: str) -> Optional[TableRow]:
+        return next((row for row in self.rows if row.allocator == allocator), None)
+
+    @property
+    def failed_runs(self) -> List[RunRecord]:
+        return [run for run in self.runs if not run.result.succeeded]
+
+
+def _peak(result: RunResult, metric: str) -> Optional[float]:
+    summary = result.summary(metric)
+    return float(summary.peak) if summary else None
+
+
+def _cgroup_peak(result: RunResult) -> Optional[float]:
+    if result.cgroup_kernel_peak is not None:
+        return float(result.cgroup_kernel_peak)
+    return _peak(result, "cgroup")
+
+
+def _ratio(value: Optional[Stat], baseline: Optional[Stat]) -> Optional[float]:
+    if value is None or baseline is None or baseline.median == 0:
+        return None
+    return value.median / baseline.median
+
+
+def build_table(runs: Sequence[RunRecord], allocator_names: Sequence[str], baseline: str) -> List[TableRow]:
+    """One row per allocator, from its successful runs only: a crashed run's memory says
+    nothing about the allocator's steady state, and is counted in `succeeded` instead."""
+    rows = []
+    for name in allocator_names:
+        mine = [run.result for run in runs if run.allocator == name]
+        good = [result for result in mine if result.succeeded]
+        mean_pss = Stat.of([result.summary("pss").mean if result.summary("pss") else None for result in good])
+        rows.append(TableRow(
+            allocator=name,
+            runs=len(mine),
+            succeeded=len(good),
+            mean_pss=mean_pss,
+            peak_pss=Stat.of([_peak(result, "pss") for result in good]),
+            time=Stat.of([result.wall_time for result in good]),
+            peak_cgroup=Stat.of([_cgroup_peak(result) for result in good]),
+            peak_pte=Stat.of([_peak(result, "pte") for result in good]),
+            peak_maps=Stat.of([_peak(result, "maps") for result in good]),
+        ))
+    base = next((row for row in rows if row.allocator == baseline), None)
+    for row in rows:
+        row.mean_ratio = _ratio(row.mean_pss, base.mean_pss if base else None)
+        row.peak_ratio = _ratio(row.peak_pss, base.peak_pss if base else None)
+        row.time_ratio = _ratio(row.time, base.time if base else None)
+    return rows
+
+
+def _log_path(log_dir: Path, order: int, allocator: str, repetition: int) -> Path:
+    return log_dir / f"{order:03d}-{UNSAFE_FILE_CHARACTERS.sub('_', allocator)}-{repetition}.log"
+
+
+def compare(
+    command: Sequence[str],
+    allocators: Sequence[Allocator],
+    repeat: int = DEFAULT_REPEAT,
+    baseline: Optional[str] = None,
+    interval: float = DEFAULT_INTERVAL_S,
+    use_cgroup: bool = True,
+    log_dir: Optional[Path] = None,
+    on_start: Optional[Callable[[int, int, str, int], None]] = None,
+    on_finish: Optional[Callable[[RunRecord, int], None]] = None,
+) -> Comparison:
+    """Run `command` `repeat` times under each allocator, interleaved. Each run's output
+    goes to a log file under `log_dir` (discarded when None). on_start(order, total,
+    allocator, repetition) and on_finish(record, total) report progress. A Ctrl-C stops
+    after the current run and returns what was measured, with `interrupted` set."""
+    if repeat < 1:
+        raise MeshallocError("--repeat must be at least 1")
+    if not allocators:
+        raise MeshallocError("no allocators to compare")
+    names = [allocator.name for allocator in allocators]
+    baseline = baseline if baseline is not None else names[0]
+    if baseline not in names:
+        raise MeshallocError(f"baseline '{baseline}' is not one of the compared allocators ({', '.join(names)})")
+    comparison = Comparison(list(command), list(allocators), baseline, repeat, interval)
+    total = repeat * len(allocators)
+    if log_dir is not None:
+        log_dir.mkdir(parents=True, exist_ok=True)
+    order = 0
+    for repetition in range(1, repeat + 1):
+        for allocator in allocators:
+            order += 1
+            if on_start:
+                on_start(order, total, allocator.name, repetition)
+            log = _log_path(log_dir, order, allocator.name, repetition) if log_dir is not None else None
+            if log is not None:
+                with open(log, "wb") as output:
+                    result = measure(command, allocator, interval, use_cgroup, stdin=subprocess.DEVNULL,
+                                     stdout=output, stderr=subprocess.STDOUT)
+            else:
+                result = measure(command, allocator, interval, use_cgroup, stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            record = RunRecord(allocator.name, repetition, order, result, log)
+            comparison.runs.append(record)
+            if on_finish:
+                on_finish(record, total)
+            if result.interrupted:
+                comparison.interrupted = True
+                break
+        if comparison.interrupted:
+            break
+    comparison.rows = build_table(comparison.runs, names, baseline)
+    return comparison

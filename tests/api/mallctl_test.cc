@@ -1,0 +1,246 @@
+// The control interface: meshalloc_mallctl, the exported jemalloc-compatible mallctl,
+// meshalloc_compact and meshalloc_print_stats.
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "meshalloc.h"
+#include "test_support.h"
+
+// jemalloc's name for the control call; meshalloc exports it so that jemalloc-aware programs
+// keep working under LD_PRELOAD.
+extern "C" int mallctl(const char* name, void* oldp, size_t* oldlenp, void* newp, size_t newlen);
+
+namespace {
+
+using Ctl = int (*)(const char*, void*, size_t*, void*, size_t);
+
+void refresh(Ctl ctl = meshalloc_mallctl) {
+  uint64_t epoch = 1;
+  size_t len = sizeof epoch;
+  ASSERT_EQ(ctl("epoch", &epoch, &len, &epoch, sizeof epoch), 0);
+}
+
+template <typename T>
+T readCtl(const char* name, Ctl ctl = meshalloc_mallctl) {
+  T value{};
+  size_t len = sizeof value;
+  int rc = ctl(name, &value, &len, nullptr, 0);
+  EXPECT_EQ(rc, 0) << "mallctl(\"" << name << "\") returned " << rc;
+  EXPECT_EQ(len, sizeof value) << name;
+  return value;
+}
+
+std::vector<void*> allocateTouched(size_t count, size_t size) {
+  std::vector<void*> ptrs;
+  ptrs.reserve(count);
+  for (size_t i = 0; i < count; ++i) {
+    void* p = malloc(size);
+    EXPECT_NE(p, nullptr);
+    memset(p, 0x6D, size);
+    ptrs.push_back(p);
+  }
+  return ptrs;
+}
+
+void freeAll(std::vector<void*>& ptrs) {
+  for (void* p : ptrs) free(p);
+  ptrs.clear();
+}
+
+TEST(Mallctl, EpochRefreshesAllocatedBytes) {
+  for (Ctl ctl : {Ctl{meshalloc_mallctl}, Ctl{mallctl}}) {
+    refresh(ctl);
+    const size_t before = readCtl<size_t>("stats.allocated", ctl);
+    auto small = allocateTouched(40000, 100);  // 4 MB in small objects
+    auto large = allocateTouched(8, 1 << 20);  // 8 MiB in large objects
+    refresh(ctl);
+    const size_t during = readCtl<size_t>("stats.allocated", ctl);
+    const size_t expected = 40000 * 100 + 8 * (1 << 20);
+    EXPECT_GE(during, before + expected * 9 / 10) << before << " -> " << during;
+    EXPECT_LE(during, before + expected * 3 / 2 + (size_t{1} << 20)) << before << " -> " << during;
+    freeAll(small);
+    freeAll(large);
+    refresh(ctl);
+    const size_t after = readCtl<size_t>("stats.allocated", ctl);
+    EXPECT_LT(after, during - expected * 9 / 10) << "allocated did not fall after freeing";
+  }
+}
+
+// Memory freed by another thread, and by threads that have exited, is accounted for.
+TEST(Mallctl, AllocatedFallsAfterRemoteFreesAndThreadExit) {
+  refresh();
+  const size_t before = readCtl<size_t>("stats.allocated");
+  std::vector<void*> ptrs;
+  std::thread producer([&] { ptrs = allocateTouched(30000, 200); });
+  producer.join();
+  refresh();
+  const size_t during = readCtl<size_t>("stats.allocated");
+  EXPECT_GE(during, before + 30000 * 200 * 9 / 10);
+  std::thread consumer([&] { freeAll(ptrs); });
+  consumer.join();
+  refresh();
+  const size_t after = readCtl<size_t>("stats.allocated");
+  EXPECT_LT(after, before + 30000 * 200 / 10) << before << " -> " << during << " -> " << after;
+}
+
+TEST(Mallctl, JemallocStatisticNames) {
+  for (Ctl ctl : {Ctl{meshalloc_mallctl}, Ctl{mallctl}}) {
+    auto keep = allocateTouched(1000, 1000);
+    refresh(ctl);
+    EXPECT_EQ(readCtl<unsigned>("arenas.narenas", ctl), 1u);
+    const size_t allocated = readCtl<size_t>("stats.allocated", ctl);
+    const size_t active = readCtl<size_t>("stats.active", ctl);
+    const size_t resident = readCtl<size_t>("stats.resident", ctl);
+    const size_t mapped = readCtl<size_t>("stats.mapped", ctl);
+    const size_t metadata = readCtl<size_t>("stats.metadata", ctl);
+    EXPECT_GE(allocated, 1000u * 1000u);
+    EXPECT_GE(active, allocated) << "active spans hold every live object";
+    EXPECT_GE(mapped, active) << "active spans are mapped";
+    EXPECT_GT(resident, 0u);
+    EXPECT_GT(metadata, 0u);
+    freeAll(keep);
+  }
+}
+
+TEST(Mallctl, UnknownNamesAndBadSizes) {
+  size_t value = 0, len = sizeof value;
+  EXPECT_EQ(meshalloc_mallctl("no.such.name", &value, &len, nullptr, 0), ENOENT);
+  EXPECT_EQ(mallctl("no.such.name", &value, &len, nullptr, 0), ENOENT);
+  EXPECT_EQ(mallctl("stats", &value, &len, nullptr, 0), ENOENT);
+  EXPECT_EQ(mallctl("stats.allocated.extra", &value, &len, nullptr, 0), ENOENT);
+  EXPECT_EQ(mallctl("", &value, &len, nullptr, 0), ENOENT);
+
+  uint32_t small = 0;
+  len = sizeof small;
+  EXPECT_EQ(mallctl("stats.allocated", &small, &len, nullptr, 0), EINVAL)
+      << "reading a size_t into 4 bytes";
+
+  value = 1;
+  EXPECT_EQ(mallctl("stats.allocated", nullptr, nullptr, &value, sizeof value), EPERM)
+      << "statistics are read-only";
+}
+
+TEST(Mallctl, VersionAndSizeClasses) {
+  const char* version = readCtl<const char*>("version");
+  ASSERT_NE(version, nullptr);
+  EXPECT_GT(strlen(version), 0u);
+
+  const unsigned nbins = readCtl<unsigned>("arenas.nbins");
+  ASSERT_GE(nbins, 8u);
+  size_t previous = 0;
+  for (unsigned j = 0; j < nbins; ++j) {
+    std::string name = "arenas.bin." + std::to_string(j) + ".size";
+    size_t size = readCtl<size_t>(name.c_str());
+    EXPECT_GT(size, previous) << name << ": classes must grow";
+    previous = size;
+  }
+  EXPECT_GE(previous, 16384u) << "small classes reach at least 16 KiB";
+}
+
+// Per-class counters follow allocations of that class.
+TEST(Mallctl, PerClassObjectCounts) {
+  const unsigned nbins = readCtl<unsigned>("arenas.nbins");
+  unsigned bin = nbins;
+  size_t classSize = 0;
+  for (unsigned j = 0; j < nbins; ++j) {
+    std::string name = "arenas.bin." + std::to_string(j) + ".size";
+    classSize = readCtl<size_t>(name.c_str());
+    if (classSize >= 200) {
+      bin = j;
+      break;
+    }
+  }
+  ASSERT_LT(bin, nbins);
+  const std::string regs = "stats.arenas.0.bins." + std::to_string(bin) + ".curregs";
+  const std::string slabs = "stats.arenas.0.bins." + std::to_string(bin) + ".curslabs";
+  const std::string objects = "stats.classes." + std::to_string(bin) + ".objects";
+
+  refresh();
+  const size_t regsBefore = readCtl<size_t>(regs.c_str());
+  const size_t objectsBefore = readCtl<size_t>(objects.c_str());
+  auto ptrs = allocateTouched(5000, classSize);
+  refresh();
+  EXPECT_GE(readCtl<size_t>(regs.c_str()), regsBefore + 4900) << regs;
+  EXPECT_GE(readCtl<size_t>(objects.c_str()), objectsBefore + 4900) << objects;
+  EXPECT_GT(readCtl<size_t>(slabs.c_str()), 0u) << slabs;
+  freeAll(ptrs);
+  refresh();
+  EXPECT_LT(readCtl<size_t>(regs.c_str()), regsBefore + 1000) << regs << " after freeing";
+}
+
+TEST(Mallctl, Actions) {
+  auto ptrs = allocateTouched(2000, 3000);
+  freeAll(ptrs);
+  EXPECT_EQ(mallctl("thread.tcache.flush", nullptr, nullptr, nullptr, 0), 0);
+  EXPECT_EQ(mallctl("arena.0.purge", nullptr, nullptr, nullptr, 0), 0);
+  EXPECT_EQ(mallctl("arena.0.decay", nullptr, nullptr, nullptr, 0), 0);
+  EXPECT_EQ(meshalloc_mallctl("mesh.compact", nullptr, nullptr, nullptr, 0), 0);
+  (void)meshalloc_compact();
+  // The heap is intact afterwards.
+  ptrs = allocateTouched(2000, 3000);
+  freeAll(ptrs);
+}
+
+std::string statsReport(int json) {
+  fflush(nullptr);
+  FILE* tmp = tmpfile();
+  EXPECT_NE(tmp, nullptr);
+  if (!tmp) return {};
+  meshalloc_print_stats(fileno(tmp), json);
+  std::string text;
+  lseek(fileno(tmp), 0, SEEK_SET);
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(fileno(tmp), buf, sizeof buf)) > 0) text.append(buf, static_cast<size_t>(n));
+  fclose(tmp);
+  return text;
+}
+
+TEST(PrintStats, TextAndJson) {
+  auto keep = allocateTouched(100, 500);
+  std::string text = statsReport(0);
+  EXPECT_GT(text.size(), 40u) << text;
+
+  std::string json = statsReport(1);
+  size_t first = json.find_first_not_of(" \t\r\n");
+  size_t last = json.find_last_not_of(" \t\r\n");
+  ASSERT_NE(first, std::string::npos) << "empty JSON report";
+  EXPECT_EQ(json[first], '{') << json;
+  EXPECT_EQ(json[last], '}') << json;
+  // Brackets balance outside strings.
+  int depth = 0;
+  bool inString = false, escaped = false, negative = false;
+  for (char c : json) {
+    if (inString) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        inString = false;
+      }
+      continue;
+    }
+    if (c == '"') inString = true;
+    if (c == '{' || c == '[') ++depth;
+    if (c == '}' || c == ']') --depth;
+    if (depth < 0) negative = true;
+  }
+  EXPECT_FALSE(inString) << "unterminated string in JSON report";
+  EXPECT_FALSE(negative) << json;
+  EXPECT_EQ(depth, 0) << json;
+  EXPECT_NE(json.find("allocated"), std::string::npos) << json;
+  freeAll(keep);
+}
+
+}  // namespace

@@ -1,0 +1,80 @@
+# Shared helpers for the integration tests (sourced, not run).
+#
+# Each test runs a real program with LD_PRELOAD=$MESHALLOC_LIB (set by CTest to the built
+# libmeshalloc.so) and compares its output with a known answer and/or the same program run
+# without the preload. Only the program under test is preloaded, never the script's own tools.
+# MESHALLOC_CONFIG (0n 2n 0y 1y 2y), if set by CTest, reaches the preloaded program unchanged.
+#
+# Exit codes: 0 pass, 1 fail, 77 skip (a program is not installed).
+
+set -euo pipefail
+
+SKIP=77
+TEST_NAME=$(basename "$0" .sh)
+
+log() { printf '%s: %s\n' "$TEST_NAME" "$*" >&2; }
+fail() {
+  log "FAIL: $*"
+  exit 1
+}
+skip() {
+  log "SKIP: $*"
+  exit "$SKIP"
+}
+
+[[ -n ${MESHALLOC_LIB:-} ]] || fail "MESHALLOC_LIB is not set (path to libmeshalloc.so)"
+[[ -f $MESHALLOC_LIB ]] || fail "MESHALLOC_LIB=$MESHALLOC_LIB does not exist"
+log "library $MESHALLOC_LIB, MESHALLOC_CONFIG=${MESHALLOC_CONFIG:-<default>}"
+
+# require_cmd NAME... : skip the test unless every program is installed.
+require_cmd() {
+  local c
+  for c in "$@"; do
+    command -v "$c" >/dev/null 2>&1 || skip "$c is not installed (scripts/setup.sh installs it)"
+  done
+}
+
+# A private scratch directory, removed on exit. Extra cleanup commands can be queued with
+# on_exit.
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/meshalloc-${TEST_NAME}.XXXXXX")
+EXIT_HOOKS=()
+on_exit() { EXIT_HOOKS+=("$1"); }
+run_exit_hooks() {
+  local status=$? hook
+  for hook in "${EXIT_HOOKS[@]+"${EXIT_HOOKS[@]}"}"; do eval "$hook" || true; done
+  rm -rf "$WORK"
+  exit "$status"
+}
+trap run_exit_hooks EXIT
+trap 'exit 130' INT TERM
+
+# preloaded CMD... : runs CMD with the allocator preloaded and checks that the dynamic loader
+# really loaded it into CMD (ld.so's own debug log names every library it initialises), so a
+# wrong path cannot silently test glibc instead. Also fails if the program was killed by a
+# signal or printed a meshalloc error.
+PRELOAD_RUNS=0
+preloaded() {
+  PRELOAD_RUNS=$((PRELOAD_RUNS + 1))
+  local tag="$WORK/ld.$PRELOAD_RUNS" status=0
+  LD_PRELOAD="$MESHALLOC_LIB" LD_DEBUG=libs LD_DEBUG_OUTPUT="$tag" "$@" 2>"$tag.stderr" || status=$?
+  cat "$tag.stderr" >&2
+  if ((status > 128)); then
+    fail "'$*' was killed by signal $((status - 128)) under meshalloc"
+  fi
+  if grep -q "meshalloc:" "$tag.stderr"; then
+    fail "'$*' reported an allocator error: $(grep "meshalloc:" "$tag.stderr" | head -3)"
+  fi
+  if ! cat "$tag".[0-9]* 2>/dev/null | grep -q "calling init: .*$(basename "$MESHALLOC_LIB")"; then
+    fail "'$*' did not load $MESHALLOC_LIB (LD_PRELOAD ignored?)"
+  fi
+  rm -f "$tag".[0-9]*
+  return "$status"
+}
+
+# expect_eq WHAT EXPECTED ACTUAL
+expect_eq() {
+  if [[ "$2" != "$3" ]]; then
+    fail "$1: expected '$2', got '$3'"
+  fi
+  log "ok: $1 = $3"
+}

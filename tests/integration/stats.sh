@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Statistics at exit: MESHALLOC_STATS=json|text with MESHALLOC_STATS_FILE makes a preloaded
+# program (here a multi-threaded sort) write a report when it exits; the JSON must parse.
+source "$(dirname "$0")/lib.sh"
+require_cmd sort seq
+
+seq 1 300000 | sort -R --random-source=/dev/zero >"$WORK/input"
+expected=$(sort -n "$WORK/input" | sha256sum)
+
+MESHALLOC_STATS=json MESHALLOC_STATS_FILE="$WORK/stats.json" \
+  preloaded sort -n --parallel=2 -S 64M "$WORK/input" >"$WORK/sorted" || fail "sort failed"
+expect_eq "sorted output" "$expected" "$(sha256sum <"$WORK/sorted")"
+[[ -s $WORK/stats.json ]] || fail "MESHALLOC_STATS=json wrote nothing to MESHALLOC_STATS_FILE"
+if command -v python3 >/dev/null 2>&1; then
+  python3 - "$WORK/stats.json" <<'PY' || fail "the JSON report does not parse: $(head -c 400 "$WORK/stats.json")"
+import json, sys
+with open(sys.argv[1]) as f:
+    report = json.load(f)
+assert isinstance(report, dict), "top level is not an object"
+assert "allocated" in json.dumps(report), "no 'allocated' figure"
+PY
+  log "ok: JSON report parses ($(wc -c <"$WORK/stats.json") bytes)"
+else
+  grep -q '^[[:space:]]*{' "$WORK/stats.json" || fail "the JSON report does not start with {"
+fi
+
+MESHALLOC_STATS=text MESHALLOC_STATS_FILE="$WORK/stats.txt" \
+  preloaded sort -n "$WORK/input" >/dev/null || fail "sort failed"
+[[ -s $WORK/stats.txt ]] || fail "MESHALLOC_STATS=text wrote nothing to MESHALLOC_STATS_FILE"
+grep -qi "allocated" "$WORK/stats.txt" || fail "the text report has no 'allocated' line"
+log "ok: text report, $(wc -l <"$WORK/stats.txt") lines"
