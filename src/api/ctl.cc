@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "api/entry_points.h"
 #include "api/stats.h"
 #include "heap/arena.h"
 #include "heap/config.h"
@@ -107,6 +108,14 @@ int statValue(const char* name, void* oldp, size_t* oldlenp) {
       {"stats.large.count", s.largeCount},    {"stats.thread_heaps", s.threadHeaps},
       {"stats.arenas.0.pactive", s.active / Arena::pageSize()},
       {"stats.arenas.0.pdirty", s.retained / Arena::pageSize()},
+      {"mesh.count", s.meshCount},            {"mesh.released", s.meshReleased},
+      {"mesh.released_peak", s.meshReleasedPeak}, {"mesh.meshed_spans", s.meshedSpans},
+      {"mesh.aliases", s.meshAliases},        {"mesh.mappings", s.mappings},
+      {"mesh.mapping_limit", s.mappingLimit}, {"mesh.passes", s.meshPasses},
+      {"mesh.failed", s.meshFailed},          {"mesh.skipped_for_io", s.meshSkippedForIo},
+      {"mesh.pauses", s.pauseCount},          {"mesh.pause_total_ns", s.pauseTotalNs},
+      {"mesh.pause_max_ns", s.pauseMaxNs},    {"mesh.cpu_ns", s.meshCpuNs},
+      {"mesh.barrier_faults", s.barrierFaults},
   };
   for (const Entry& e : entries) {
     if (!strcmp(name, e.name)) return readValue<size_t>(oldp, oldlenp, e.value);
@@ -135,6 +144,10 @@ int control(const char* name, void* oldp, size_t* oldlenp, void* newp, size_t ne
   if (!strcmp(name, "thread.tcache.flush")) {
     heap::flushThreadCache();
     return 0;
+  }
+  if (!strcmp(name, "mesh.compact")) {
+    size_t released = compactImpl();
+    return oldp ? readValue<size_t>(oldp, oldlenp, released) : 0;
   }
 
   LockGuard guard(gSnapshotLock);

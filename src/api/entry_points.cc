@@ -8,6 +8,7 @@
 #include "api/stats.h"
 #include "heap/arena.h"
 #include "heap/heap.h"
+#include "mesh/policy.h"
 #include "support/text_writer.h"
 
 namespace meshalloc::api {
@@ -160,8 +161,12 @@ int infoImpl(int options, FILE* stream) {
 }
 
 size_t compactImpl() {
+  if (!heap::ensureInitialized()) return 0;
+  MeshPolicy::init();
+  // The caller's own spans are detached first so that they can take part.
   heap::flushThreadCache();
-  return heap::releaseFreeMemory();
+  size_t released = gHeapConfig.meshing ? MeshPolicy::compactNow() : 0;
+  return released + heap::releaseFreeMemory();
 }
 
 }  // namespace meshalloc::api

@@ -11,6 +11,7 @@
 #include "heap/config.h"
 #include "heap/heap.h"
 #include "meshalloc.h"
+#include "mesh/policy.h"
 
 #define MESHALLOC_EXPORT extern "C" __attribute__((visibility("default")))
 
@@ -51,7 +52,9 @@ MESHALLOC_EXPORT void meshalloc_print_stats(int fd, int json) { api::writeStats(
 
 namespace {
 
-__attribute__((constructor)) void initializeAtLoad() { heap::ensureInitialized(); }
+__attribute__((constructor)) void initializeAtLoad() {
+  if (heap::ensureInitialized()) MeshPolicy::init();
+}
 
 __attribute__((destructor)) void printStatsAtExit() {
   if (gHeapConfig.statsAtExit == StatsFormat::kNone) return;

@@ -4,7 +4,10 @@
 #include "heap/config.h"
 #include "heap/heap.h"
 #include "heap/internal_heap.h"
+#include "heap/span_backing.h"
 #include "heap/thread_heap.h"
+#include "mesh/mesher.h"
+#include "mesh/write_barrier.h"
 #include "platform/os.h"
 #include "support/lock.h"
 #include "support/text_writer.h"
@@ -84,6 +87,26 @@ HeapStats collectStats() {
   stats.segments = arena.segmentCount;
   stats.purgedTotal = arena.purgedBytesTotal;
   stats.metadata = InternalHeap::bytesMapped();
+  SpanBackingStats backing = SpanBacking::stats();
+  MeshStats mesh = Mesher::stats();
+  stats.meshCount = mesh.meshedSpans;
+  stats.meshReleased = backing.releasedBytes;
+  stats.meshReleasedPeak = backing.releasedBytesPeak;
+  stats.meshedSpans = backing.meshedSpans;
+  stats.meshAliases = backing.aliasSpans;
+  long mappings = os::countMappings();
+  stats.mappings = mappings > 0 ? static_cast<size_t>(mappings) : 0;
+  stats.mappingLimit = mesh.mappingLimit;
+  stats.meshPasses = mesh.passes;
+  stats.meshFailed = mesh.failedMeshes;
+  stats.meshSkippedForIo = mesh.skippedForIo;
+  stats.pauseCount = mesh.pauseCount;
+  stats.pauseTotalNs = mesh.pauseTotalNs;
+  stats.pauseMaxNs = mesh.pauseMaxNs;
+  stats.meshCpuNs = mesh.cpuNs;
+  stats.barrierFaults = WriteBarrier::faultsWaited();
+  // Aliases are address space, not memory: active counts physical span bytes.
+  stats.active -= stats.meshReleased < stats.active ? stats.meshReleased : stats.active;
   stats.resident = stats.active + stats.retained + stats.metadata;
   stats.mapped = stats.resident;
   (void)pageSize;
@@ -107,6 +130,14 @@ void writeStats(int fd, bool json) {
       {"retained", stats.retained},        {"large_allocated", stats.largeAllocated},
       {"large_count", stats.largeCount},   {"thread_heaps", stats.threadHeaps},
       {"segments", stats.segments},        {"purged_total", stats.purgedTotal},
+      {"mesh_count", stats.meshCount},     {"mesh_released", stats.meshReleased},
+      {"mesh_released_peak", stats.meshReleasedPeak}, {"meshed_spans", stats.meshedSpans},
+      {"mesh_aliases", stats.meshAliases}, {"mappings", stats.mappings},
+      {"mapping_limit", stats.mappingLimit}, {"mesh_passes", stats.meshPasses},
+      {"mesh_failed", stats.meshFailed},   {"mesh_skipped_for_io", stats.meshSkippedForIo},
+      {"mesh_pauses", stats.pauseCount},   {"mesh_pause_total_ns", stats.pauseTotalNs},
+      {"mesh_pause_max_ns", stats.pauseMaxNs}, {"mesh_cpu_ns", stats.meshCpuNs},
+      {"barrier_faults", stats.barrierFaults},
   };
   if (json) {
     out.text("{\"version\":\"").text(kVersion).text("\",\"page_size\":").unsignedValue(Arena::pageSize());
@@ -139,7 +170,7 @@ void writeStats(int fd, bool json) {
     out.text("meshalloc ").text(kVersion).text(" statistics\n");
     for (const Field& f : fields) {
       out.text("  ").text(f.name);
-      for (size_t pad = 0; pad + __builtin_strlen(f.name) < 16; pad++) out.put(' ');
+      for (size_t pad = 0; pad + __builtin_strlen(f.name) < 20; pad++) out.put(' ');
       out.unsignedValue(f.value).text("\n");
     }
     out.text("  options:");

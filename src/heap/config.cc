@@ -22,6 +22,8 @@ const OptionView kOptions[] = {
     {"mesh_budget_permille", OptionView::kUnsigned, &gHeapConfig.meshBudgetPermille},
     {"mesh_probes", OptionView::kUnsigned, &gHeapConfig.meshProbes},
     {"mesh_background", OptionView::kBool, &gHeapConfig.meshBackgroundThread},
+    {"mesh_occupancy_percent", OptionView::kUnsigned, &gHeapConfig.meshOccupancyPercent},
+    {"mesh_min_gain", OptionView::kSize, &gHeapConfig.meshMinGainBytes},
     {"stats", OptionView::kStatsFormat, &gHeapConfig.statsAtExit},
     {"stats_file", OptionView::kString, &gHeapConfig.statsFile},
     {"show_options", OptionView::kBool, &gHeapConfig.showOptions},

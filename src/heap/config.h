@@ -28,6 +28,10 @@ struct HeapConfig {
   uint64_t meshBudgetPermille = 20;
   uint64_t meshProbes = 64;
   bool meshBackgroundThread = true;
+  // Detached spans at most this full are mesh candidates.
+  uint64_t meshOccupancyPercent = 75;
+  // A pass is skipped while partial spans hold less free memory than this: little to gain.
+  size_t meshMinGainBytes = size_t{1} << 20;
   StatsFormat statsAtExit = StatsFormat::kNone;
   const char* statsFile = nullptr;  // points into the environment block
   bool showOptions = false;

@@ -3,6 +3,7 @@
 #include "heap/arena.h"
 #include "heap/errors.h"
 #include "heap/internal_heap.h"
+#include "heap/span_backing.h"
 #include "platform/os.h"
 
 namespace meshalloc {
@@ -46,6 +47,9 @@ void GlobalHeap::destroySpan(ClassState& state, MiniHeap* heap) {
   unlink(state, heap);
   heap->state = SpanState::kFreed;
   state.spans--;
+  // A meshed span's virtual spans all become plain private memory again (the aliases go back
+  // to the arena here; the span's own below).
+  if (heap->mesh) SpanBacking::restore(heap);
   Arena::release(heap->spanStart, heap->spanPages, true);
   InternalHeap::free(heap, MiniHeap::bytesFor(heap->objectCount));
 }
@@ -203,6 +207,73 @@ bool GlobalHeap::resizeLargeInPlace(MiniHeap* heap, size_t bytes) {
   heap->spanPages = static_cast<uint32_t>(pages);
   heap->zeroed = false;
   return true;
+}
+
+size_t GlobalHeap::takeMeshCandidates(unsigned sizeClass, uint32_t maxLive, MiniHeap** out, size_t max) {
+  ClassState& state = classes_[sizeClass];
+  LockGuard guard(state.lock);
+  size_t count = 0;
+  for (size_t bin = 0; bin < kOccupancyBins && count < max; bin++) {
+    MiniHeap* heap = state.partial[bin].front();
+    while (heap && count < max) {
+      MiniHeap* next = state.partial[bin].next(heap);
+      uint32_t live = heap->liveCount.load(std::memory_order_acquire);
+      if (live > 0 && live <= maxLive) {
+        state.partial[bin].remove(heap);
+        heap->state = SpanState::kMeshing;
+        out[count++] = heap;
+      }
+      heap = next;
+    }
+  }
+  // Spans that filled up and were later freed into stay on the full list until a refill
+  // rescans it; look there too, a bounded number per call, rotating the list.
+  for (size_t scanned = 0; scanned < kFullScanPerMeshPass && count < max; scanned++) {
+    MiniHeap* heap = state.full.popFront();
+    if (!heap) break;
+    uint32_t live = heap->liveCount.load(std::memory_order_acquire);
+    if (live > 0 && live <= maxLive) {
+      heap->state = SpanState::kMeshing;
+      out[count++] = heap;
+    } else {
+      state.full.pushBack(heap);
+    }
+  }
+  return count;
+}
+
+void GlobalHeap::returnMeshCandidates(unsigned sizeClass, MiniHeap* const* spans, size_t count) {
+  ClassState& state = classes_[sizeClass];
+  LockGuard guard(state.lock);
+  for (size_t i = 0; i < count; i++) {
+    if (spans[i]->state != SpanState::kMeshing) continue;
+    spans[i]->state = SpanState::kUnlisted;
+    placeDetached(state, spans[i]);
+  }
+}
+
+void GlobalHeap::retireMeshedSource(unsigned sizeClass, MiniHeap* source) {
+  ClassState& state = classes_[sizeClass];
+  {
+    LockGuard guard(state.lock);
+    source->state = SpanState::kFreed;
+    state.spans--;
+  }
+  InternalHeap::free(source, MiniHeap::bytesFor(source->objectCount));
+}
+
+void GlobalHeap::partialOccupancy(unsigned sizeClass, size_t* spans, size_t* freeSlots) {
+  ClassState& state = classes_[sizeClass];
+  LockGuard guard(state.lock);
+  *spans = 0;
+  *freeSlots = 0;
+  for (auto& bin : state.partial) {
+    *spans += bin.size();
+    for (MiniHeap* heap = bin.front(); heap; heap = bin.next(heap)) {
+      uint32_t live = heap->liveCount.load(std::memory_order_relaxed);
+      if (live < heap->objectCount) *freeSlots += heap->objectCount - live;
+    }
+  }
 }
 
 SizeClassStats GlobalHeap::classStats(unsigned sizeClass) {

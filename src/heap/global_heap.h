@@ -29,6 +29,8 @@ class GlobalHeap {
   // Remote frees never lock to move a span out of the full list; each refill instead checks
   // this many full spans (rotating through the list) and refiles those with free slots.
   static constexpr size_t kFullRescanPerRefill = 16;
+  // Full-list spans the mesher examines per class and pass (bounds its time under the lock).
+  static constexpr size_t kFullScanPerMeshPass = 4096;
 
   // One trip to the global heap for a refill, under one lock: takes back `releaseCount` spans
   // from `owner`, then hands it up to `maxAcquire` spans, fullest first, until about
@@ -46,6 +48,18 @@ class GlobalHeap {
   static void freeLarge(MiniHeap* heap, uintptr_t address);
   // Resizes a large object in place if the arena allows; returns false otherwise.
   static bool resizeLargeInPlace(MiniHeap* heap, size_t bytes);
+
+  // --- for the mesher (mesh/) ---
+  // Takes up to `max` detached partial spans of `sizeClass` holding at most `maxLive` objects
+  // out of the lists (state kMeshing): nothing else attaches or frees them until they are
+  // handed back. Returns how many were taken.
+  static size_t takeMeshCandidates(unsigned sizeClass, uint32_t maxLive, MiniHeap** out, size_t max);
+  // Hands spans taken above back to the lists (an empty one is freed).
+  static void returnMeshCandidates(unsigned sizeClass, MiniHeap* const* spans, size_t count);
+  // Forgets a span whose objects and virtual span now belong to another (meshed into it).
+  static void retireMeshedSource(unsigned sizeClass, MiniHeap* source);
+  // Partial spans and their free slots in `sizeClass`: what meshing could gain.
+  static void partialOccupancy(unsigned sizeClass, size_t* spans, size_t* freeSlots);
 
   static SizeClassStats classStats(unsigned sizeClass);
   static size_t largeBytes();

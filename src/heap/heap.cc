@@ -10,6 +10,8 @@
 #include "heap/errors.h"
 #include "heap/global_heap.h"
 #include "heap/internal_heap.h"
+#include "heap/operation_guard.h"
+#include "heap/span_backing.h"
 #include "platform/os.h"
 
 extern "C" {
@@ -33,16 +35,24 @@ void onThreadExit(void* value) {
   heap->retire();
 }
 
+ForkHooks gForkHooks = {};
+void (*gRefillHook)() = nullptr;
+
 void prepareFork() {
+  if (gForkHooks.prepareFirst) gForkHooks.prepareFirst();
   ThreadHeap::lockRegistry();
   GlobalHeap::lockForFork();
+  SpanBacking::lock();
   Arena::lockForFork();
   InternalHeap::lockForFork();
+  if (gForkHooks.prepare) gForkHooks.prepare();
 }
 
 void parentAfterFork() {
+  if (gForkHooks.parent) gForkHooks.parent();
   InternalHeap::unlockAfterFork();
   Arena::unlockAfterFork();
+  SpanBacking::unlock();
   GlobalHeap::unlockAfterFork();
   ThreadHeap::unlockRegistry();
 }
@@ -51,8 +61,10 @@ void childAfterFork() {
   // The child has only the forking thread. Other threads' heaps stay attached to their spans
   // (their slots are simply never reused in the child): touching them could race with a
   // half-finished fast-path operation captured by the fork.
+  if (gForkHooks.child) gForkHooks.child();
   InternalHeap::resetAfterFork();
   Arena::resetAfterFork();
+  SpanBacking::resetLockAfterFork();
   GlobalHeap::resetAfterFork();
   ThreadHeap::resetRegistryAfterFork();
 }
@@ -148,6 +160,9 @@ void* failNoMemory() {
 
 }  // namespace
 
+void setForkHooks(const ForkHooks& hooks) { gForkHooks = hooks; }
+void setRefillHook(void (*hook)()) { gRefillHook = hook; }
+
 bool ensureInitialized() {
   int state = gInitState.load(std::memory_order_acquire);
   if (__builtin_expect(state == kReady, 1)) return true;
@@ -178,11 +193,15 @@ void* allocateSlow(size_t size) {
   if (!heap) return failNoMemory();
   unsigned sizeClass = SizeClasses::classOf(size);
   if (!heap->refill(sizeClass)) return failNoMemory();
-  return heap->vector(sizeClass).pop();
+  void* block = heap->vector(sizeClass).pop();
+  if (gRefillHook) gRefillHook();
+  return block;
 }
 
-void deallocateSlow(void* pointer, uint64_t entry) {
+void deallocateSlow(void* pointer) {
   if (!pointer) return;
+  OperationGuard guard;
+  uint64_t entry = Arena::entryFor(reinterpret_cast<uintptr_t>(pointer));
   int64_t slot;
   MiniHeap* mini = resolve(pointer, entry, "free", &slot);
   if (!mini) {
@@ -220,35 +239,43 @@ void* allocateZeroed(size_t size) {
 }
 
 void* reallocate(void* pointer, size_t size) {
-  uint64_t entry = Arena::entryFor(reinterpret_cast<uintptr_t>(pointer));
-  int64_t slot;
-  MiniHeap* mini = resolve(pointer, entry, "realloc", &slot);
-  if (size > kMaxRequest) return failNoMemory();
   size_t oldSize;
-  if (!mini) {
-    oldSize = __libc_malloc_usable_size ? __libc_malloc_usable_size(pointer) : 0;
-  } else {
-    oldSize = usableSizeOf(mini);
-    if (!mini->isLarge()) {
-      // Stay put while the new size still maps to this object's class (shrinking by more
-      // than that moves, so the memory is not held by a much larger slot).
-      if (size <= oldSize && (size > kMaxSmallSize || SizeClasses::classOf(size) == mini->sizeClass)) {
-        return pointer;
+  bool glibcOwned;
+  {
+    OperationGuard guard;
+    uint64_t entry = Arena::entryFor(reinterpret_cast<uintptr_t>(pointer));
+    int64_t slot;
+    MiniHeap* mini = resolve(pointer, entry, "realloc", &slot);
+    if (size > kMaxRequest) return failNoMemory();
+    glibcOwned = mini == nullptr;
+    if (glibcOwned) {
+      oldSize = __libc_malloc_usable_size ? __libc_malloc_usable_size(pointer) : 0;
+    } else {
+      oldSize = usableSizeOf(mini);
+      if (!mini->isLarge()) {
+        // Stay put while the new size still maps to this object's class (shrinking by more
+        // than that moves, so the memory is not held by a much larger slot).
+        if (size <= oldSize && (size > kMaxSmallSize || SizeClasses::classOf(size) == mini->sizeClass)) {
+          return pointer;
+        }
+      } else if (size > kMaxSmallSize && size > oldSize / 2) {
+        if (GlobalHeap::resizeLargeInPlace(mini, size)) return pointer;
       }
-    } else if (size > kMaxSmallSize && size > oldSize / 2) {
-      if (GlobalHeap::resizeLargeInPlace(mini, size)) return pointer;
     }
   }
+  // The guard is not held across allocation (a refill may wait for a mesh batch); the old
+  // object stays valid and readable meanwhile, wherever meshing moves its span's pages.
   void* moved = allocate(size);
   if (!moved) return nullptr;
   memcpy(moved, pointer, oldSize < size ? oldSize : size);
-  if (mini) freeResolved(pointer, mini, slot);
-  else __libc_free(pointer);
+  if (glibcOwned) __libc_free(pointer);
+  else deallocate(pointer);
   return moved;
 }
 
 size_t usableSize(const void* pointer) {
   if (!pointer) return 0;
+  OperationGuard guard;
   uint64_t entry = Arena::entryFor(reinterpret_cast<uintptr_t>(pointer));
   int64_t slot;
   MiniHeap* mini = resolve(pointer, entry, "malloc_usable_size", &slot);

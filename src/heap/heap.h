@@ -17,8 +17,21 @@ namespace meshalloc::heap {
 constexpr size_t kMaxRequest = PTRDIFF_MAX;
 
 bool ensureInitialized();
+
+// Layers above the heap (meshing) hook into fork here: `prepareFirst` runs before any heap
+// lock is taken, `prepare` after all are, `parent`/`child` before they are released or reset.
+struct ForkHooks {
+  void (*prepareFirst)();
+  void (*prepare)();
+  void (*parent)();
+  void (*child)();
+};
+void setForkHooks(const ForkHooks& hooks);
+// Called (with no lock held) after a refill had to go to the global heap: the heap grew or
+// churned, a moment for the meshing policy to look at it.
+void setRefillHook(void (*hook)());
 void* allocateSlow(size_t size);
-void deallocateSlow(void* pointer, uint64_t entry);
+void deallocateSlow(void* pointer);
 
 inline void* allocate(size_t size) {
   if (__builtin_expect(size <= kMaxSmallSize, 1)) {
@@ -39,33 +52,30 @@ inline void deallocate(void* pointer) {
     ThreadHeap* heap = tlsThreadHeap;
     if (__builtin_expect(heap != nullptr && mini->owner.load(std::memory_order_relaxed) == heap, 1)) {
       uintptr_t spanStart = (address & ~(Arena::pageSize() - 1)) - (PageEntry::pageIndex(entry) << Arena::pageShift());
-      int64_t slot = mini->slotOf(address - spanStart);
       ShuffleVector& v = heap->vector(mini->sizeClass);
       unsigned span = mini->attachIndex;
-      // A full vector (its spans can have more slots out than it holds) sends the slot back
-      // through the bitmap instead; the span stays attached and reclaims it on refill.
-      // The bitmap bit is clear if another thread already freed this slot (a double free).
-      if (__builtin_expect(slot >= 0 && !v.contains(span, static_cast<size_t>(slot)) && v.length < v.capacity &&
-                               mini->bitmap().isSet(static_cast<size_t>(slot)),
-                           1)) {
-        if (heap->randomization() == Randomization::kOnRefillAndFree) {
-          v.pushRandomly(span, static_cast<uint32_t>(slot), heap->rng());
-        } else {
-          v.push(span, static_cast<uint32_t>(slot));
+      // This path takes no guard, so it trusts the entry only if the span really is one this
+      // thread holds at that address (a MiniHeap retired by meshing may have been reused; a
+      // free through a meshed alias resolves to another start and takes the slow path).
+      if (__builtin_expect(v.spanStarts[span] == spanStart, 1)) {
+        int64_t slot = mini->slotOf(address - spanStart);
+        // A full vector (its spans can have more slots out than it holds) sends the slot back
+        // through the bitmap instead; the span stays attached and reclaims it on refill. The
+        // bitmap bit is clear if another thread already freed this slot (a double free).
+        if (__builtin_expect(slot >= 0 && !v.contains(span, static_cast<size_t>(slot)) && v.length < v.capacity &&
+                                 mini->bitmap().isSet(static_cast<size_t>(slot)),
+                             1)) {
+          if (heap->randomization() == Randomization::kOnRefillAndFree) {
+            v.pushRandomly(span, static_cast<uint32_t>(slot), heap->rng());
+          } else {
+            v.push(span, static_cast<uint32_t>(slot));
+          }
+          return;
         }
-        return;
-      }
-    } else if (__builtin_expect(!mini->isLarge(), 1)) {
-      // A span this thread does not own: clear its bit directly (no re-resolution).
-      uintptr_t spanStart = (address & ~(Arena::pageSize() - 1)) - (PageEntry::pageIndex(entry) << Arena::pageShift());
-      int64_t slot = mini->slotOf(address - spanStart);
-      if (__builtin_expect(slot >= 0, 1)) {
-        GlobalHeap::freeRemote(mini, static_cast<size_t>(slot), address);
-        return;
       }
     }
   }
-  deallocateSlow(pointer, entry);
+  deallocateSlow(pointer);
 }
 
 // A block of at least `size` bytes aligned to `alignment` (a power of two); nullptr + ENOMEM.

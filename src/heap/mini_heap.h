@@ -16,7 +16,10 @@ namespace meshalloc {
 class ThreadHeap;
 
 // Where a MiniHeap sits in the global heap; changed only under its size class's lock.
-enum class SpanState : uint8_t { kAttached, kPartial, kFull, kUnlisted, kLarge, kFreed };
+// kMeshing: taken out of the lists by the mesher for one batch (see mesh/mesher.cc).
+enum class SpanState : uint8_t { kAttached, kPartial, kFull, kUnlisted, kLarge, kFreed, kMeshing };
+
+struct MeshInfo;
 
 struct MiniHeap : ListNode {
   // The thread heap this span is attached to, or nullptr. Only the owning thread sets it to
@@ -35,6 +38,9 @@ struct MiniHeap : ListNode {
   bool zeroed = false;  // large objects: the pages were fresh from the OS
   uintptr_t spanStart = 0;
   size_t requestedBytes = 0;  // large objects only, for statistics
+  // Set once the span's physical memory lives in the shared file (it has been meshed): which
+  // file range, and the other virtual spans that map it. See heap/span_backing.h.
+  MeshInfo* mesh = nullptr;
   // Trailing storage: AtomicBitmap words (objectCount bits).
 
   static size_t bytesFor(size_t objectCount) {

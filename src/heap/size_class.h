@@ -13,7 +13,7 @@ constexpr size_t kMaxSmallSize = 16384;
 constexpr size_t kMinObjectsPerSpan = 8;
 // Spans are at least this large so mid-size classes still hold enough objects per span that
 // refills (and the locking they need) stay rare.
-constexpr size_t kMinSpanBytes = 16384;
+constexpr size_t kMinSpanBytes = 4096;
 // A span is grown page by page while its unused tail exceeds 1/kTailWasteDivisor of it.
 constexpr size_t kTailWasteDivisor = 32;
 constexpr size_t kMaxSpanGrowthFactor = 4;

@@ -10,6 +10,7 @@
 
 #include "heap/config.h"
 #include "heap/mini_heap.h"
+#include "heap/operation_guard.h"
 #include "heap/size_class.h"
 #include "support/rng.h"
 
@@ -78,6 +79,7 @@ class ThreadHeap {
   Randomization randomization() const { return randomization_; }
   ThreadHeap* nextInRegistry() const { return registryNext_; }
   bool inUse() const { return inUse_; }
+  ThreadActivity& activity() { return activity_; }
 
   // Every heap ever created, for statistics and fork handling.
   static ThreadHeap* registryHead();
@@ -98,6 +100,7 @@ class ThreadHeap {
   Rng rng_;
   Randomization randomization_ = Randomization::kOnRefillAndFree;
   bool inUse_ = false;
+  ThreadActivity activity_;
   ThreadHeap* registryNext_ = nullptr;
   ThreadHeap* poolNext_ = nullptr;
 };

@@ -11,6 +11,9 @@
 #include <unistd.h>
 
 #include <fcntl.h>
+#include <linux/falloc.h>
+
+extern "C" int __sigaction(int signal, const struct sigaction* action, struct sigaction* previous);
 #include <string.h>
 
 namespace meshalloc::os {
@@ -73,6 +76,93 @@ void* mapMetadata(size_t bytes) {
   return p == MAP_FAILED ? nullptr : p;
 }
 
+int createSharedFile(const char* name) {
+  return static_cast<int>(syscall(SYS_memfd_create, name, MFD_CLOEXEC));
+}
+
+bool resizeFile(int fd, size_t bytes) { return ftruncate(fd, static_cast<off_t>(bytes)) == 0; }
+
+bool punchHole(int fd, size_t offset, size_t bytes) {
+  return fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset),
+                   static_cast<off_t>(bytes)) == 0;
+}
+
+bool writeToFile(int fd, size_t offset, const void* source, size_t bytes) {
+  const char* cursor = static_cast<const char*>(source);
+  while (bytes > 0) {
+    ssize_t n = pwrite(fd, cursor, bytes, static_cast<off_t>(offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    cursor += n;
+    offset += static_cast<size_t>(n);
+    bytes -= static_cast<size_t>(n);
+  }
+  return true;
+}
+
+bool mapFileFixed(void* addr, size_t bytes, int fd, size_t offset) {
+  void* p = mmap(addr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, static_cast<off_t>(offset));
+  return p == addr;
+}
+
+bool mapAnonymousFixed(void* addr, size_t bytes) {
+  void* p = mmap(addr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+  return p == addr;
+}
+
+bool protectReadOnly(void* addr, size_t bytes) { return mprotect(addr, bytes, PROT_READ) == 0; }
+bool protectReadWrite(void* addr, size_t bytes) { return mprotect(addr, bytes, PROT_READ | PROT_WRITE) == 0; }
+
+void closeFd(int fd) { close(fd); }
+
+long countMappings() {
+  int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  char buffer[4096];
+  long lines = 0;
+  for (;;) {
+    ssize_t n = read(fd, buffer, sizeof(buffer));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    for (ssize_t i = 0; i < n; i++) lines += buffer[i] == '\n';
+  }
+  close(fd);
+  return lines;
+}
+
+bool makePipe(int fds[2]) { return pipe2(fds, O_CLOEXEC) == 0; }
+
+void signalByte(int fd) {
+  char byte = 1;
+  while (write(fd, &byte, 1) < 0 && errno == EINTR) {
+  }
+}
+
+bool awaitByte(int fd) {
+  char byte;
+  for (;;) {
+    ssize_t n = read(fd, &byte, 1);
+    if (n < 0 && errno == EINTR) continue;
+    return n == 1;
+  }
+}
+
+uint64_t threadCpuNanos() {
+  struct timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+void sleepNanos(uint64_t nanos) {
+  struct timespec ts = {static_cast<time_t>(nanos / 1000000000ull), static_cast<long>(nanos % 1000000000ull)};
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+}
+
+int rawSigaction(int signal, const struct sigaction* action, struct sigaction* previous) {
+  return __sigaction(signal, action, previous);
+}
+
 uint64_t monotonicNanos() {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -104,6 +194,15 @@ int currentThreadId() { return static_cast<int>(syscall(SYS_gettid)); }
 
 void futexWait(const void* addr, uint32_t expected) {
   syscall(SYS_futex, addr, FUTEX_WAIT_PRIVATE, expected, nullptr, nullptr, 0);
+}
+
+void futexWakeAll(const void* addr) {
+  syscall(SYS_futex, addr, FUTEX_WAKE_PRIVATE, INT32_MAX, nullptr, nullptr, 0);
+}
+
+void futexWaitFor(const void* addr, uint32_t expected, uint64_t timeoutNanos) {
+  struct timespec ts = {static_cast<time_t>(timeoutNanos / 1000000000ull), static_cast<long>(timeoutNanos % 1000000000ull)};
+  syscall(SYS_futex, addr, FUTEX_WAIT_PRIVATE, expected, &ts, nullptr, 0);
 }
 
 void futexWakeOne(const void* addr) { syscall(SYS_futex, addr, FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0); }

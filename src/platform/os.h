@@ -5,6 +5,8 @@
 #include <cstddef>
 #include <cstdint>
 
+struct sigaction;
+
 namespace meshalloc::os {
 
 // Page size, read once from the system at start-up (never assumed to be 4 KiB).
@@ -23,13 +25,46 @@ void decommit(void* addr, size_t bytes);
 // Anonymous memory for the allocator's own metadata.
 void* mapMetadata(size_t bytes);
 
+// --- Shared physical memory for meshing (see docs/meshing.md) ---
+// An anonymous, growable in-memory file (memfd); -1 on failure.
+int createSharedFile(const char* name);
+bool resizeFile(int fd, size_t bytes);
+// Drops the file's pages in [offset, offset+bytes): the physical memory goes back to the OS.
+bool punchHole(int fd, size_t offset, size_t bytes);
+// Copies `bytes` from `source` into the file at `offset` (pwrite, retried on short writes).
+bool writeToFile(int fd, size_t offset, const void* source, size_t bytes);
+// Maps file range [offset, offset+bytes) read-write and shared at exactly `addr`, replacing
+// what was there in one step. False (mapping untouched) on failure.
+bool mapFileFixed(void* addr, size_t bytes, int fd, size_t offset);
+// Replaces [addr, addr+bytes) with fresh private zero pages in one step.
+bool mapAnonymousFixed(void* addr, size_t bytes);
+bool protectReadOnly(void* addr, size_t bytes);
+bool protectReadWrite(void* addr, size_t bytes);
+void closeFd(int fd);
+// Lines of /proc/self/maps (the kernel's mapping count); -1 if unreadable.
+long countMappings();
+// A pipe whose ends do not survive exec; false on failure.
+bool makePipe(int fds[2]);
+// Blocking single-byte write/read that retry on EINTR.
+void signalByte(int fd);
+bool awaitByte(int fd);
+
 uint64_t monotonicNanos();
+uint64_t threadCpuNanos();
+void sleepNanos(uint64_t nanos);
 uint64_t entropy64();
 long maxMapCount();
 int currentThreadId();
 
 void futexWait(const void* addr, uint32_t expected);
 void futexWakeOne(const void* addr);
+void futexWakeAll(const void* addr);
+// Waits at most `timeoutNanos` (spurious wake-ups possible).
+void futexWaitFor(const void* addr, uint32_t expected, uint64_t timeoutNanos);
+
+// Installs a signal action directly with glibc's __sigaction (so that our own sigaction
+// interposer is bypassed). Returns 0 or -1.
+int rawSigaction(int signal, const struct sigaction* action, struct sigaction* previous);
 
 // Writes to standard error without allocating.
 void writeStderr(const char* text, size_t length);

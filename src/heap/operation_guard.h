@@ -1,0 +1,46 @@
+// Slow-path operations that resolve a pointer to its MiniHeap (remote free, realloc,
+// malloc_usable_size) run inside an OperationGuard. The mesher rewrites the page map and
+// retires the MiniHeaps it meshed away; before it does, it pauses new guarded operations and
+// waits for those in flight, so none of them can hold a MiniHeap that is about to vanish. The
+// owner-local free fast path is not guarded: it validates its span against the thread's own
+// shuffle vector instead (see heap.h).
+//
+// The same per-thread record publishes the user buffer of a system call in progress, so the
+// mesher never write-protects memory the kernel is about to write into (see api/io_guard.cc).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+namespace meshalloc {
+
+class ThreadHeap;
+
+struct ThreadActivity {
+  std::atomic<uint32_t> operationsInFlight{0};
+  std::atomic<uintptr_t> ioBufferStart{0};
+  std::atomic<uintptr_t> ioBufferEnd{0};
+};
+
+class OperationGuard {
+ public:
+  OperationGuard();
+  ~OperationGuard();
+  OperationGuard(const OperationGuard&) = delete;
+  OperationGuard& operator=(const OperationGuard&) = delete;
+
+  // For the mesher: returns once no guarded operation is in flight; new ones wait in their
+  // constructor until resume().
+  static void pause();
+  static void resume();
+  static bool paused() { return paused_.load(std::memory_order_seq_cst) != 0; }
+  // Blocks while paused (for callers that hold no guard).
+  static void waitWhilePaused();
+
+ private:
+  std::atomic<uint32_t>* slot_;
+  static inline std::atomic<uint32_t> paused_{0};
+  static inline std::atomic<uint32_t> unregisteredInFlight_{0};
+};
+
+}  // namespace meshalloc

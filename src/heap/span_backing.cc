@@ -1,0 +1,185 @@
+#include "heap/span_backing.h"
+
+#include <new>
+
+#include "heap/arena.h"
+#include "heap/internal_heap.h"
+#include "platform/os.h"
+
+namespace meshalloc {
+
+namespace {
+// The file is grown in steps this large (a memfd's size costs nothing until pages are written).
+constexpr size_t kFileGrowthBytes = size_t{256} << 20;
+constexpr char kFileName[] = "meshalloc-meshed-spans";
+}  // namespace
+
+bool SpanBacking::ensureFile() {
+  if (fd_ >= 0) return true;
+  fd_ = os::createSharedFile(kFileName);
+  return fd_ >= 0;
+}
+
+bool SpanBacking::allocateFileRange(size_t bytes, size_t* offset) {
+  for (FreeRange* range = freeRanges_.front(); range; range = freeRanges_.next(range)) {
+    if (range->bytes < bytes) continue;
+    *offset = range->offset;
+    if (range->bytes == bytes) {
+      freeRanges_.remove(range);
+      InternalHeap::free(range, sizeof(FreeRange));
+    } else {
+      range->offset += bytes;
+      range->bytes -= bytes;
+    }
+    return true;
+  }
+  if (!ensureFile()) return false;
+  if (fileEnd_ + bytes > fileSize_) {
+    size_t newSize = fileSize_ + (bytes > kFileGrowthBytes ? bytes : kFileGrowthBytes);
+    if (!os::resizeFile(fd_, newSize)) return false;
+    fileSize_ = newSize;
+  }
+  *offset = fileEnd_;
+  fileEnd_ += bytes;
+  return true;
+}
+
+void SpanBacking::freeFileRangeLocked(size_t offset, size_t bytes) {
+  os::punchHole(fd_, offset, bytes);
+  if (offset + bytes == fileEnd_) {
+    fileEnd_ = offset;
+    return;
+  }
+  FreeRange* range = static_cast<FreeRange*>(InternalHeap::allocate(sizeof(FreeRange)));
+  if (!range) return;  // the hole stays punched; only the file offset is lost
+  new (range) FreeRange();
+  range->offset = offset;
+  range->bytes = bytes;
+  freeRanges_.pushFront(range);
+}
+
+void SpanBacking::releaseFileRange(size_t offset, size_t bytes) {
+  LockGuard guard(lock_);
+  freeFileRangeLocked(offset, bytes);
+}
+
+bool SpanBacking::share(MiniHeap* span) {
+  if (span->mesh) return true;
+  size_t bytes = span->spanBytes(Arena::pageSize());
+  MeshInfo* info = static_cast<MeshInfo*>(InternalHeap::allocate(sizeof(MeshInfo)));
+  if (!info) return false;
+  new (info) MeshInfo();
+  LockGuard guard(lock_);
+  size_t offset;
+  if (!allocateFileRange(bytes, &offset)) {
+    InternalHeap::free(info, sizeof(MeshInfo));
+    return false;
+  }
+  void* start = reinterpret_cast<void*>(span->spanStart);
+  // The span is write-protected by the caller, so its content cannot change under the copy.
+  if (!os::writeToFile(fd_, offset, start, bytes) || !os::mapFileFixed(start, bytes, fd_, offset)) {
+    freeFileRangeLocked(offset, bytes);
+    InternalHeap::free(info, sizeof(MeshInfo));
+    return false;
+  }
+  info->owner = span;
+  info->fileOffset = offset;
+  info->aliasCount = 0;
+  span->mesh = info;
+  shared_.pushBack(info);
+  stats_.meshedSpans++;
+  stats_.fileBytes += bytes;
+  return true;
+}
+
+bool SpanBacking::addAlias(MiniHeap* span, uintptr_t alias) {
+  MeshInfo* info = span->mesh;
+  if (!info || info->aliasCount >= kMaxVirtualSpans - 1) return false;
+  size_t bytes = span->spanBytes(Arena::pageSize());
+  LockGuard guard(lock_);
+  if (!os::mapFileFixed(reinterpret_cast<void*>(alias), bytes, fd_, info->fileOffset)) return false;
+  info->aliases[info->aliasCount++] = alias;
+  stats_.aliasSpans++;
+  stats_.releasedBytes += bytes;
+  if (stats_.releasedBytes > stats_.releasedBytesPeak) stats_.releasedBytesPeak = stats_.releasedBytes;
+  return true;
+}
+
+void SpanBacking::restore(MiniHeap* span) {
+  MeshInfo* info = span->mesh;
+  if (!info) return;
+  size_t pages = span->spanPages;
+  size_t bytes = span->spanBytes(Arena::pageSize());
+  {
+    LockGuard guard(lock_);
+    for (uint32_t i = 0; i < info->aliasCount; i++) {
+      // A virtual span that cannot be made private again is leaked: never handed out twice.
+      if (os::mapAnonymousFixed(reinterpret_cast<void*>(info->aliases[i]), bytes)) {
+        Arena::release(info->aliases[i], pages, false);
+      }
+    }
+    stats_.aliasSpans -= info->aliasCount;
+    stats_.releasedBytes -= static_cast<size_t>(info->aliasCount) * bytes;
+    os::mapAnonymousFixed(reinterpret_cast<void*>(span->spanStart), bytes);
+    freeFileRangeLocked(info->fileOffset, bytes);
+    shared_.remove(info);
+    stats_.meshedSpans--;
+    stats_.fileBytes -= bytes;
+  }
+  span->mesh = nullptr;
+  InternalHeap::free(info, sizeof(MeshInfo));
+}
+
+SpanBackingStats SpanBacking::stats() {
+  LockGuard guard(lock_);
+  return stats_;
+}
+
+bool SpanBacking::anyShared() { return !shared_.empty(); }
+
+// Called with lock_ held (fork prepare).
+void SpanBacking::protectAllForFork() {
+  size_t pageSize = Arena::pageSize();
+  for (MeshInfo* info = shared_.front(); info; info = shared_.next(info)) {
+    size_t bytes = info->owner->spanBytes(pageSize);
+    os::protectReadOnly(reinterpret_cast<void*>(info->owner->spanStart), bytes);
+    for (uint32_t i = 0; i < info->aliasCount; i++) os::protectReadOnly(reinterpret_cast<void*>(info->aliases[i]), bytes);
+  }
+}
+
+void SpanBacking::unprotectAllAfterFork() {
+  size_t pageSize = Arena::pageSize();
+  for (MeshInfo* info = shared_.front(); info; info = shared_.next(info)) {
+    size_t bytes = info->owner->spanBytes(pageSize);
+    os::protectReadWrite(reinterpret_cast<void*>(info->owner->spanStart), bytes);
+    for (uint32_t i = 0; i < info->aliasCount; i++) os::protectReadWrite(reinterpret_cast<void*>(info->aliases[i]), bytes);
+  }
+}
+
+// In the child, single-threaded, with lock_ held by the fork. Every shared span gets the same
+// offset in a new file, so the MeshInfo records stay valid; aliases are remapped onto it.
+void SpanBacking::copyToPrivateFileInChild() {
+  if (fd_ < 0) return;
+  int childFd = os::createSharedFile(kFileName);
+  if (childFd < 0 || !os::resizeFile(childFd, fileSize_)) {
+    // Without a file of its own the child keeps sharing the meshed pages with its parent;
+    // say so rather than diverge silently.
+    static const char kMessage[] = "meshalloc: fork: cannot copy meshed spans; child shares them with its parent\n";
+    os::writeStderr(kMessage, sizeof(kMessage) - 1);
+    return;
+  }
+  size_t pageSize = Arena::pageSize();
+  for (MeshInfo* info = shared_.front(); info; info = shared_.next(info)) {
+    MiniHeap* span = info->owner;
+    size_t bytes = span->spanBytes(pageSize);
+    os::writeToFile(childFd, info->fileOffset, reinterpret_cast<void*>(span->spanStart), bytes);
+    os::mapFileFixed(reinterpret_cast<void*>(span->spanStart), bytes, childFd, info->fileOffset);
+    for (uint32_t i = 0; i < info->aliasCount; i++) {
+      os::mapFileFixed(reinterpret_cast<void*>(info->aliases[i]), bytes, childFd, info->fileOffset);
+    }
+  }
+  os::closeFd(fd_);
+  fd_ = childFd;
+}
+
+}  // namespace meshalloc

@@ -1,0 +1,83 @@
+// Where a span's physical memory lives. A span starts in private anonymous memory (cheap
+// faults, copy-on-write across fork). When it is first meshed its pages move into one shared
+// in-memory file (memfd), so that other virtual spans can map the same physical pages. Only
+// meshed spans ever live in the file, so fork has to copy only those (see docs/meshing.md).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "heap/mini_heap.h"
+#include "support/list.h"
+#include "support/lock.h"
+
+namespace meshalloc {
+
+// A physical span can be mapped by at most this many virtual spans (itself included): each
+// alias costs a mapping, and long chains make a single free's span more fragile to restore.
+constexpr uint32_t kMaxVirtualSpans = 16;
+
+struct MeshInfo : ListNode {
+  MiniHeap* owner;
+  size_t fileOffset;
+  uint32_t aliasCount;                      // virtual spans besides owner->spanStart
+  uintptr_t aliases[kMaxVirtualSpans - 1];  // their starts
+};
+
+struct SpanBackingStats {
+  size_t meshedSpans;       // physical spans in the file
+  size_t aliasSpans;        // virtual spans mapping another span's pages
+  size_t fileBytes;         // bytes of live file ranges
+  size_t releasedBytes;     // physical bytes meshing currently saves (aliases x span size)
+  size_t releasedBytesPeak;
+};
+
+class SpanBacking {
+ public:
+  // Moves `span`'s pages into the shared file, mapped at its own virtual address. The caller
+  // has write-protected the span (the content is copied, then the mapping replaced). False,
+  // with nothing changed, if the file or the mapping cannot be had.
+  static bool share(MiniHeap* span);
+  // Maps `span`'s physical pages at `alias` too (replacing whatever `alias` held) and records
+  // it. False, with `alias` untouched, on failure.
+  static bool addAlias(MiniHeap* span, uintptr_t alias);
+  // Gives the file range back (punch hole): used for a source that was itself shared.
+  static void releaseFileRange(size_t offset, size_t bytes);
+  // Called when a shared span dies: every virtual span becomes plain private memory again
+  // and the aliases go back to the arena; the file range is punched out. Returns the number
+  // of virtual spans that could not be restored (leaked, never corrupted).
+  static void restore(MiniHeap* span);
+
+  static SpanBackingStats stats();
+  static bool anyShared();
+
+  // fork support: in the child, every shared span is copied into a fresh file of its own so
+  // parent and child stop sharing pages. The parent keeps shared spans write-protected
+  // around the copy (see mesh/fork.cc).
+  static void protectAllForFork();
+  static void unprotectAllAfterFork();
+  static void copyToPrivateFileInChild();
+  static void lock() { lock_.lock(); }
+  static void unlock() { lock_.unlock(); }
+  static void resetLockAfterFork() { lock_.resetAfterFork(); }
+
+ private:
+  static bool ensureFile();
+  static bool allocateFileRange(size_t bytes, size_t* offset);
+  static void freeFileRangeLocked(size_t offset, size_t bytes);
+
+  struct FreeRange : ListNode {
+    size_t offset;
+    size_t bytes;
+  };
+
+  static inline Mutex lock_;
+  static inline int fd_ = -1;
+  static inline size_t fileSize_ = 0;
+  static inline size_t fileEnd_ = 0;  // bump pointer
+  static constinit inline IntrusiveList<FreeRange> freeRanges_;
+  static constinit inline IntrusiveList<MeshInfo> shared_;
+  static inline SpanBackingStats stats_ = {};
+};
+
+}  // namespace meshalloc

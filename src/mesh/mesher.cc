@@ -1,0 +1,245 @@
+#include "mesh/mesher.h"
+
+#include <string.h>
+
+#include "heap/arena.h"
+#include "heap/config.h"
+#include "heap/global_heap.h"
+#include "heap/operation_guard.h"
+#include "heap/thread_heap.h"
+#include "mesh/write_barrier.h"
+#include "platform/os.h"
+#include "support/lock.h"
+
+namespace meshalloc {
+
+namespace {
+
+Mutex gPassLock;   // one pass at a time (background thread, meshalloc_compact)
+Mutex gBatchLock;  // held across each batch; fork takes it first
+MeshStats gStats = {};
+Rng gRng;
+bool gRngSeeded = false;
+
+// Scratch for one class at a time (passes are serialised): no allocation during a pass.
+MiniHeap* gCandidates[Mesher::kMaxCandidatesPerClass];
+MiniHeap* gSearchOrder[Mesher::kMaxCandidatesPerClass];
+MeshGroup gGroups[Mesher::kMaxCandidatesPerClass / 2];
+bool gMerged[Mesher::kMaxCandidatesPerClass / 2][kMaxVirtualSpans];
+
+bool overlaps(uintptr_t start, size_t bytes, uintptr_t ioStart, uintptr_t ioEnd) {
+  return ioStart < start + bytes && start < ioEnd;
+}
+
+// True if a system call in progress on some thread writes into [start, start+bytes). Called
+// with the barrier raised, so a call that starts later sees the barrier and waits instead.
+bool busyWithIo(uintptr_t start, size_t bytes) {
+  bool busy = false;
+  ThreadHeap::lockRegistry();
+  for (ThreadHeap* heap = ThreadHeap::registryHead(); heap && !busy; heap = heap->nextInRegistry()) {
+    uintptr_t ioStart = heap->activity().ioBufferStart.load(std::memory_order_seq_cst);
+    uintptr_t ioEnd = heap->activity().ioBufferEnd.load(std::memory_order_seq_cst);
+    busy = ioEnd != 0 && overlaps(start, bytes, ioStart, ioEnd);
+  }
+  ThreadHeap::unlockRegistry();
+  return busy;
+}
+
+bool spanBusyWithIo(MiniHeap* span, size_t bytes) {
+  if (busyWithIo(span->spanStart, bytes)) return true;
+  if (span->mesh) {
+    for (uint32_t i = 0; i < span->mesh->aliasCount; i++) {
+      if (busyWithIo(span->mesh->aliases[i], bytes)) return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+bool Mesher::meshGroup(MeshGroup& group, bool* merged) {
+  MiniHeap* destination = group.destination;
+  size_t pageSize = Arena::pageSize();
+  size_t bytes = destination->spanBytes(pageSize);
+  for (uint32_t i = 0; i < group.sourceCount; i++) merged[i] = false;
+  if (spanBusyWithIo(destination, bytes)) {
+    gStats.skippedForIo++;
+    return false;
+  }
+  if (!destination->mesh) {
+    void* start = reinterpret_cast<void*>(destination->spanStart);
+    if (!os::protectReadOnly(start, bytes)) {
+      gStats.failedMeshes++;
+      return false;
+    }
+    if (!SpanBacking::share(destination)) {
+      os::protectReadWrite(start, bytes);
+      gStats.failedMeshes++;
+      return false;
+    }
+  }
+  AtomicBitmap dst = destination->bitmap();
+  size_t objectSize = destination->objectSize;
+  bool any = false;
+  for (uint32_t i = 0; i < group.sourceCount; i++) {
+    MiniHeap* source = group.sources[i];
+    // Frees only ever clear bits, so the groups found before the batch are still disjoint;
+    // checked again because a mistake here would overwrite live objects.
+    if (!SplitMesher::disjoint(destination, source)) continue;
+    if (busyWithIo(source->spanStart, bytes)) {
+      gStats.skippedForIo++;
+      continue;
+    }
+    void* sourceStart = reinterpret_cast<void*>(source->spanStart);
+    if (!os::protectReadOnly(sourceStart, bytes)) {
+      gStats.failedMeshes++;
+      continue;
+    }
+    AtomicBitmap src = source->bitmap();
+    for (size_t w = 0; w < src.words(); w++) {
+      uint64_t bits = src.loadWord(w);
+      while (bits) {
+        size_t slot = w * 64 + static_cast<size_t>(__builtin_ctzll(bits));
+        bits &= bits - 1;
+        memcpy(reinterpret_cast<char*>(destination->spanStart) + slot * objectSize,
+               reinterpret_cast<char*>(source->spanStart) + slot * objectSize, objectSize);
+      }
+    }
+    if (!SpanBacking::addAlias(destination, source->spanStart)) {
+      // Undo: the source keeps its own pages and objects; what was copied lands in slots
+      // the destination does not own, so it is never seen.
+      os::protectReadWrite(sourceStart, bytes);
+      gStats.failedMeshes++;
+      continue;
+    }
+    for (size_t w = 0; w < src.words(); w++) {
+      uint64_t bits = src.loadWord(w);
+      if (bits) dst.claimMask(w, bits);
+    }
+    destination->liveCount.fetch_add(source->liveCount.load(std::memory_order_relaxed), std::memory_order_acq_rel);
+    // From here on every address in the source's virtual span resolves to the destination.
+    Arena::assign(source->spanStart, source->spanPages, destination, true);
+    merged[i] = true;
+    any = true;
+    gStats.meshedSpans++;
+  }
+  return any;
+}
+
+size_t Mesher::meshBatch(unsigned sizeClass, MeshGroup* groups, size_t count, bool* mergedFlags) {
+  (void)sizeClass;
+  size_t released = 0;
+  size_t bytes = groups[0].destination->spanBytes(Arena::pageSize());
+  LockGuard batch(gBatchLock);
+  uint64_t start = os::monotonicNanos();
+  OperationGuard::pause();
+  WriteBarrier::begin();
+  for (size_t g = 0; g < count; g++) {
+    bool* merged = mergedFlags + g * kMaxVirtualSpans;
+    meshGroup(groups[g], merged);
+    for (uint32_t i = 0; i < groups[g].sourceCount; i++) released += merged[i] ? bytes : 0;
+  }
+  WriteBarrier::end();
+  OperationGuard::resume();
+  uint64_t pause = os::monotonicNanos() - start;
+  gStats.pauseCount++;
+  gStats.pauseTotalNs += pause;
+  if (pause > gStats.pauseMaxNs) gStats.pauseMaxNs = pause;
+  return released;
+}
+
+size_t Mesher::compactClassRound(unsigned sizeClass, long* mappingBudget, size_t* meshed) {
+  const SpanPlan& plan = SizeClasses::plan(sizeClass);
+  uint32_t maxLive = static_cast<uint32_t>(plan.objectCount * gHeapConfig.meshOccupancyPercent / 100);
+  if (maxLive == 0) return 0;
+  size_t count = GlobalHeap::takeMeshCandidates(sizeClass, maxLive, gCandidates, kMaxCandidatesPerClass);
+  if (count < 2) {
+    GlobalHeap::returnMeshCandidates(sizeClass, gCandidates, count);
+    return 0;
+  }
+  memcpy(gSearchOrder, gCandidates, count * sizeof(MiniHeap*));
+  size_t maxGroups = static_cast<size_t>(*mappingBudget / (kMappingsPerMesh * kMaxVirtualSpans));
+  if (maxGroups == 0) maxGroups = *mappingBudget >= kMappingsPerMesh * 2 ? 1 : 0;
+  if (maxGroups > count / 2) maxGroups = count / 2;
+  size_t groupCount = SplitMesher::find(gSearchOrder, count, gHeapConfig.meshProbes, gRng, gGroups, maxGroups);
+  size_t released = 0;
+  for (size_t g = 0; g < groupCount; g += kGroupsPerBatch) {
+    size_t n = groupCount - g < kGroupsPerBatch ? groupCount - g : kGroupsPerBatch;
+    released += meshBatch(sizeClass, gGroups + g, n, &gMerged[g][0]);
+  }
+  // Sources meshed away are forgotten; everything else goes back to the lists.
+  size_t returned = 0;
+  for (size_t c = 0; c < count; c++) {
+    MiniHeap* span = gCandidates[c];
+    bool gone = false;
+    for (size_t g = 0; g < groupCount && !gone; g++) {
+      for (uint32_t i = 0; i < gGroups[g].sourceCount; i++) {
+        if (gGroups[g].sources[i] == span && gMerged[g][i]) gone = true;
+      }
+    }
+    if (gone) {
+      GlobalHeap::retireMeshedSource(sizeClass, span);
+      (*meshed)++;
+      *mappingBudget -= kMappingsPerMesh;
+    } else {
+      gCandidates[returned++] = span;
+    }
+  }
+  GlobalHeap::returnMeshCandidates(sizeClass, gCandidates, returned);
+  return released;
+}
+
+size_t Mesher::compactClass(unsigned sizeClass, long* mappingBudget) {
+  size_t released = 0;
+  for (unsigned round = 0; round < kMaxRoundsPerClass; round++) {
+    if (*mappingBudget < kMappingsPerMesh * 2) break;
+    size_t meshed = 0;
+    released += compactClassRound(sizeClass, mappingBudget, &meshed);
+    if (meshed == 0) break;
+  }
+  return released;
+}
+
+size_t Mesher::compact() {
+  LockGuard pass(gPassLock);
+  uint64_t cpuStart = os::threadCpuNanos();
+  if (!gRngSeeded) {
+    gRng.reseed(os::entropy64());
+    gRngSeeded = true;
+  }
+  if (!WriteBarrier::install()) return 0;
+  long limit = os::maxMapCount();
+  long margin = limit / kMappingMarginDivisor > kMappingMarginMin ? limit / kMappingMarginDivisor : kMappingMarginMin;
+  long mappings = os::countMappings();
+  gStats.lastMappingCount = mappings > 0 ? static_cast<uint64_t>(mappings) : 0;
+  gStats.mappingLimit = static_cast<uint64_t>(limit - margin > 0 ? limit - margin : 0);
+  long budget = mappings < 0 ? 0 : limit - margin - mappings;
+  size_t released = 0;
+  for (unsigned c = 0; c < kNumSizeClasses; c++) {
+    if (budget < kMappingsPerMesh * 2) {
+      gStats.vmaLimitedPasses++;
+      break;
+    }
+    released += compactClass(c, &budget);
+  }
+  gStats.passes++;
+  gStats.cpuNs += os::threadCpuNanos() - cpuStart;
+  return released;
+}
+
+MeshStats Mesher::stats() { return gStats; }
+
+void Mesher::lockForFork() {
+  gPassLock.lock();
+  gBatchLock.lock();
+}
+void Mesher::unlockAfterFork() {
+  gBatchLock.unlock();
+  gPassLock.unlock();
+}
+void Mesher::resetAfterFork() {
+  gBatchLock.resetAfterFork();
+  gPassLock.resetAfterFork();
+}
+
+}  // namespace meshalloc

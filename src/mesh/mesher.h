@@ -1,0 +1,57 @@
+// The mesh operation and the pass that drives it: for each size class, take the sparsely
+// occupied detached spans, find meshable groups (SplitMesher), and mesh them in small batches.
+// A batch pauses guarded heap operations and raises the write barrier only for its own few
+// spans' copy-and-remap, so pauses stay short; locks are never held across batches.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "mesh/split_mesher.h"
+
+namespace meshalloc {
+
+struct MeshStats {
+  uint64_t passes;
+  uint64_t meshedSpans;        // virtual spans meshed away (sources)
+  uint64_t failedMeshes;       // a mapping call failed; the mesh was undone
+  uint64_t skippedForIo;       // spans left alone because a system call was writing into them
+  uint64_t vmaLimitedPasses;   // passes cut short by the mapping budget
+  uint64_t pauseCount;
+  uint64_t pauseTotalNs;
+  uint64_t pauseMaxNs;
+  uint64_t cpuNs;              // time spent in passes
+  uint64_t lastMappingCount;   // /proc/self/maps lines at the last pass
+  uint64_t mappingLimit;       // the budget meshing stays under
+};
+
+class Mesher {
+ public:
+  static constexpr size_t kMaxCandidatesPerClass = 4096;
+  // Rounds per class and pass: each takes a fresh random split of the (remaining) candidates.
+  static constexpr unsigned kMaxRoundsPerClass = 8;
+  // Groups meshed per batch: bounds a pause to a few copies and mapping calls.
+  static constexpr size_t kGroupsPerBatch = 4;
+  // Mapping budget: stay this far under vm.max_map_count (the larger of the two).
+  static constexpr long kMappingMarginMin = 1024;
+  static constexpr long kMappingMarginDivisor = 8;
+  // Worst case of new mappings one mesh can add (a remap splits its neighbour in two).
+  static constexpr long kMappingsPerMesh = 2;
+
+  // One full pass over every size class. Returns the physical bytes released.
+  static size_t compact();
+  static MeshStats stats();
+
+  // fork: no batch may be half done while the process is copied.
+  static void lockForFork();
+  static void unlockAfterFork();
+  static void resetAfterFork();
+
+ private:
+  static size_t compactClass(unsigned sizeClass, long* mappingBudget);
+  static size_t compactClassRound(unsigned sizeClass, long* mappingBudget, size_t* meshed);
+  static size_t meshBatch(unsigned sizeClass, MeshGroup* groups, size_t count, bool* merged);
+  static bool meshGroup(MeshGroup& group, bool* merged);
+};
+
+}  // namespace meshalloc

@@ -1,0 +1,148 @@
+#include "mesh/policy.h"
+
+#include <pthread.h>
+#include <signal.h>
+
+#include <atomic>
+
+#include "heap/config.h"
+#include "heap/global_heap.h"
+#include "heap/heap.h"
+#include "heap/span_backing.h"
+#include "mesh/mesher.h"
+#include "mesh/write_barrier.h"
+#include "platform/os.h"
+
+namespace meshalloc {
+
+namespace {
+
+constexpr uint64_t kNanosPerMilli = 1000000;
+constexpr uint64_t kPermille = 1000;
+
+std::atomic<bool> gInitialized{false};
+std::atomic<bool> gThreadStarted{false};
+std::atomic<unsigned> gRefills{0};
+std::atomic<uint64_t> gNextPassNs{0};
+int gForkPipe[2] = {-1, -1};
+
+void forkPrepareFirst() { Mesher::lockForFork(); }
+
+void forkPrepare() {
+  gForkPipe[0] = gForkPipe[1] = -1;
+  if (!SpanBacking::anyShared()) return;
+  // Meshed pages are shared memory: the child must copy them before the parent changes them.
+  if (!os::makePipe(gForkPipe)) gForkPipe[0] = gForkPipe[1] = -1;
+  WriteBarrier::begin();
+  SpanBacking::protectAllForFork();
+}
+
+void forkParent() {
+  if (SpanBacking::anyShared()) {
+    if (gForkPipe[1] >= 0) {
+      os::closeFd(gForkPipe[1]);
+      os::awaitByte(gForkPipe[0]);  // the child's copy is done (or the child is gone)
+      os::closeFd(gForkPipe[0]);
+    }
+    SpanBacking::unprotectAllAfterFork();
+    WriteBarrier::end();
+  }
+  Mesher::unlockAfterFork();
+}
+
+void forkChild() {
+  if (SpanBacking::anyShared()) {
+    SpanBacking::copyToPrivateFileInChild();
+    if (gForkPipe[1] >= 0) {
+      os::signalByte(gForkPipe[1]);
+      os::closeFd(gForkPipe[1]);
+      os::closeFd(gForkPipe[0]);
+    }
+    WriteBarrier::end();
+  }
+  Mesher::resetAfterFork();
+  // The background thread did not survive the fork; the child starts its own when it needs one.
+  gThreadStarted.store(false, std::memory_order_relaxed);
+  gRefills.store(0, std::memory_order_relaxed);
+}
+
+}  // namespace
+
+void MeshPolicy::init() {
+  if (gInitialized.exchange(true)) return;
+  heap::setForkHooks({forkPrepareFirst, forkPrepare, forkParent, forkChild});
+  heap::setRefillHook(onRefill);
+}
+
+size_t MeshPolicy::potentialGain() {
+  size_t gain = 0;
+  for (unsigned c = 0; c < kNumSizeClasses; c++) {
+    size_t spans, freeSlots;
+    GlobalHeap::partialOccupancy(c, &spans, &freeSlots);
+    if (spans >= 2) gain += freeSlots * kSizeClassSizes[c];
+  }
+  return gain;
+}
+
+size_t MeshPolicy::compactNow() {
+  if (!heap::ensureInitialized()) return 0;
+  return Mesher::compact();
+}
+
+bool MeshPolicy::backgroundThreadRunning() { return gThreadStarted.load(std::memory_order_relaxed); }
+
+void MeshPolicy::runPassWithinBudget() {
+  uint64_t start = os::monotonicNanos();
+  if (potentialGain() >= gHeapConfig.meshMinGainBytes) Mesher::compact();
+  uint64_t spent = os::monotonicNanos() - start;
+  // Sleep so that spent / (spent + sleep) stays within the budget.
+  uint64_t budget = gHeapConfig.meshBudgetPermille ? gHeapConfig.meshBudgetPermille : 1;
+  if (budget > kPermille) budget = kPermille;
+  uint64_t rest = spent * (kPermille - budget) / budget;
+  uint64_t period = gHeapConfig.meshPeriodMs * kNanosPerMilli;
+  gNextPassNs.store(os::monotonicNanos() + (rest > period ? rest : period), std::memory_order_relaxed);
+}
+
+void* MeshPolicy::backgroundMain(void*) {
+  pthread_setname_np(pthread_self(), "meshalloc-mesh");
+  for (;;) {
+    uint64_t now = os::monotonicNanos();
+    uint64_t next = gNextPassNs.load(std::memory_order_relaxed);
+    uint64_t period = gHeapConfig.meshPeriodMs * kNanosPerMilli;
+    os::sleepNanos(next > now ? next - now : period);
+    if (gHeapConfig.meshing) runPassWithinBudget();
+  }
+  return nullptr;
+}
+
+void MeshPolicy::startBackgroundThread() {
+  if (gThreadStarted.exchange(true)) return;
+  // The thread takes no signals meant for the application.
+  sigset_t all, saved;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &saved);
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  pthread_t thread;
+  if (pthread_create(&thread, &attr, backgroundMain, nullptr) != 0) gThreadStarted.store(false);
+  pthread_attr_destroy(&attr);
+  pthread_sigmask(SIG_SETMASK, &saved, nullptr);
+}
+
+void MeshPolicy::onRefill() {
+  if (!gHeapConfig.meshing) return;
+  if (gHeapConfig.meshBackgroundThread) {
+    if (gThreadStarted.load(std::memory_order_relaxed)) return;
+    if (gRefills.fetch_add(1, std::memory_order_relaxed) + 1 < kRefillsBeforeThread) return;
+    startBackgroundThread();
+    return;
+  }
+  // No background thread: the same policy, run by whichever thread refills when a pass is due.
+  uint64_t next = gNextPassNs.load(std::memory_order_relaxed);
+  if (os::monotonicNanos() < next) return;
+  if (!gNextPassNs.compare_exchange_strong(next, UINT64_MAX)) return;  // one thread runs it
+  runPassWithinBudget();
+}
+
+}  // namespace meshalloc

@@ -1,0 +1,32 @@
+// When meshing runs. A background thread (started once the program has shown real allocation
+// activity) looks at the heap every `mesh_period_ms` and meshes when the partial spans hold
+// enough free memory to be worth it, sleeping longer after expensive passes so that meshing
+// never takes more than `mesh_budget_permille` of one core. With the thread disabled, the
+// allocation slow path runs the same policy inline. meshalloc_compact() meshes at once.
+#pragma once
+
+#include <cstddef>
+
+namespace meshalloc {
+
+class MeshPolicy {
+ public:
+  // Refills seen before the background thread is started: short-lived programs never get one.
+  static constexpr unsigned kRefillsBeforeThread = 256;
+
+  // Hooks the policy into the heap (refill and fork); idempotent.
+  static void init();
+  // A full pass now, whatever the policy says. Returns the bytes released.
+  static size_t compactNow();
+  // Free bytes sitting in partial spans: what a pass could at best give back.
+  static size_t potentialGain();
+  static bool backgroundThreadRunning();
+
+ private:
+  static void onRefill();
+  static void* backgroundMain(void*);
+  static void startBackgroundThread();
+  static void runPassWithinBudget();
+};
+
+}  // namespace meshalloc

@@ -1,0 +1,138 @@
+#include "mesh/write_barrier.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <string.h>
+
+#include "heap/arena.h"
+#include "platform/os.h"
+#include "support/lock.h"
+
+namespace meshalloc {
+
+namespace {
+
+// The application's SIGSEGV action, double-buffered so the handler always reads a whole one
+// while sigaction() replaces it.
+struct sigaction gApplicationActions[2];
+std::atomic<unsigned> gCurrentAction{0};
+Mutex gActionLock;
+
+// A fault in the arena seen when no barrier is active may still be a barrier fault whose
+// barrier ended just before we looked: retry it once. A second fault at the same address
+// with no barrier in between is genuine.
+thread_local uintptr_t tlsLastFaultAddress __attribute__((tls_model("initial-exec"))) = 0;
+thread_local uint32_t tlsLastFaultSequence __attribute__((tls_model("initial-exec"))) = 0;
+
+bool isDefaultOrIgnore(const struct sigaction& action) {
+  return !(action.sa_flags & SA_SIGINFO) && (action.sa_handler == SIG_DFL || action.sa_handler == SIG_IGN);
+}
+
+}  // namespace
+
+bool WriteBarrier::install() {
+  if (installed()) return true;
+  LockGuard guard(gActionLock);
+  if (installed()) return true;
+  struct sigaction ours;
+  memset(&ours, 0, sizeof(ours));
+  ours.sa_sigaction = onFault;
+  // SA_ONSTACK: a thread that overflows its stack still reaches the application's handler on
+  // its alternate stack. No SA_NODEFER: a fault inside the handler is a genuine crash.
+  ours.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_RESTART;
+  sigemptyset(&ours.sa_mask);
+  struct sigaction previous;
+  if (os::rawSigaction(SIGSEGV, &ours, &previous) != 0) return false;
+  gApplicationActions[0] = previous;
+  gCurrentAction.store(0, std::memory_order_release);
+  installed_.store(true, std::memory_order_release);
+  return true;
+}
+
+void WriteBarrier::begin() {
+  uint32_t seq = sequence_.load(std::memory_order_relaxed);
+  sequence_.store(seq | 1, std::memory_order_seq_cst);
+}
+
+void WriteBarrier::end() {
+  uint32_t seq = sequence_.load(std::memory_order_relaxed);
+  sequence_.store((seq | 1) + 1, std::memory_order_seq_cst);
+  os::futexWakeAll(&sequence_);
+}
+
+void WriteBarrier::waitForEnd(uint32_t seen) {
+  while (sequence_.load(std::memory_order_acquire) == seen) os::futexWait(&sequence_, seen);
+}
+
+void WriteBarrier::onFault(int signal, siginfo_t* info, void* context) {
+  int savedErrno = errno;
+  uintptr_t address = reinterpret_cast<uintptr_t>(info->si_addr);
+  if (info->si_code == SEGV_ACCERR && Arena::contains(address)) {
+    uint32_t seq = sequence_.load(std::memory_order_acquire);
+    if (seq & 1) {
+      faultsWaited_.fetch_add(1, std::memory_order_relaxed);
+      waitForEnd(seq);
+      errno = savedErrno;
+      return;
+    }
+    if (tlsLastFaultAddress != address || tlsLastFaultSequence != seq) {
+      tlsLastFaultAddress = address;
+      tlsLastFaultSequence = seq;
+      errno = savedErrno;
+      return;
+    }
+  }
+  tlsLastFaultAddress = 0;
+  errno = savedErrno;
+  chain(signal, info, context);
+}
+
+void WriteBarrier::chain(int signal, siginfo_t* info, void* context) {
+  struct sigaction application = gApplicationActions[gCurrentAction.load(std::memory_order_acquire)];
+  if (isDefaultOrIgnore(application)) {
+    // Hand the signal to the kernel's default action (a core dump) with the real fault
+    // context: restore SIG_DFL and return, and the faulting instruction faults again. A
+    // SIGSEGV sent by kill() is not re-raised by returning, so raise it (it stays blocked,
+    // hence pending, until we return). Ignoring SIGSEGV is not possible for real faults, so
+    // SIG_IGN gets the default action too, as the kernel would give it.
+    struct sigaction defaults;
+    memset(&defaults, 0, sizeof(defaults));
+    defaults.sa_handler = SIG_DFL;
+    sigemptyset(&defaults.sa_mask);
+    os::rawSigaction(signal, &defaults, nullptr);
+    if (info->si_code <= 0 && application.sa_handler != SIG_IGN) raise(signal);
+    return;
+  }
+  if (application.sa_flags & SA_RESETHAND) {
+    unsigned next = gCurrentAction.load(std::memory_order_relaxed) ^ 1;
+    memset(&gApplicationActions[next], 0, sizeof(gApplicationActions[next]));
+    gApplicationActions[next].sa_handler = SIG_DFL;
+    gCurrentAction.store(next, std::memory_order_release);
+  }
+  // The application's handler runs with its own mask added, as the kernel would have set it.
+  sigset_t saved;
+  pthread_sigmask(SIG_BLOCK, &application.sa_mask, &saved);
+  if (application.sa_flags & SA_SIGINFO) {
+    application.sa_sigaction(signal, info, context);
+  } else {
+    application.sa_handler(signal);
+  }
+  pthread_sigmask(SIG_SETMASK, &saved, nullptr);
+}
+
+bool WriteBarrier::interceptSigaction(int signal, const struct sigaction* action, struct sigaction* previous,
+                                      int* result) {
+  if (signal != SIGSEGV || !installed()) return false;
+  LockGuard guard(gActionLock);
+  unsigned current = gCurrentAction.load(std::memory_order_relaxed);
+  if (previous) *previous = gApplicationActions[current];
+  if (action) {
+    unsigned next = current ^ 1;
+    gApplicationActions[next] = *action;
+    gCurrentAction.store(next, std::memory_order_release);
+  }
+  *result = 0;
+  return true;
+}
+
+}  // namespace meshalloc
