@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 from datetime import datetime
 from pathlib import Path
 from typing import List, Optional, Sequence
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 from rich import box
 
 from . import __version__, allocators as allocator_registry
@@ -31,7 +34,8 @@ DEFAULT_OUT_ROOT = Path("out")
 TIMESTAMP_FORMAT = "%Y%m%d-%H%M%S"
 # The allocators `compare` uses when --allocators is not given (those that are present).
 DEFAULT_COMPARE_ALLOCATORS = ("glibc", "jemalloc", "mimalloc", "tcmalloc", "meshalloc")
-NON_TERMINAL_WIDTH = 160
+# Wide enough for the comparison table with its (min–max) ranges on one line per allocator.
+NON_TERMINAL_WIDTH = 240
 SIGINT_EXIT = EXIT_SIGNAL_BASE + 2  # what a shell reports for a command stopped by Ctrl-C
 
 EPILOG = """exit status: the command's own (run), or 128+N when it was killed by signal N;
@@ -70,7 +74,8 @@ def _add_measurement_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--interval", type=_positive_ms, default=DEFAULT_INTERVAL_S * MS_PER_S, metavar="MS",
                         help="sampling interval in milliseconds (default %(default)g, i.e. 100 Hz)")
     parser.add_argument("--out", type=Path, metavar="DIR",
-                        help="directory for the TSV, JSON and figure files (default out/<command>-<time>)")
+                        help="directory for the TSV, JSON and figure files "
+                        "(default out/run-<time> or out/compare-<time>)")
     parser.add_argument("--no-cgroup", action="store_true",
                         help="do not put the command in a memory cgroup of its own")
     parser.add_argument("--no-figure", action="store_true", help="skip the PNG/SVG figure")
@@ -157,14 +162,14 @@ def _cgroup_line(result: RunResult) -> str:
 def print_run_report(result: RunResult, files: List[Path], console: Console) -> None:
     """The summary `meshalloc run` prints (to stderr, like time(1), so the command's own
     stdout stays clean for pipes)."""
-    command = " ".join(result.command)
-    console.print(f"[bold]meshalloc run[/bold]: {command} under [bold]{result.allocator.name}[/bold] — "
+    command = escape(shlex.join(result.command))
+    console.print(f"[bold]meshalloc run[/bold]: {command} under [bold]{escape(result.allocator.name)}[/bold] — "
                   f"{result.describe_exit()}", highlight=False, soft_wrap=True)
     rate = result.achieved_rate
     rate_text = f" at {rate:.0f} Hz" if rate else ""
     console.print(f"wall time {result.wall_time:.3f} s · {len(result.samples)} samples{rate_text} "
                   f"(every {result.interval * MS_PER_S:g} ms)", highlight=False)
-    console.print(_cgroup_line(result), highlight=False, soft_wrap=True)
+    console.print(_cgroup_line(result), highlight=False, markup=False, soft_wrap=True)
     table = Table(box=box.SIMPLE_HEAD, show_edge=False)
     table.add_column("metric")
     for column in ("mean", "peak", "final"):
@@ -189,7 +194,7 @@ def print_run_report(result: RunResult, files: List[Path], console: Console) -> 
     if result.signal_name:
         console.print(f"[bold red]the command was killed by {result.signal_name}[/bold red]; "
                       f"its partial samples were written", highlight=False)
-    console.print("files: " + " ".join(str(path) for path in files), highlight=False, soft_wrap=True)
+    console.print("files: " + " ".join(str(path) for path in files), highlight=False, markup=False, soft_wrap=True)
 
 
 def _command_or_error(command: Optional[List[str]], remainder: List[str]) -> List[str]:
@@ -273,24 +278,25 @@ class _Progress:
         if self._bar is not None:
             self._bar.advance(self._task)
             if not result.succeeded:
-                self._bar.console.print(line, highlight=False)
+                self._bar.console.print(line, highlight=False, markup=False)
         else:
-            self._console.print(line, highlight=False, soft_wrap=True)
+            self._console.print(line, highlight=False, markup=False, soft_wrap=True)
 
 
 def print_comparison(comparison: Comparison, files: List[Path], figure: Optional[Path], console: Console) -> None:
     headers, rows = table_cells(comparison)
-    table = Table(box=box.SIMPLE_HEAD, title=" ".join(comparison.command), title_justify="left")
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, title=Text(shlex.join(comparison.command)),
+                  title_justify="left")
     for index, header in enumerate(headers):
         table.add_column(header, justify="left" if index == 0 else "right")
     for cells in rows:
-        table.add_row(*cells)
+        table.add_row(*(Text(cell) for cell in cells))  # names and paths are not markup
     console.print(table)
     for note in table_notes(comparison):
-        console.print(note, highlight=False, soft_wrap=True)
+        console.print(note, highlight=False, markup=False, soft_wrap=True)
     if figure is not None:
-        console.print(f"figure: {figure}", highlight=False, soft_wrap=True)
-    console.print("files: " + " ".join(str(path) for path in files), highlight=False, soft_wrap=True)
+        console.print(f"figure: {figure}", highlight=False, markup=False, soft_wrap=True)
+    console.print("files: " + " ".join(str(path) for path in files), highlight=False, markup=False, soft_wrap=True)
 
 
 def cmd_compare(args, command: List[str], out_console: Console, err: Console) -> int:
@@ -324,12 +330,12 @@ def cmd_compare(args, command: List[str], out_console: Console, err: Console) ->
 def cmd_allocators(args, out_console: Console, err: Console) -> int:
     if args.install:
         allocator_registry.install_debian_packages()
-    table = Table(box=box.SIMPLE_HEAD)
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False)
     for header in ("allocator", "available", "library", "notes"):
         table.add_column(header, overflow="fold")
     for row in allocator_registry.availability():
-        table.add_row(row.name, "yes" if row.available else "no",
-                      str(row.library) if row.library else "—", row.note)
+        cells = (row.name, "yes" if row.available else "no", str(row.library) if row.library else "—", row.note)
+        table.add_row(*(Text(cell) for cell in cells))  # names and paths are not markup
     out_console.print(table)
     return EXIT_OK
 

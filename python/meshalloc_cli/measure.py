@@ -7,7 +7,6 @@ summary, so `meshalloc compare` (and later `meshalloc bench`) reuse it unchanged
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import select
 import shutil
@@ -23,10 +22,16 @@ from typing import Dict, Iterator, List, Mapping, Optional, Sequence
 from .allocators import Allocator
 from .cgroup import CgroupStatus, CgroupUnavailable, MemoryCgroup
 from .errors import EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, EXIT_SIGNAL_BASE, MeshallocError
-from .procfs import ProcessReader
+from .procfs import ProcessReader, exiting
 
 # 10 ms: the 100 Hz the paper's mstat sampled at, the slowest rate the issue allows.
 DEFAULT_INTERVAL_S = 0.010
+# The sampler is busy at most this share of the wall time. Reading smaps_rollup makes the
+# kernel walk the whole address space under the command's mmap lock; for a meshing
+# allocator with tens of thousands of mappings one read takes longer than the interval,
+# and reading back to back slowed such a command down by more than 2x on a 2-CPU machine
+# (with this cap: about 10 %). Cheap samples (a few ms at 10 ms) are not affected.
+SAMPLER_MAX_SHARE = 0.5
 MIB = 1 << 20
 KIB = 1 << 10
 
@@ -49,7 +54,7 @@ class Sample:
     pss: int
     rss: int
     pte: int
-    maps: int
+    maps: Optional[int]  # None when mappings were not counted in this sample (see procfs)
     cgroup: Optional[int]  # None when the run has no memory cgroup
     processes: int
 
@@ -309,9 +314,22 @@ def measure(
 
 
 def _sample_until_exit(process, watcher, reader, cgroup, start, interval) -> List[Sample]:
-    """Sample on a fixed grid of ticks (start + k * interval). A sample that overruns its
-    tick skips the missed ticks instead of bunching up, so the rate never exceeds the
-    requested one and the timestamps say when each sample really was taken."""
+    """Sample on a grid of ticks `interval` apart until the command exits.
+
+    Small delays in waking up do not accumulate (the grid stays put). A sample that
+    overruns the next tick (a large process's smaps_rollup, a busy machine), or that
+    started more than half an interval late, re-anchors the grid: the next sample comes
+    `interval` after this one began, or at once if this one took longer than that. So a
+    slow sample costs only its own overrun instead of whole skipped ticks, the rate never
+    exceeds the requested one, and no two samples are closer than half an interval. And
+    however slow the samples get, the sampler rests between them at least as long as each
+    took (SAMPLER_MAX_SHARE), so that measuring does not starve the command. The
+    timestamps say when each sample was really taken, and the mean is time-weighted, so an
+    uneven spacing does not bias it.
+
+    A sample that straddles the command's exit is dropped: the kernel releases the address
+    space before the command becomes a zombie, so such a sample can hold PSS from before
+    the tear-down and a cgroup charge from after it."""
     samples: List[Sample] = []
     tick = start
     while True:
@@ -319,11 +337,16 @@ def _sample_until_exit(process, watcher, reader, cgroup, start, interval) -> Lis
         pids = cgroup.pids() if cgroup else reader.descendants(process.pid)
         tree = reader.read_tree(pids)
         charge = cgroup.charge() if cgroup else None
-        if tree.processes:  # nothing left to measure once the command is a zombie
+        # Nothing left to measure once the command is exiting or a zombie.
+        if tree.processes and not exiting(process.pid):
             samples.append(Sample(taken - start, tree.pss, tree.rss, tree.pte, tree.maps, charge, tree.processes))
         now = time.monotonic()
+        late = taken - tick
         tick += interval
-        if tick <= now:
-            tick += interval * (math.floor((now - tick) / interval) + 1)
+        if tick <= now or late > interval / 2:
+            tick = max(now, taken + interval)
+        # Rest so that sampling takes at most SAMPLER_MAX_SHARE of the time (at one half:
+        # rest at least as long as this sample took).
+        tick = max(tick, now + (now - taken) * (1 / SAMPLER_MAX_SHARE - 1))
         if watcher.wait(tick - now):
             return samples

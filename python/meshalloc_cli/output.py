@@ -12,6 +12,7 @@ import csv
 import json
 import os
 import platform
+import shlex
 import tempfile
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence
@@ -53,7 +54,8 @@ def _cell(value: Optional[float], decimals: int) -> str:
 
 
 def _sample_cells(sample: Sample) -> List[str]:
-    return [f"{sample.time:.{TIME_DECIMALS}f}", str(sample.pss), str(sample.rss), str(sample.pte), str(sample.maps),
+    return [f"{sample.time:.{TIME_DECIMALS}f}", str(sample.pss), str(sample.rss), str(sample.pte),
+            "" if sample.maps is None else str(sample.maps),
             "" if sample.cgroup is None else str(sample.cgroup), str(sample.processes)]
 
 
@@ -168,7 +170,7 @@ def table_notes(comparison: Comparison) -> List[str]:
 
 def markdown_table(comparison: Comparison) -> str:
     headers, rows = table_cells(comparison)
-    lines = [f"`{' '.join(comparison.command)}`", "",
+    lines = [f"`{shlex.join(comparison.command)}`", "",
              "| " + " | ".join(headers) + " |",
              "|" + "|".join("---" if index == 0 else "---:" for index in range(len(headers))) + "|"]
     lines += ["| " + " | ".join(cells) + " |" for cells in rows]
@@ -224,7 +226,12 @@ def _run_row(run) -> List[str]:
 
 def write_comparison(comparison: Comparison, directory: Path) -> Dict[str, Path]:
     """samples.tsv (every sample of every run), runs.tsv (one line per run), table.tsv,
-    table.md and summary.json; returns what was written."""
+    table.md and summary.json; returns what was written.
+
+    samples.tsv stacks the runs in the order they ran (that of runs.tsv), one contiguous
+    block per (allocator, repetition). Its time_s is, as in `run`, seconds since that run's
+    command started -- it restarts at 0 in each block, which is what lets the runs be laid
+    over each other in a figure."""
     written = {key: directory / name for key, name in COMPARE_FILES.items() if key != "logs"}
     _write_tsv(written["samples"], ("allocator", "repetition") + SAMPLE_COLUMNS,
                ([run.allocator, str(run.repetition)] + _sample_cells(sample)

@@ -7,6 +7,7 @@ import of the package, and `meshalloc` commands that draw nothing should start q
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Dict, List, Sequence
 
@@ -33,7 +34,7 @@ def _pyplot():
 
 
 def _title(command: Sequence[str]) -> str:
-    text = " ".join(command)
+    text = shlex.join(command)
     return text if len(text) <= TITLE_CHARACTERS else text[:TITLE_CHARACTERS - 1] + "…"
 
 

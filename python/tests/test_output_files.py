@@ -37,13 +37,27 @@ def check_figures(directory: Path):
     assert root.tag == SVG_TAG
 
 
-def check_samples(rows, prefix=()):
-    times = [float(row["time_s"]) for row in rows]
-    assert times == sorted(times)
+def check_samples(rows, run_key=()):
+    """Times are seconds since the run's command started, so they rise within a run and
+    start again at zero in the next one. A comparison's samples.tsv stacks its runs (one
+    block of rows per run, identified by the `run_key` columns), in the order they ran."""
+    blocks = []
     for row in rows:
-        for column in ("pss_bytes", "rss_bytes", "pte_bytes", "maps", "processes"):
+        key = tuple(row[column] for column in run_key)
+        if not blocks or blocks[-1][0] != key:
+            assert key not in (seen for seen, _ in blocks), f"the rows of run {key} are not contiguous"
+            blocks.append((key, []))
+        blocks[-1][1].append(float(row["time_s"]))
+    for key, times in blocks:
+        assert times == sorted(times), f"time_s goes backwards within run {key}"
+        assert times[0] >= 0
+    for row in rows:
+        for column in ("pss_bytes", "rss_bytes", "pte_bytes", "processes"):
             assert int(row[column]) >= 0
         assert row["cgroup_bytes"] == "" or int(row["cgroup_bytes"]) > 0
+        # Mappings are left out of samples where counting them would cost too much time.
+        assert row["maps"] == "" or int(row["maps"]) > 0
+    assert any(row["maps"] for row in rows)
 
 
 def test_run_writes_tsv_json_and_figures(memhog, tmp_path):
@@ -77,8 +91,11 @@ def test_compare_writes_every_file(comparison_dir):
     samples = read_tsv(out / "samples.tsv", ("allocator", "repetition") + SAMPLE_COLUMNS)
     assert {row["allocator"] for row in samples} == {"system", "glibc"}
     assert {row["repetition"] for row in samples} == {str(n) for n in range(1, REPEAT + 1)}
-    check_samples(samples)
+    check_samples(samples, run_key=("allocator", "repetition"))
     runs = read_tsv(out / "runs.tsv", RUN_COLUMNS)
+    # The blocks of samples.tsv are in the order of runs.tsv.
+    run_order = list(dict.fromkeys((row["allocator"], row["repetition"]) for row in samples))
+    assert run_order == [(row["allocator"], row["repetition"]) for row in runs]
     # Interleaved: A B A B, never A A B B.
     assert [row["allocator"] for row in runs] == ["system", "glibc"] * REPEAT
     assert all(row["exit_code"] == "0" for row in runs)

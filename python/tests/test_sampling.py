@@ -89,3 +89,20 @@ def test_run_reports_known_peak_and_final(memhog, tmp_path):
     assert "PSS" in completed.stderr
     assert "double-count" in completed.stderr or "overstates" in completed.stderr
     assert "touched" in completed.stdout  # the command's own output passes through
+
+
+def test_exiting_tells_a_live_process_from_a_finished_one():
+    """A sample is kept only while the command is not exiting (measure.py drops one that
+    straddles the exit); a zombie and a reaped pid both count as exiting."""
+    import os
+
+    from meshalloc_cli.procfs import exiting
+
+    assert not exiting(os.getpid())
+    child = subprocess.Popen(["true"])
+    try:
+        os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # exited, not reaped: a zombie
+        assert exiting(child.pid)
+    finally:
+        child.wait()
+    assert exiting(child.pid)

@@ -77,7 +77,8 @@ bool SpanBacking::share(MiniHeap* span) {
   }
   void* start = reinterpret_cast<void*>(span->spanStart);
   // The span is write-protected by the caller, so its content cannot change under the copy.
-  if (!os::writeToFile(fd_, offset, start, bytes) || !os::mapFileFixed(start, bytes, fd_, offset)) {
+  if (injectedFailure() || !os::writeToFile(fd_, offset, start, bytes) ||
+      !os::mapFileFixed(start, bytes, fd_, offset)) {
     freeFileRangeLocked(offset, bytes);
     InternalHeap::free(info, sizeof(MeshInfo));
     return false;
@@ -97,7 +98,9 @@ bool SpanBacking::addAlias(MiniHeap* span, uintptr_t alias) {
   if (!info || info->aliasCount >= kMaxVirtualSpans - 1) return false;
   size_t bytes = span->spanBytes(Arena::pageSize());
   LockGuard guard(lock_);
-  if (!os::mapFileFixed(reinterpret_cast<void*>(alias), bytes, fd_, info->fileOffset)) return false;
+  if (injectedFailure() || !os::mapFileFixed(reinterpret_cast<void*>(alias), bytes, fd_, info->fileOffset)) {
+    return false;
+  }
   info->aliases[info->aliasCount++] = alias;
   stats_.aliasSpans++;
   stats_.releasedBytes += bytes;

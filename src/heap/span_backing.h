@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <atomic>
 #include <cstdint>
 
 #include "heap/mini_heap.h"
@@ -49,6 +50,9 @@ class SpanBacking {
   static void restore(MiniHeap* span);
 
   static SpanBackingStats stats();
+  // Testing: the next `count` mapping calls of share()/addAlias() fail as if the kernel had
+  // refused them (e.g. vm.max_map_count reached), to exercise the undo path.
+  static void injectMapFailures(int count) { injectedFailures_.store(count, std::memory_order_relaxed); }
   static bool anyShared();
 
   // fork support: in the child, every shared span is copied into a fresh file of its own so
@@ -78,6 +82,13 @@ class SpanBacking {
   static constinit inline IntrusiveList<FreeRange> freeRanges_;
   static constinit inline IntrusiveList<MeshInfo> shared_;
   static inline SpanBackingStats stats_ = {};
+  static inline std::atomic<int> injectedFailures_{0};
+  static bool injectedFailure() {
+    int left = injectedFailures_.load(std::memory_order_relaxed);
+    while (left > 0 && !injectedFailures_.compare_exchange_weak(left, left - 1)) {
+    }
+    return left > 0;
+  }
 };
 
 }  // namespace meshalloc

@@ -1,0 +1,250 @@
+// Shared helpers of the allocator microbenchmarks: command-line options, a deterministic RNG,
+// size distributions, memory touching with corruption checks, timing and the one result line.
+//
+// The benchmarks only call the plain C allocation functions (malloc, free, realloc), so any
+// allocator can be put underneath with LD_PRELOAD; they never link meshalloc.
+#pragma once
+
+#include <sched.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+
+namespace bench {
+
+// ---------------------------------------------------------------------------------------------
+// Command line: every option is `--name=value` or `--name value`; sizes accept K/M/G suffixes.
+
+struct Option {
+  const char* name;
+  uint64_t* value;
+  const char* help;
+};
+
+[[noreturn]] inline void usage(const char* program, const char* workload, const Option* options, size_t count,
+                               const char* why) {
+  if (why) fprintf(stderr, "%s: %s\n", program, why);
+  fprintf(stderr, "usage: %s [--option=value ...]   (workload %s)\n", program, workload);
+  for (size_t i = 0; i < count; i++) {
+    fprintf(stderr, "  --%-12s %s (default %llu)\n", options[i].name, options[i].help,
+            static_cast<unsigned long long>(*options[i].value));
+  }
+  exit(2);
+}
+
+inline bool parseNumber(const char* text, uint64_t* out) {
+  char* end = nullptr;
+  unsigned long long value = strtoull(text, &end, 10);
+  if (end == text) return false;
+  unsigned shift = 0;
+  switch (*end) {
+    case 'k': case 'K': shift = 10; end++; break;
+    case 'm': case 'M': shift = 20; end++; break;
+    case 'g': case 'G': shift = 30; end++; break;
+    default: break;
+  }
+  if (shift && (*end == 'i' || *end == 'I')) end++;
+  if (shift && (*end == 'b' || *end == 'B')) end++;
+  if (*end != '\0') return false;
+  *out = static_cast<uint64_t>(value) << shift;
+  return true;
+}
+
+template <size_t N>
+void parseOptions(int argc, char** argv, const char* workload, const Option (&options)[N]) {
+  for (int i = 1; i < argc; i++) {
+    const char* arg = argv[i];
+    if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0) usage(argv[0], workload, options, N, nullptr);
+    if (strncmp(arg, "--", 2) != 0) usage(argv[0], workload, options, N, "options start with --");
+    arg += 2;
+    const char* equals = strchr(arg, '=');
+    size_t nameLength = equals ? static_cast<size_t>(equals - arg) : strlen(arg);
+    const char* value = equals ? equals + 1 : (i + 1 < argc ? argv[++i] : nullptr);
+    const Option* match = nullptr;
+    for (const Option& option : options) {
+      if (strlen(option.name) == nameLength && strncmp(option.name, arg, nameLength) == 0) match = &option;
+    }
+    if (!match) usage(argv[0], workload, options, N, "unknown option");
+    if (!value || !parseNumber(value, match->value)) usage(argv[0], workload, options, N, "bad or missing value");
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Deterministic random numbers: splitmix64 seeding a xoshiro256** generator.
+
+inline uint64_t splitmix64(uint64_t* state) {
+  uint64_t z = (*state += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+class Rng {
+  __extension__ typedef unsigned __int128 Wide;
+
+ public:
+  // Each (seed, stream) pair gives an independent, reproducible sequence; threads use their
+  // index as the stream.
+  explicit Rng(uint64_t seed, uint64_t stream = 0) {
+    uint64_t mix = seed ^ (stream * 0xd1b54a32d192ed03ULL);
+    for (uint64_t& word : state_) word = splitmix64(&mix);
+  }
+
+  uint64_t next() {
+    const uint64_t result = rotl(state_[1] * 5, 7) * 9;
+    const uint64_t t = state_[1] << 17;
+    state_[2] ^= state_[0];
+    state_[3] ^= state_[1];
+    state_[1] ^= state_[2];
+    state_[0] ^= state_[3];
+    state_[2] ^= t;
+    state_[3] = rotl(state_[3], 45);
+    return result;
+  }
+
+  // Uniform in [0, bound), bound > 0 (multiply-shift; the bias is negligible here).
+  uint64_t below(uint64_t bound) { return static_cast<uint64_t>((static_cast<Wide>(next()) * bound) >> 64); }
+  // Uniform in [lo, hi].
+  uint64_t between(uint64_t lo, uint64_t hi) { return lo + below(hi - lo + 1); }
+  // True with probability permille / 1000.
+  bool chance(uint64_t permille) { return below(1000) < permille; }
+
+  // Log-uniform in [lo, hi]: every doubling is equally likely, uniform inside a doubling, the
+  // usual shape of real programs' small-object sizes (many small, few large).
+  size_t logUniform(size_t lo, size_t hi) {
+    if (lo >= hi) return lo;
+    unsigned loBits = 63 - static_cast<unsigned>(__builtin_clzll(lo));
+    unsigned hiBits = 63 - static_cast<unsigned>(__builtin_clzll(hi));
+    for (;;) {
+      unsigned bits = loBits + static_cast<unsigned>(below(hiBits - loBits + 1));
+      size_t base = size_t{1} << bits;
+      size_t size = base + below(base);
+      if (size >= lo && size <= hi) return size;
+    }
+  }
+
+ private:
+  static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+  uint64_t state_[4];
+};
+
+// ---------------------------------------------------------------------------------------------
+// Touching memory. Every block gets a tag in its first word, its last byte, and one byte in
+// every page in between (so fresh pages really fault in); the tag is checked before the block
+// is freed, so a benchmark also notices an allocator that hands out overlapping blocks.
+
+inline size_t pageSize() {
+  static const size_t size = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  return size;
+}
+
+inline uint64_t tagFor(uint64_t id, size_t size) { return (id * 0x9e3779b97f4a7c15ULL) ^ size; }
+
+inline void touch(void* block, size_t size, uint64_t tag) {
+  unsigned char* bytes = static_cast<unsigned char*>(block);
+  if (size >= sizeof(tag)) {
+    memcpy(bytes, &tag, sizeof(tag));
+  } else if (size) {
+    bytes[0] = static_cast<unsigned char>(tag);
+  }
+  const size_t page = pageSize();
+  for (size_t offset = page; offset < size; offset += page) bytes[offset] = static_cast<unsigned char>(tag >> 8);
+  if (size > sizeof(tag)) bytes[size - 1] = static_cast<unsigned char>(tag >> 16);
+}
+
+[[noreturn]] inline void corrupted(const void* block, size_t size) {
+  fprintf(stderr, "bench: block %p (size %zu) lost its contents: the allocator corrupted it\n", block, size);
+  abort();
+}
+
+// Checks the tag written by touch(); returns a value to fold into the run's checksum.
+inline uint64_t check(const void* block, size_t size, uint64_t tag) {
+  const unsigned char* bytes = static_cast<const unsigned char*>(block);
+  if (size >= sizeof(tag)) {
+    uint64_t seen;
+    memcpy(&seen, bytes, sizeof(seen));
+    if (seen != tag) corrupted(block, size);
+  } else if (size && bytes[0] != static_cast<unsigned char>(tag)) {
+    corrupted(block, size);
+  }
+  if (size > sizeof(tag) && bytes[size - 1] != static_cast<unsigned char>(tag >> 16)) corrupted(block, size);
+  return tag;
+}
+
+inline void* mustMalloc(size_t size) {
+  void* block = malloc(size);
+  if (!block) {
+    fprintf(stderr, "bench: malloc(%zu) failed\n", size);
+    abort();
+  }
+  return block;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Timing and the result line.
+
+inline double now() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+inline long maxRssKb() {
+  rusage usage;
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_maxrss;
+}
+
+// The single machine-readable line every benchmark prints on stdout: space-separated
+// key=value pairs, always starting with workload, threads, seconds, ops.
+inline void report(const char* workload, uint64_t threads, double seconds, uint64_t ops, uint64_t checksum,
+                   const char* extra = "") {
+  printf("workload=%s threads=%llu seconds=%.6f ops=%llu mops_per_s=%.3f maxrss_kb=%ld checksum=%016llx%s%s\n",
+         workload, static_cast<unsigned long long>(threads), seconds, static_cast<unsigned long long>(ops),
+         seconds > 0 ? static_cast<double>(ops) / seconds * 1e-6 : 0.0, maxRssKb(),
+         static_cast<unsigned long long>(checksum), *extra ? " " : "", extra);
+  fflush(stdout);
+}
+
+// Spin briefly, then give the CPU away: waiting loops stay cheap when threads outnumber cores.
+inline void relax(unsigned* spins) {
+  if (++*spins < 64) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+  } else {
+    sched_yield();
+  }
+}
+
+// A reusable barrier for a fixed number of threads (std::barrier would be fine too, but this
+// keeps the waiting policy - spin then yield - identical across benchmarks).
+class Barrier {
+ public:
+  explicit Barrier(unsigned count) : count_(count) {}
+  void wait() {
+    unsigned generation = generation_.load(std::memory_order_acquire);
+    if (arrived_.fetch_add(1, std::memory_order_acq_rel) + 1 == count_) {
+      arrived_.store(0, std::memory_order_relaxed);
+      generation_.fetch_add(1, std::memory_order_release);
+      return;
+    }
+    unsigned spins = 0;
+    while (generation_.load(std::memory_order_acquire) == generation) relax(&spins);
+  }
+
+ private:
+  const unsigned count_;
+  std::atomic<unsigned> arrived_{0};
+  std::atomic<unsigned> generation_{0};
+};
+
+}  // namespace bench

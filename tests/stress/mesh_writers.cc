@@ -1,0 +1,175 @@
+// Writers against the mesher: no write may ever be lost, no system call may fail.
+//
+// Each round, a short-lived thread allocates many small objects, fills them and frees a
+// random three quarters, leaving sparse detached spans (ideal mesh candidates). The surviving
+// objects are split among writer threads, which repeatedly check that each object still holds
+// the value they last wrote and then write a new one, while a mesher thread calls
+// meshalloc_compact() in a loop, so spans are write-protected, copied and remapped under the
+// writers' feet. A reader thread meanwhile read()s from a pipe straight into surviving
+// objects: the kernel must never see a protected page (no EFAULT, no short read).
+//
+// Linked with libmeshalloc. Prints the totals; exits 1 on any lost write or failed read.
+#include <errno.h>
+#include <pthread.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cinttypes>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "meshalloc.h"
+
+namespace {
+
+struct Options {
+  unsigned writers = 2;
+  uint64_t targetWrites = 10'000'000;
+  size_t objectsPerRound = 60000;
+  unsigned passesPerRound = 40;
+};
+
+std::atomic<bool> gFailed{false};
+
+void failure(const char* what, const void* where, uint64_t expected, uint64_t found) {
+  fprintf(stderr, "mesh_writers: %s at %p: expected %016" PRIx64 " found %016" PRIx64 "\n", what, where, expected,
+          found);
+  gFailed = true;
+}
+
+uint64_t valueFor(const void* object, uint64_t version, size_t word) {
+  return (reinterpret_cast<uintptr_t>(object) * 0x9e3779b97f4a7c15ull) ^ (version << 8) ^ word;
+}
+
+struct Owned {
+  uint64_t* object;
+  size_t words;
+  uint64_t version;
+};
+
+uint64_t writeAndCheck(std::vector<Owned>& objects, unsigned passes) {
+  uint64_t checked = 0;
+  for (unsigned pass = 0; pass < passes && !gFailed; pass++) {
+    for (Owned& o : objects) {
+      for (size_t w = 0; w < o.words; w++) {
+        uint64_t expected = valueFor(o.object, o.version, w);
+        if (o.object[w] != expected) failure("lost write", o.object + w, expected, o.object[w]);
+      }
+      o.version++;
+      for (size_t w = 0; w < o.words; w++) o.object[w] = valueFor(o.object, o.version, w);
+      checked += o.words;
+    }
+  }
+  return checked;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options options;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!strcmp(argv[i], "--writers")) options.writers = static_cast<unsigned>(atoi(argv[i + 1]));
+    else if (!strcmp(argv[i], "--writes")) options.targetWrites = strtoull(argv[i + 1], nullptr, 10);
+    else if (!strcmp(argv[i], "--objects")) options.objectsPerRound = strtoull(argv[i + 1], nullptr, 10);
+    else {
+      fprintf(stderr, "mesh_writers: unknown option %s\n", argv[i]);
+      return 2;
+    }
+  }
+  std::atomic<uint64_t> totalChecked{0};
+  uint64_t readsDone = 0;
+  unsigned round = 0;
+  std::mt19937_64 rng(42);
+  const size_t sizes[] = {64, 48, 128, 256, 96};
+  while (totalChecked < options.targetWrites && !gFailed) {
+    size_t size = sizes[round % (sizeof(sizes) / sizeof(sizes[0]))];
+    size_t words = size / sizeof(uint64_t);
+    std::vector<uint64_t*> survivors;
+    std::thread populate([&] {
+      std::vector<uint64_t*> all(options.objectsPerRound);
+      for (auto& p : all) {
+        p = static_cast<uint64_t*>(malloc(size));
+        for (size_t w = 0; w < words; w++) p[w] = valueFor(p, 0, w);
+      }
+      for (auto* p : all) {
+        if (rng() % 4 == 0) survivors.push_back(p);
+        else free(p);
+      }
+    });
+    populate.join();
+
+    std::vector<std::vector<Owned>> shares(options.writers + 1);
+    for (size_t i = 0; i < survivors.size(); i++) shares[i % shares.size()].push_back({survivors[i], words, 0});
+    std::vector<Owned>& readerShare = shares.back();
+
+    std::atomic<bool> stop{false};
+    std::thread mesher([&] {
+      while (!stop) meshalloc_compact();
+    });
+    // The reader: read() into heap objects while they are being meshed.
+    int fds[2];
+    if (pipe(fds) != 0) return 2;
+    std::thread feeder([&] {
+      std::vector<char> message(size);
+      for (size_t i = 0; i < readerShare.size() * 4; i++) {
+        memset(message.data(), static_cast<int>(i & 0xff), size);
+        if (write(fds[1], message.data(), size) != static_cast<ssize_t>(size)) break;
+      }
+      close(fds[1]);
+    });
+    std::thread reader([&] {
+      for (size_t i = 0; i < readerShare.size() * 4 && !gFailed; i++) {
+        Owned& o = readerShare[i % readerShare.size()];
+        ssize_t n = read(fds[0], o.object, size);
+        if (n != static_cast<ssize_t>(size)) {
+          fprintf(stderr, "mesh_writers: read into %p returned %zd (%s)\n", static_cast<void*>(o.object), n,
+                  n < 0 ? strerror(errno) : "short read");
+          gFailed = true;
+          break;
+        }
+        uint64_t expected;
+        memset(&expected, static_cast<int>(i & 0xff), sizeof(expected));
+        if (o.object[words - 1] != expected) failure("read() data", o.object, expected, o.object[words - 1]);
+        readsDone++;
+      }
+      // Leave the reader's objects in the writers' format again.
+      for (Owned& o : readerShare) {
+        for (size_t w = 0; w < o.words; w++) o.object[w] = valueFor(o.object, o.version, w);
+      }
+    });
+    std::vector<std::thread> writers;
+    for (unsigned t = 0; t < options.writers; t++) {
+      writers.emplace_back([&, t] { totalChecked += writeAndCheck(shares[t], options.passesPerRound); });
+    }
+    for (auto& w : writers) w.join();
+    reader.join();
+    feeder.join();
+    close(fds[0]);
+    stop = true;
+    mesher.join();
+    // Final check, then free everything from this thread (frees through meshed aliases).
+    for (auto& share : shares) totalChecked += writeAndCheck(share, 1);
+    for (auto* p : survivors) free(p);
+    round++;
+  }
+  uint64_t epoch = 1, meshes = 0, faults = 0;
+  size_t length = sizeof(epoch);
+  meshalloc_mallctl("epoch", &epoch, &length, &epoch, sizeof(epoch));
+  length = sizeof(meshes);
+  meshalloc_mallctl("mesh.count", &meshes, &length, nullptr, 0);
+  length = sizeof(faults);
+  meshalloc_mallctl("mesh.barrier_faults", &faults, &length, nullptr, 0);
+  printf("mesh_writers: %u rounds, %" PRIu64 " checked writes, %" PRIu64 " reads, %" PRIu64
+         " meshes, %" PRIu64 " writes waited on the barrier, %s\n",
+         round, totalChecked.load(), readsDone, meshes, faults, gFailed ? "FAILED" : "no write lost");
+  if (!gFailed && meshes == 0) {
+    fprintf(stderr, "mesh_writers: nothing was meshed; the test did not test anything\n");
+    return 1;
+  }
+  return gFailed ? 1 : 0;
+}

@@ -1,0 +1,307 @@
+// Meshing, in-process: spans whose live objects sit at disjoint offsets are meshed onto one
+// physical span; every object stays readable and writable through its own address and through
+// every alias; frees through any alias land in the one bitmap; a fully freed meshed span
+// becomes plain memory again; mapping failures undo the mesh; fork snapshots meshed pages.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <map>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "heap/arena.h"
+#include "heap/config.h"
+#include "heap/heap.h"
+#include "heap/span_backing.h"
+#include "mesh/mesher.h"
+#include "mesh/policy.h"
+#include "mesh/split_mesher.h"
+#include "platform/os.h"
+
+namespace meshalloc {
+namespace {
+
+uint64_t patternFor(uintptr_t address, uint64_t generation) {
+  return (address * 0x9e3779b97f4a7c15ull) ^ (generation << 1) ^ 0x5bd1e995u;
+}
+
+void fill(void* p, size_t size, uint64_t generation) {
+  uint64_t* words = static_cast<uint64_t*>(p);
+  for (size_t i = 0; i < size / sizeof(uint64_t); i++) {
+    words[i] = patternFor(reinterpret_cast<uintptr_t>(p) + i, generation);
+  }
+}
+
+bool holds(const void* p, size_t size, uint64_t generation, uintptr_t identity) {
+  const uint64_t* words = static_cast<const uint64_t*>(p);
+  for (size_t i = 0; i < size / sizeof(uint64_t); i++) {
+    if (words[i] != patternFor(identity + i, generation)) return false;
+  }
+  return true;
+}
+
+uintptr_t spanStartOf(const void* p) {
+  uintptr_t address = reinterpret_cast<uintptr_t>(p);
+  uint64_t entry = Arena::entryFor(address);
+  return (address & ~(Arena::pageSize() - 1)) - (PageEntry::pageIndex(entry) << Arena::pageShift());
+}
+
+MiniHeap* ownerOf(uintptr_t address) { return PageEntry::miniHeap(Arena::entryFor(address)); }
+
+struct Survivor {
+  void* pointer;
+  uintptr_t spanStart;
+  size_t slot;
+};
+
+// Fills `spanCount` fresh spans of `size` on a short-lived thread, in address order, and keeps
+// in span k only the slots with slot % spanCount == k, so the survivors of different spans
+// never share an offset. The thread exits, so its spans are detached (mesh candidates).
+std::vector<Survivor> makeDisjointSpans(size_t size, size_t spanCount) {
+  std::vector<Survivor> survivors;
+  HeapConfig saved = gHeapConfig;
+  gHeapConfig.randomization = Randomization::kNone;
+  std::thread worker([&] {
+    size_t perSpan = SizeClasses::plan(SizeClasses::classOf(size)).objectCount;
+    std::map<uintptr_t, std::vector<void*>> bySpan;
+    std::vector<void*> all;
+    while (bySpan.size() < spanCount + 2) {  // a couple extra: the first may be a leftover
+      void* p = heap::allocate(size);
+      all.push_back(p);
+      bySpan[spanStartOf(p)].push_back(p);
+    }
+    size_t k = 0;
+    std::vector<void*> release;
+    for (auto& [start, objects] : bySpan) {
+      bool chosen = k < spanCount && objects.size() == perSpan;
+      for (void* p : objects) {
+        size_t slot = (reinterpret_cast<uintptr_t>(p) - start) / SizeClasses::plan(SizeClasses::classOf(size)).objectSize;
+        if (chosen && slot % spanCount == k) {
+          fill(p, size, 1);
+          survivors.push_back({p, start, slot});
+        } else {
+          release.push_back(p);
+        }
+      }
+      if (chosen) k++;
+    }
+    for (void* p : release) heap::deallocate(p);
+  });
+  worker.join();
+  gHeapConfig = saved;
+  return survivors;
+}
+
+class MeshTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(heap::ensureInitialized());
+    MeshPolicy::init();
+    saved_ = gHeapConfig;
+    gHeapConfig.meshBackgroundThread = false;
+    gHeapConfig.meshing = true;
+  }
+  void TearDown() override {
+    SpanBacking::injectMapFailures(0);
+    gHeapConfig = saved_;
+  }
+  HeapConfig saved_;
+};
+
+TEST_F(MeshTest, TwoSpansShareOnePhysicalSpan) {
+  constexpr size_t kSize = 112;
+  auto survivors = makeDisjointSpans(kSize, 2);
+  ASSERT_FALSE(survivors.empty());
+  uint64_t meshedBefore = Mesher::stats().meshedSpans;
+  MeshPolicy::compactNow();
+  EXPECT_GT(Mesher::stats().meshedSpans, meshedBefore);
+  uintptr_t first = survivors.front().spanStart;
+  uintptr_t second = survivors.back().spanStart;
+  ASSERT_NE(first, second);
+  MiniHeap* owner = ownerOf(first);
+  ASSERT_EQ(owner, ownerOf(second)) << "both virtual spans resolve to one MiniHeap";
+  ASSERT_NE(owner->mesh, nullptr);
+  size_t objectSize = owner->objectSize;
+  for (const Survivor& s : survivors) {
+    EXPECT_TRUE(holds(s.pointer, kSize, 1, reinterpret_cast<uintptr_t>(s.pointer)));
+    // The same object is visible at the same offset of the other virtual span.
+    uintptr_t other = (s.spanStart == first ? second : first) + s.slot * objectSize;
+    EXPECT_TRUE(holds(reinterpret_cast<void*>(other), kSize, 1, reinterpret_cast<uintptr_t>(s.pointer)));
+  }
+  // Writes through an object's own address are seen through the alias.
+  const Survivor& s = survivors.front();
+  fill(s.pointer, kSize, 2);
+  uintptr_t alias = second + s.slot * objectSize;
+  EXPECT_TRUE(holds(reinterpret_cast<void*>(alias), kSize, 2, reinterpret_cast<uintptr_t>(s.pointer)));
+  fill(s.pointer, kSize, 1);
+
+  // Free through both virtual spans; the last free restores plain memory.
+  SpanBackingStats backingBefore = SpanBacking::stats();
+  for (const Survivor& x : survivors) heap::deallocate(x.pointer);
+  SpanBackingStats backingAfter = SpanBacking::stats();
+  EXPECT_LT(backingAfter.meshedSpans, backingBefore.meshedSpans);
+  EXPECT_LT(backingAfter.aliasSpans, backingBefore.aliasSpans);
+  // The restored memory is ordinary again: allocate over it and use it.
+  std::thread([&] {
+    std::vector<void*> again;
+    for (int i = 0; i < 200; i++) {
+      again.push_back(heap::allocate(kSize));
+      fill(again.back(), kSize, 3);
+    }
+    for (void* p : again) {
+      EXPECT_TRUE(holds(p, kSize, 3, reinterpret_cast<uintptr_t>(p)));
+      heap::deallocate(p);
+    }
+  }).join();
+}
+
+TEST_F(MeshTest, SeveralSpansMeshOntoOne) {
+  constexpr size_t kSize = 96;
+  constexpr size_t kSpans = 6;
+  auto survivors = makeDisjointSpans(kSize, kSpans);
+  MeshPolicy::compactNow();
+  MeshPolicy::compactNow();
+  std::map<MiniHeap*, std::set<uintptr_t>> physical;
+  for (const Survivor& s : survivors) physical[ownerOf(s.spanStart)].insert(s.spanStart);
+  size_t largest = 0;
+  for (auto& [owner, starts] : physical) largest = std::max(largest, starts.size());
+  EXPECT_GE(largest, 3u) << "a chain of more than two virtual spans on one physical span";
+  EXPECT_LT(physical.size(), kSpans);
+  for (const Survivor& s : survivors) {
+    EXPECT_TRUE(holds(s.pointer, kSize, 1, reinterpret_cast<uintptr_t>(s.pointer)));
+  }
+  for (const Survivor& s : survivors) heap::deallocate(s.pointer);
+}
+
+TEST_F(MeshTest, OverlappingSpansAreNotMeshable) {
+  constexpr size_t kSize = 80;
+  auto survivors = makeDisjointSpans(kSize, 2);
+  MiniHeap* a = ownerOf(survivors.front().spanStart);
+  MiniHeap* b = ownerOf(survivors.back().spanStart);
+  ASSERT_NE(a, b);
+  EXPECT_TRUE(SplitMesher::disjoint(a, b));
+  EXPECT_TRUE(SplitMesher::disjoint(b, a));
+  EXPECT_FALSE(SplitMesher::disjoint(a, a));
+  for (const Survivor& s : survivors) heap::deallocate(s.pointer);
+}
+
+// Refills on a fresh thread: each one runs the meshing policy's slow-path hook.
+void churnRefills() {
+  std::thread([] {
+    std::vector<void*> blocks;
+    for (int i = 0; i < 20000; i++) blocks.push_back(heap::allocate(16 + (i % 64) * 16));
+    for (void* p : blocks) heap::deallocate(p);
+  }).join();
+}
+
+TEST_F(MeshTest, PolicyMeshesFromTheSlowPathOnlyWhenMeshingIsOn) {
+  constexpr size_t kSize = 144;
+  auto survivors = makeDisjointSpans(kSize, 2);
+  gHeapConfig.meshMinGainBytes = 0;
+  gHeapConfig.meshPeriodMs = 0;
+  gHeapConfig.meshing = false;
+  churnRefills();
+  EXPECT_NE(ownerOf(survivors.front().spanStart), ownerOf(survivors.back().spanStart));
+  gHeapConfig.meshing = true;
+  // A pass scheduled by earlier tests may still be pending (the period was 100 ms then).
+  for (int attempt = 0; attempt < 40 && ownerOf(survivors.front().spanStart) != ownerOf(survivors.back().spanStart);
+       attempt++) {
+    churnRefills();
+    if (ownerOf(survivors.front().spanStart) != ownerOf(survivors.back().spanStart)) os::sleepNanos(50000000);
+  }
+  EXPECT_EQ(ownerOf(survivors.front().spanStart), ownerOf(survivors.back().spanStart))
+      << "no background thread: a refill must run the pass";
+  for (const Survivor& s : survivors) heap::deallocate(s.pointer);
+}
+
+TEST_F(MeshTest, MappingFailureUndoesTheMesh) {
+  constexpr size_t kSize = 176;
+  auto survivors = makeDisjointSpans(kSize, 2);
+  uint64_t meshedBefore = Mesher::stats().meshedSpans;
+  uint64_t failedBefore = Mesher::stats().failedMeshes;
+  SpanBacking::injectMapFailures(1 << 20);
+  MeshPolicy::compactNow();
+  SpanBacking::injectMapFailures(0);
+  EXPECT_EQ(Mesher::stats().meshedSpans, meshedBefore);
+  EXPECT_GT(Mesher::stats().failedMeshes, failedBefore);
+  for (const Survivor& s : survivors) {
+    ASSERT_TRUE(holds(s.pointer, kSize, 1, reinterpret_cast<uintptr_t>(s.pointer)));
+    fill(s.pointer, kSize, 1);  // still writable: the protection was lifted
+  }
+  EXPECT_NE(ownerOf(survivors.front().spanStart), ownerOf(survivors.back().spanStart));
+  // Failing only the alias (the destination is already shared) undoes that step alone.
+  SpanBacking::injectMapFailures(0);
+  MeshPolicy::compactNow();
+  EXPECT_EQ(ownerOf(survivors.front().spanStart), ownerOf(survivors.back().spanStart));
+  for (const Survivor& s : survivors) EXPECT_TRUE(holds(s.pointer, kSize, 1, reinterpret_cast<uintptr_t>(s.pointer)));
+  for (const Survivor& s : survivors) heap::deallocate(s.pointer);
+}
+
+TEST_F(MeshTest, MappingsAreAccountedAndGivenBack) {
+  constexpr size_t kSize = 208;
+  long before = os::countMappings();
+  auto survivors = makeDisjointSpans(kSize, 4);
+  size_t aliasesBefore = SpanBacking::stats().aliasSpans;
+  MeshPolicy::compactNow();
+  MeshPolicy::compactNow();
+  size_t aliases = SpanBacking::stats().aliasSpans - aliasesBefore;
+  long during = os::countMappings();
+  EXPECT_GT(aliases, 0u);
+  // Each alias (and the shared destination) splits at most one anonymous mapping in two.
+  EXPECT_LE(during, before + 2 * static_cast<long>(aliases + 1) + 2);
+  EXPECT_LE(static_cast<long>(Mesher::stats().lastMappingCount), during);
+  EXPECT_GT(Mesher::stats().mappingLimit, 0u);
+  for (const Survivor& s : survivors) heap::deallocate(s.pointer);
+  EXPECT_LE(os::countMappings(), before + 2);
+}
+
+TEST_F(MeshTest, ForkedChildGetsAPrivateSnapshotOfMeshedPages) {
+  constexpr size_t kSize = 240;
+  auto survivors = makeDisjointSpans(kSize, 2);
+  MeshPolicy::compactNow();
+  ASSERT_EQ(ownerOf(survivors.front().spanStart), ownerOf(survivors.back().spanStart));
+  int toChild[2], toParent[2];
+  ASSERT_EQ(pipe(toChild), 0);
+  ASSERT_EQ(pipe(toParent), 0);
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    char byte;
+    bool ok = true;
+    for (const Survivor& s : survivors) ok &= holds(s.pointer, kSize, 1, reinterpret_cast<uintptr_t>(s.pointer));
+    for (const Survivor& s : survivors) fill(s.pointer, kSize, 7);  // the child's own values
+    if (write(toParent[1], "c", 1) != 1) _exit(3);
+    if (read(toChild[0], &byte, 1) != 1) _exit(3);  // the parent has written its values
+    for (const Survivor& s : survivors) ok &= holds(s.pointer, kSize, 7, reinterpret_cast<uintptr_t>(s.pointer));
+    // The child can still allocate and free, meshed spans included.
+    for (const Survivor& s : survivors) heap::deallocate(s.pointer);
+    void* p = heap::allocate(kSize);
+    fill(p, kSize, 9);
+    ok &= holds(p, kSize, 9, reinterpret_cast<uintptr_t>(p));
+    _exit(ok ? 0 : 1);
+  }
+  char byte;
+  ASSERT_EQ(read(toParent[0], &byte, 1), 1);
+  for (const Survivor& s : survivors) {
+    EXPECT_TRUE(holds(s.pointer, kSize, 1, reinterpret_cast<uintptr_t>(s.pointer))) << "child's write seen by parent";
+  }
+  for (const Survivor& s : survivors) fill(s.pointer, kSize, 8);
+  ASSERT_EQ(write(toChild[1], "p", 1), 1);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "child saw the parent's writes or lost its own";
+  for (const Survivor& s : survivors) EXPECT_TRUE(holds(s.pointer, kSize, 8, reinterpret_cast<uintptr_t>(s.pointer)));
+  for (const Survivor& s : survivors) heap::deallocate(s.pointer);
+  close(toChild[0]);
+  close(toChild[1]);
+  close(toParent[0]);
+  close(toParent[1]);
+}
+
+}  // namespace
+}  // namespace meshalloc
