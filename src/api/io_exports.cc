@@ -15,6 +15,7 @@
 #include <atomic>
 
 #include "heap/arena.h"
+#include "heap/heap.h"
 #include "heap/thread_heap.h"
 #include "mesh/write_barrier.h"
 
@@ -37,10 +38,12 @@ bool inHeap(uintptr_t start, uintptr_t end) { return Arena::contains(start) || A
 
 template <typename Call>
 ssize_t guarded(const void* buffer, size_t length, Call call) {
-  ThreadHeap* heap = tlsThreadHeap;
   uintptr_t start = reinterpret_cast<uintptr_t>(buffer);
   uintptr_t end = start + length;
-  if (!heap || length == 0 || end < start || !inHeap(start, end)) return call();
+  if (length == 0 || end < start || !inHeap(start, end)) return call();
+  // A thread that never allocated still needs a record to publish its buffer in.
+  ThreadHeap* heap = heap::currentThreadHeap();
+  if (!heap) return call();
   ThreadActivity& activity = heap->activity();
   // A nested call (from a signal handler) keeps the outer buffer published: both stay safe
   // only if the outer one does, and the outer call republishes nothing on return.

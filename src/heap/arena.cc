@@ -151,14 +151,81 @@ uintptr_t Arena::takeFromFreeRuns(size_t pages, size_t alignment) {
   return 0;
 }
 
+void Arena::markDirty(DirtyRun* run, uint64_t value) {
+  entryRef(run->segment, run->start).store(value, std::memory_order_release);
+  entryRef(run->segment, run->start + ((run->pages - 1) << pageShift_)).store(value, std::memory_order_release);
+}
+
+void Arena::removeDirty(DirtyRun* run) {
+  dirtyBins_[binFor(run->pages)].remove(run);
+  markDirty(run, 0);
+  stats_.dirtyBytes -= run->pages << pageShift_;
+}
+
+// Best fit among cached dirty runs: the smallest bin that can hold `pages`, splitting a larger
+// run (its tail stays cached) so that large objects of varying sizes reuse committed memory
+// instead of faulting fresh pages in.
 uintptr_t Arena::takeDirty(size_t pages) {
-  if (pages > kExactBins) return 0;
-  DirtyRun* run = dirtyBins_[pages - 1].popFront();
-  if (!run) return 0;
-  uintptr_t start = run->start;
-  stats_.dirtyBytes -= pages << pageShift_;
-  InternalHeap::free(run, sizeof(DirtyRun));
-  return start;
+  for (size_t bin = binFor(pages); bin < kBins; bin++) {
+    for (DirtyRun* run = dirtyBins_[bin].front(); run; run = dirtyBins_[bin].next(run)) {
+      if (run->pages < pages) continue;  // only the logarithmic bins hold mixed sizes
+      removeDirty(run);
+      uintptr_t start = run->start;
+      size_t rest = run->pages - pages;
+      if (rest > 0) {
+        // Reuse the record for the tail, which keeps its age.
+        run->start = start + (pages << pageShift_);
+        run->pages = rest;
+        dirtyBins_[binFor(rest)].pushFront(run);
+        markDirty(run, reinterpret_cast<uintptr_t>(run) | PageEntry::kDirtyRunTag);
+        stats_.dirtyBytes += rest << pageShift_;
+      } else {
+        InternalHeap::free(run, sizeof(DirtyRun));
+      }
+      return start;
+    }
+  }
+  return 0;
+}
+
+// Caches a freed run, merged with cached neighbours so that runs freed piecemeal can serve a
+// larger request later.
+void Arena::insertDirty(uintptr_t start, size_t pages, uint64_t freedAtNs) {
+  Segment* segment = segmentOf(start);
+  uintptr_t end = start + (pages << pageShift_);
+  if (start > segment->base) {
+    uint64_t before = entryRef(segment, start - pageSize_).load(std::memory_order_relaxed);
+    if ((before & PageEntry::kTagMask) == PageEntry::kDirtyRunTag) {
+      DirtyRun* left = reinterpret_cast<DirtyRun*>(before & ~PageEntry::kTagMask);
+      removeDirty(left);
+      start = left->start;
+      pages += left->pages;
+      InternalHeap::free(left, sizeof(DirtyRun));
+    }
+  }
+  if (end < segment->base + (segment->pages << pageShift_)) {
+    uint64_t after = entryRef(segment, end).load(std::memory_order_relaxed);
+    if ((after & PageEntry::kTagMask) == PageEntry::kDirtyRunTag) {
+      DirtyRun* right = reinterpret_cast<DirtyRun*>(after & ~PageEntry::kTagMask);
+      removeDirty(right);
+      pages += right->pages;
+      InternalHeap::free(right, sizeof(DirtyRun));
+    }
+  }
+  DirtyRun* run = static_cast<DirtyRun*>(InternalHeap::allocate(sizeof(DirtyRun)));
+  if (!run) {
+    os::decommit(reinterpret_cast<void*>(start), pages << pageShift_);
+    stats_.purgedBytesTotal += pages << pageShift_;
+    releaseClean(start, pages);
+    return;
+  }
+  run->start = start;
+  run->pages = pages;
+  run->freedAtNs = freedAtNs;
+  run->segment = segment;
+  dirtyBins_[binFor(pages)].pushFront(run);
+  markDirty(run, reinterpret_cast<uintptr_t>(run) | PageEntry::kDirtyRunTag);
+  stats_.dirtyBytes += pages << pageShift_;
 }
 
 uintptr_t Arena::allocate(size_t pages, size_t alignment, bool* zeroed) {
@@ -217,20 +284,12 @@ void Arena::release(uintptr_t start, size_t pages, bool mayCache) {
     return;
   }
   uint64_t now = os::monotonicNanos();
-  if (mayCache && pages <= kExactBins && bytes <= gHeapConfig.maxCachedRunBytes &&
-      gHeapConfig.dirtyCacheBytes > 0) {
-    DirtyRun* run = static_cast<DirtyRun*>(InternalHeap::allocate(sizeof(DirtyRun)));
-    if (run) {
-      run->start = start;
-      run->pages = pages;
-      run->freedAtNs = now;
-      dirtyBins_[pages - 1].pushFront(run);
-      stats_.dirtyBytes += bytes;
-      if (stats_.dirtyBytes > gHeapConfig.dirtyCacheBytes || now - lastDecayCheckNs_ > kDecayCheckIntervalNs) {
-        purgeLocked(false, now);
-      }
-      return;
+  if (mayCache && bytes <= gHeapConfig.maxCachedRunBytes && gHeapConfig.dirtyCacheBytes > 0) {
+    insertDirty(start, pages, now);
+    if (stats_.dirtyBytes > gHeapConfig.dirtyCacheBytes || now - lastDecayCheckNs_ > kDecayCheckIntervalNs) {
+      purgeLocked(false, now);
     }
+    return;
   }
   os::decommit(reinterpret_cast<void*>(start), bytes);
   stats_.purgedBytesTotal += bytes;
@@ -243,7 +302,7 @@ size_t Arena::purgeLocked(bool everything, uint64_t nowNs) {
   for (;;) {
     // The oldest run of each bin is at its back; purge the globally oldest first.
     DirtyRun* oldest = nullptr;
-    for (size_t bin = 0; bin < kExactBins; bin++) {
+    for (size_t bin = 0; bin < kBins; bin++) {
       DirtyRun* candidate = dirtyBins_[bin].back();
       if (candidate && (!oldest || candidate->freedAtNs < oldest->freedAtNs)) oldest = candidate;
     }
@@ -251,9 +310,8 @@ size_t Arena::purgeLocked(bool everything, uint64_t nowNs) {
     bool expired = nowNs - oldest->freedAtNs >= gHeapConfig.decayMs * kNanosPerMilli;
     bool overLimit = stats_.dirtyBytes > gHeapConfig.dirtyCacheBytes;
     if (!everything && !expired && !overLimit) break;
-    dirtyBins_[oldest->pages - 1].remove(oldest);
+    removeDirty(oldest);
     size_t bytes = oldest->pages << pageShift_;
-    stats_.dirtyBytes -= bytes;
     os::decommit(reinterpret_cast<void*>(oldest->start), bytes);
     releaseClean(oldest->start, oldest->pages);
     InternalHeap::free(oldest, sizeof(DirtyRun));

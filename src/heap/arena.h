@@ -23,11 +23,14 @@ struct MiniHeap;
 // run's bookkeeping pointer and the low bit set. Every other page reads as zero.
 struct PageEntry {
   static constexpr uint64_t kFreeRunTag = 1;
+  // A run of freed pages still committed (the dirty cache), marked like a free run.
+  static constexpr uint64_t kDirtyRunTag = 2;
+  static constexpr uint64_t kTagMask = kFreeRunTag | kDirtyRunTag;
   static constexpr unsigned kPageIndexShift = 48;
   static constexpr uint64_t kPointerMask = (1ull << kPageIndexShift) - 1;
   static constexpr size_t kMaxPageIndex = (1u << (64 - kPageIndexShift)) - 1;
 
-  static bool isMiniHeap(uint64_t entry) { return entry != 0 && !(entry & kFreeRunTag); }
+  static bool isMiniHeap(uint64_t entry) { return entry != 0 && !(entry & kTagMask); }
   static MiniHeap* miniHeap(uint64_t entry) { return reinterpret_cast<MiniHeap*>(entry & kPointerMask); }
   static size_t pageIndex(uint64_t entry) { return entry >> kPageIndexShift; }
   static uint64_t make(MiniHeap* heap, size_t pageIndex) {
@@ -121,6 +124,7 @@ class Arena {
     uintptr_t start;
     size_t pages;
     uint64_t freedAtNs;
+    Segment* segment;
   };
 
   static size_t binFor(size_t pages);
@@ -139,6 +143,9 @@ class Arena {
   static void clearEntry(Segment* segment, uintptr_t address);
   static void releaseClean(uintptr_t start, size_t pages);
   static uintptr_t takeDirty(size_t pages);
+  static void insertDirty(uintptr_t start, size_t pages, uint64_t freedAtNs);
+  static void markDirty(DirtyRun* run, uint64_t value);
+  static void removeDirty(DirtyRun* run);
   static size_t purgeLocked(bool everything, uint64_t nowNs);
   static void splitAndTake(FreeRun* run, uintptr_t start, size_t pages);
 
@@ -148,7 +155,7 @@ class Arena {
   static inline size_t pageShift_ = 12;
   static inline size_t pageSize_ = 4096;
   static constinit inline IntrusiveList<FreeRun> freeBins_[kBins];
-  static constinit inline IntrusiveList<DirtyRun> dirtyBins_[kExactBins];
+  static constinit inline IntrusiveList<DirtyRun> dirtyBins_[kBins];
   static inline ArenaStats stats_ = {};
   static inline uint64_t lastDecayCheckNs_ = 0;
 };

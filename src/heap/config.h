@@ -19,10 +19,10 @@ enum class StatsFormat : uint8_t { kNone = 0, kText = 1, kJson = 2 };
 struct HeapConfig {
   bool meshing = true;
   Randomization randomization = Randomization::kOnRefillAndFree;
-  size_t dirtyCacheBytes = size_t{8} << 20;
+  size_t dirtyCacheBytes = size_t{32} << 20;
   uint64_t decayMs = 1000;
   // Runs larger than this are decommitted at once instead of cached.
-  size_t maxCachedRunBytes = size_t{256} << 10;
+  size_t maxCachedRunBytes = size_t{8} << 20;
   // Meshing (see mesh/): background period, CPU budget, SplitMesher probe limit.
   uint64_t meshPeriodMs = 100;
   uint64_t meshBudgetPermille = 20;

@@ -74,6 +74,7 @@ bool initializeOnce() {
   loadConfigFromEnvironment();
   SizeClasses::init(os::pageSize());
   if (!Arena::init()) return false;
+  OperationGuard::init();
   if (pthread_key_create(&gThreadExitKey, onThreadExit) != 0) return false;
   if (gHeapConfig.showOptions) printConfig(2);
   return true;
@@ -161,6 +162,7 @@ void* failNoMemory() {
 }  // namespace
 
 void setForkHooks(const ForkHooks& hooks) { gForkHooks = hooks; }
+ThreadHeap* currentThreadHeap() { return threadHeap(); }
 void setRefillHook(void (*hook)()) { gRefillHook = hook; }
 
 bool ensureInitialized() {

@@ -17,6 +17,8 @@ namespace meshalloc::heap {
 constexpr size_t kMaxRequest = PTRDIFF_MAX;
 
 bool ensureInitialized();
+// The calling thread's heap, created on first use; nullptr only if memory is exhausted.
+ThreadHeap* currentThreadHeap();
 
 // Layers above the heap (meshing) hook into fork here: `prepareFirst` runs before any heap
 // lock is taken, `prepare` after all are, `parent`/`child` before they are released or reset.

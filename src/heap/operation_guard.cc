@@ -13,20 +13,51 @@ namespace {
 void relax() { sched_yield(); }
 }  // namespace
 
+void OperationGuard::init() {
+#if defined(__SANITIZE_THREAD__)
+  // ThreadSanitizer cannot see the barrier membarrier(2) executes on our behalf.
+  asymmetric_ = false;
+#else
+  asymmetric_ = os::registerMembarrier();
+#endif
+}
+
 OperationGuard::OperationGuard() {
   ThreadHeap* heap = tlsThreadHeap;
-  slot_ = heap ? &heap->activity().operationsInFlight : &unregisteredInFlight_;
+  shared_ = heap == nullptr || !asymmetric_;
+  if (shared_) {
+    // Threads without a heap share one counter; without membarrier every thread pays for
+    // the fence itself. Both use atomic read-modify-writes (full fences).
+    slot_ = heap ? &heap->activity().operationsInFlight : &unregisteredInFlight_;
+    for (;;) {
+      uint32_t before = slot_->fetch_add(1, std::memory_order_seq_cst);
+      if (heap && before > 0) return;  // nested on this thread: the outer guard is counted
+      if (!paused_.load(std::memory_order_seq_cst)) return;
+      slot_->fetch_sub(1, std::memory_order_seq_cst);
+      waitWhilePaused();
+    }
+  }
+  slot_ = &heap->activity().operationsInFlight;
   for (;;) {
-    uint32_t before = slot_->fetch_add(1, std::memory_order_seq_cst);
+    // Only this thread writes its own slot, so a plain load and store suffice.
+    uint32_t before = slot_->load(std::memory_order_relaxed);
+    slot_->store(before + 1, std::memory_order_relaxed);
     // A nested guard on this thread must not wait: the mesher is waiting for the outer one.
-    if (heap && before > 0) return;
-    if (!paused_.load(std::memory_order_seq_cst)) return;
-    slot_->fetch_sub(1, std::memory_order_seq_cst);
+    if (before > 0) return;
+    std::atomic_signal_fence(std::memory_order_seq_cst);  // the mesher's membarrier is the fence
+    if (!paused_.load(std::memory_order_relaxed)) return;
+    slot_->store(before, std::memory_order_release);
     waitWhilePaused();
   }
 }
 
-OperationGuard::~OperationGuard() { slot_->fetch_sub(1, std::memory_order_release); }
+OperationGuard::~OperationGuard() {
+  if (shared_) {
+    slot_->fetch_sub(1, std::memory_order_release);
+  } else {
+    slot_->store(slot_->load(std::memory_order_relaxed) - 1, std::memory_order_release);
+  }
+}
 
 void OperationGuard::waitWhilePaused() {
   while (paused_.load(std::memory_order_acquire)) os::futexWait(&paused_, 1);
@@ -34,6 +65,9 @@ void OperationGuard::waitWhilePaused() {
 
 void OperationGuard::pause() {
   paused_.store(1, std::memory_order_seq_cst);
+  // Every thread now runs a full barrier: its slot increment is visible to the loop below, or
+  // its check of paused_ comes after this point and sees 1.
+  if (asymmetric_) os::membarrierAllThreads();
   ThreadHeap::lockRegistry();
   for (ThreadHeap* heap = ThreadHeap::registryHead(); heap; heap = heap->nextInRegistry()) {
     while (heap->activity().operationsInFlight.load(std::memory_order_seq_cst) != 0) relax();

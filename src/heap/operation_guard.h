@@ -29,6 +29,10 @@ class OperationGuard {
   OperationGuard(const OperationGuard&) = delete;
   OperationGuard& operator=(const OperationGuard&) = delete;
 
+  // Chooses the fence protocol (once, at heap start-up). With membarrier(2), the guard's
+  // fast side needs no fence instruction at all: the mesher makes every running thread
+  // execute one instead (an asymmetric Dekker handshake).
+  static void init();
   // For the mesher: returns once no guarded operation is in flight; new ones wait in their
   // constructor until resume().
   static void pause();
@@ -39,6 +43,8 @@ class OperationGuard {
 
  private:
   std::atomic<uint32_t>* slot_;
+  bool shared_;
+  static inline bool asymmetric_ = false;
   static inline std::atomic<uint32_t> paused_{0};
   static inline std::atomic<uint32_t> unregisteredInFlight_{0};
 };

@@ -5,6 +5,7 @@
 
 #include <atomic>
 
+#include "heap/arena.h"
 #include "heap/config.h"
 #include "heap/global_heap.h"
 #include "heap/heap.h"
@@ -110,6 +111,8 @@ void* MeshPolicy::backgroundMain(void*) {
     uint64_t next = gNextPassNs.load(std::memory_order_relaxed);
     uint64_t period = gHeapConfig.meshPeriodMs * kNanosPerMilli;
     os::sleepNanos(next > now ? next - now : period);
+    // Dirty pages past their decay time go back even if the program has stopped freeing.
+    Arena::purge(false);
     if (gHeapConfig.meshing) runPassWithinBudget();
   }
   return nullptr;

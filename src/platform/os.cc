@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <linux/futex.h>
+#include <linux/membarrier.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/mman.h>
@@ -146,6 +147,14 @@ bool awaitByte(int fd) {
     return n == 1;
   }
 }
+
+bool registerMembarrier() {
+  long supported = syscall(SYS_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
+  if (supported < 0 || !(supported & MEMBARRIER_CMD_PRIVATE_EXPEDITED)) return false;
+  return syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0;
+}
+
+void membarrierAllThreads() { syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0); }
 
 uint64_t threadCpuNanos() {
   struct timespec ts;

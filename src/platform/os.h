@@ -49,6 +49,11 @@ bool makePipe(int fds[2]);
 void signalByte(int fd);
 bool awaitByte(int fd);
 
+// membarrier(2), private expedited: register once; then membarrierAllThreads() makes every
+// running thread of the process execute a full memory barrier. False if unsupported.
+bool registerMembarrier();
+void membarrierAllThreads();
+
 uint64_t monotonicNanos();
 uint64_t threadCpuNanos();
 void sleepNanos(uint64_t nanos);
