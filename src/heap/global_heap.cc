@@ -55,9 +55,13 @@ void GlobalHeap::destroySpan(ClassState& state, MiniHeap* heap) {
 }
 
 void GlobalHeap::rescanFull(ClassState& state) {
-  for (size_t i = 0; i < kFullRescanPerRefill; i++) {
+  size_t pending = state.fullSpansFreedInto.exchange(0, std::memory_order_acq_rel);
+  if (pending == 0) return;
+  size_t found = 0;
+  // Bounded work per refill, whatever the backlog: the lock is held.
+  for (size_t i = 0; i < kFullRescanPerRefill && found < pending; i++) {
     MiniHeap* heap = state.full.popFront();
-    if (!heap) return;
+    if (!heap) break;
     uint32_t live = heap->liveCount.load(std::memory_order_seq_cst);
     if (live >= heap->objectCount) {
       state.full.pushBack(heap);  // still full: to the back, so the next rescan sees others
@@ -65,6 +69,11 @@ void GlobalHeap::rescanFull(ClassState& state) {
     }
     heap->state = SpanState::kUnlisted;
     placeDetached(state, heap);
+    found++;
+  }
+  // What this scan did not reach is left for the next one.
+  if (found < pending && !state.full.empty()) {
+    state.fullSpansFreedInto.fetch_add(pending - found, std::memory_order_relaxed);
   }
 }
 
@@ -128,8 +137,14 @@ void GlobalHeap::releaseSpan(MiniHeap* heap) {
 void GlobalHeap::freeRemote(MiniHeap* heap, size_t slot, uintptr_t address) {
   if (!heap->bitmap().tryUnset(slot)) reportHeapError(HeapError::kDoubleFree, "free", reinterpret_cast<void*>(address));
   uint32_t before = heap->liveCount.fetch_sub(1, std::memory_order_seq_cst);
-  // Attached spans are the owner's business; a detached span only needs attention when it
-  // becomes empty.
+  // Attached spans are the owner's business; a detached span needs attention when it leaves
+  // the full list's criterion (counted, found by the next refill) or becomes empty.
+  if (before == heap->objectCount && before != 1) {
+    if (heap->owner.load(std::memory_order_relaxed) == nullptr && heap->sizeClass < kNumSizeClasses) {
+      classes_[heap->sizeClass].fullSpansFreedInto.fetch_add(1, std::memory_order_relaxed);
+    }
+    return;
+  }
   if (before != 1) return;
   if (heap->owner.load(std::memory_order_seq_cst) != nullptr) return;
   unsigned sizeClass = heap->sizeClass;

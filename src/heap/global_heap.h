@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <atomic>
 #include <cstdint>
 
 #include "heap/mini_heap.h"
@@ -75,6 +76,9 @@ class GlobalHeap {
     IntrusiveList<MiniHeap> partial[kOccupancyBins];
     IntrusiveList<MiniHeap> full;
     size_t spans = 0;
+    // Frees that took a detached span off "full" since the last rescan: refills rescan the
+    // full list only when there is something to find.
+    std::atomic<size_t> fullSpansFreedInto{0};
   };
 
   static MiniHeap* createSpan(unsigned sizeClass);
