@@ -163,9 +163,14 @@ size_t Mesher::compactClassRound(unsigned sizeClass, long* mappingBudget, size_t
   if (maxGroups > count / 2) maxGroups = count / 2;
   size_t groupCount = SplitMesher::find(gSearchOrder, count, gHeapConfig.meshProbes, gRng, gGroups, maxGroups);
   size_t released = 0;
-  for (size_t g = 0; g < groupCount; g += kGroupsPerBatch) {
-    size_t n = groupCount - g < kGroupsPerBatch ? groupCount - g : kGroupsPerBatch;
+  for (size_t g = 0; g < groupCount;) {
+    size_t n = 0, sources = 0;
+    while (g + n < groupCount && (n == 0 || sources + gGroups[g + n].sourceCount <= kSourcesPerBatch)) {
+      sources += gGroups[g + n].sourceCount;
+      n++;
+    }
     released += meshBatch(sizeClass, gGroups + g, n, &gMerged[g][0]);
+    g += n;
   }
   // Sources meshed away are forgotten; everything else goes back to the lists.
   size_t returned = 0;
