@@ -52,19 +52,28 @@ MESHALLOC_EXPORT void meshalloc_print_stats(int fd, int json) { api::writeStats(
 
 namespace {
 
+// Programs often close stderr before exiting (coreutils' close_stdout does): the report goes
+// to a duplicate of the stderr the program started with.
+constexpr int kLowestSavedFd = 64;
+int gSavedStderr = -1;
+
 __attribute__((constructor)) void initializeAtLoad() {
   if (heap::ensureInitialized()) MeshPolicy::init();
+  if (gHeapConfig.statsAtExit != StatsFormat::kNone && !gHeapConfig.statsFile) {
+    gSavedStderr = fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, kLowestSavedFd);
+  }
 }
 
 __attribute__((destructor)) void printStatsAtExit() {
   if (gHeapConfig.statsAtExit == StatsFormat::kNone) return;
-  int fd = STDERR_FILENO;
+  int fd = gSavedStderr >= 0 ? gSavedStderr : STDERR_FILENO;
   if (gHeapConfig.statsFile) {
     fd = open(gHeapConfig.statsFile, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) return;
   }
   api::writeStats(fd, gHeapConfig.statsAtExit == StatsFormat::kJson);
   if (fd != STDERR_FILENO) close(fd);
+  gSavedStderr = -1;
 }
 
 }  // namespace

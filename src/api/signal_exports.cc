@@ -25,7 +25,7 @@ sighandler_t installSimpleHandler(int signal, sighandler_t handler, int flags) {
   action.sa_handler = handler;
   action.sa_flags = flags;
   sigemptyset(&action.sa_mask);
-  if (signal > 0 && signal < NSIG) sigaddset(&action.sa_mask, signal);
+  if (signal > 0 && signal < NSIG && !(flags & SA_NODEFER)) sigaddset(&action.sa_mask, signal);
   if (sigaction(signal, &action, &previous) != 0) return SIG_ERR;
   return previous.sa_handler;
 }

@@ -342,14 +342,15 @@ bool Arena::tryGrow(uintptr_t start, size_t pages, size_t newPages) {
   return true;
 }
 
-void Arena::shrink(uintptr_t start, size_t pages, size_t newPages) {
-  if (newPages >= pages) return;
+bool Arena::shrink(uintptr_t start, size_t pages, size_t newPages) {
+  if (newPages >= pages) return true;
   uintptr_t tail = start + (newPages << pageShift_);
   {
     LockGuard guard(lock_);
-    if (segmentOf(start)->dedicated) return;  // a dedicated segment is released whole
+    if (segmentOf(start)->dedicated) return false;
   }
   release(tail, pages - newPages, false);
+  return true;
 }
 
 uint64_t Arena::entryAtOrBelow(uintptr_t address) {

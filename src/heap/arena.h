@@ -74,8 +74,9 @@ class Arena {
   static void release(uintptr_t start, size_t pages, bool mayCache);
   // Extends [start, start+pages) in place to newPages if the following pages are free.
   static bool tryGrow(uintptr_t start, size_t pages, size_t newPages);
-  // Returns the tail of a run beyond newPages to the arena.
-  static void shrink(uintptr_t start, size_t pages, size_t newPages);
+  // Returns the tail of a run beyond newPages to the arena; false (run unchanged) if the run
+  // is a dedicated segment, which is only ever released whole.
+  static bool shrink(uintptr_t start, size_t pages, size_t newPages);
 
   // Records the owner of every page of a span (every page for small spans so interior
   // addresses resolve; the first page only for large objects).

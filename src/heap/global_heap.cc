@@ -4,6 +4,7 @@
 #include "heap/errors.h"
 #include "heap/internal_heap.h"
 #include "heap/span_backing.h"
+#include "heap/thread_heap.h"
 #include "platform/os.h"
 
 namespace meshalloc {
@@ -135,6 +136,12 @@ void GlobalHeap::releaseSpan(MiniHeap* heap) {
 }
 
 void GlobalHeap::freeRemote(MiniHeap* heap, size_t slot, uintptr_t address) {
+  // A slot its owner already took back (a local free) still has its bit set: catch freeing it
+  // again from here before the bit is cleared under the owner's feet.
+  ThreadHeap* owner = heap->owner.load(std::memory_order_acquire);
+  if (owner && owner->holdsFreeSlot(heap, slot)) {
+    reportHeapError(HeapError::kDoubleFree, "free", reinterpret_cast<void*>(address));
+  }
   if (!heap->bitmap().tryUnset(slot)) reportHeapError(HeapError::kDoubleFree, "free", reinterpret_cast<void*>(address));
   uint32_t before = heap->liveCount.fetch_sub(1, std::memory_order_seq_cst);
   // Attached spans are the owner's business; a detached span needs attention when it leaves
@@ -212,7 +219,8 @@ bool GlobalHeap::resizeLargeInPlace(MiniHeap* heap, size_t bytes) {
   if (pages == heap->spanPages) return true;
   if (pages > UINT32_MAX) return false;
   if (pages < heap->spanPages) {
-    Arena::shrink(heap->spanStart, heap->spanPages, pages);
+    // A dedicated segment keeps its pages; the object still fits, so stay put unchanged.
+    if (!Arena::shrink(heap->spanStart, heap->spanPages, pages)) return true;
   } else if (!Arena::tryGrow(heap->spanStart, heap->spanPages, pages)) {
     return false;
   }

@@ -67,6 +67,7 @@ void childAfterFork() {
   SpanBacking::resetLockAfterFork();
   GlobalHeap::resetAfterFork();
   ThreadHeap::resetRegistryAfterFork();
+  OperationGuard::resetAfterFork();
 }
 
 bool initializeOnce() {

@@ -9,8 +9,19 @@ namespace meshalloc {
 
 namespace {
 // Waiting for operations in flight: they are short (a few atomics, at most a class lock that
-// the mesher does not hold while pausing), so spinning with yields is enough.
-void relax() { sched_yield(); }
+// the mesher does not hold while pausing), so yield first; a thread preempted inside one
+// (many threads on few cores) is waited for without burning the core.
+constexpr unsigned kYieldsBeforeSleeping = 16;
+constexpr uint64_t kSleepNanos = 20000;
+void waitUntilZero(const std::atomic<uint32_t>& counter) {
+  for (unsigned i = 0; counter.load(std::memory_order_seq_cst) != 0; i++) {
+    if (i < kYieldsBeforeSleeping) {
+      sched_yield();
+    } else {
+      os::sleepNanos(kSleepNanos);
+    }
+  }
+}
 }  // namespace
 
 void OperationGuard::init() {
@@ -70,10 +81,10 @@ void OperationGuard::pause() {
   if (asymmetric_) os::membarrierAllThreads();
   ThreadHeap::lockRegistry();
   for (ThreadHeap* heap = ThreadHeap::registryHead(); heap; heap = heap->nextInRegistry()) {
-    while (heap->activity().operationsInFlight.load(std::memory_order_seq_cst) != 0) relax();
+    waitUntilZero(heap->activity().operationsInFlight);
   }
   ThreadHeap::unlockRegistry();
-  while (unregisteredInFlight_.load(std::memory_order_seq_cst) != 0) relax();
+  waitUntilZero(unregisteredInFlight_);
 }
 
 void OperationGuard::resume() {

@@ -6,7 +6,7 @@
 // shuffle vector instead (see heap.h).
 //
 // The same per-thread record publishes the user buffer of a system call in progress, so the
-// mesher never write-protects memory the kernel is about to write into (see api/io_guard.cc).
+// mesher never write-protects memory the kernel is about to write into (see api/io_exports.cc).
 #pragma once
 
 #include <atomic>
@@ -40,6 +40,11 @@ class OperationGuard {
   static bool paused() { return paused_.load(std::memory_order_seq_cst) != 0; }
   // Blocks while paused (for callers that hold no guard).
   static void waitWhilePaused();
+  // In a forked child: only the forking thread exists, and it is in no guarded operation.
+  static void resetAfterFork() {
+    paused_.store(0, std::memory_order_relaxed);
+    unregisteredInFlight_.store(0, std::memory_order_relaxed);
+  }
 
  private:
   std::atomic<uint32_t>* slot_;

@@ -45,8 +45,8 @@ class SpanBacking {
   // Gives the file range back (punch hole): used for a source that was itself shared.
   static void releaseFileRange(size_t offset, size_t bytes);
   // Called when a shared span dies: every virtual span becomes plain private memory again
-  // and the aliases go back to the arena; the file range is punched out. Returns the number
-  // of virtual spans that could not be restored (leaked, never corrupted).
+  // and the aliases go back to the arena; the file range is punched out. A virtual span that
+  // cannot be made private again is leaked, never handed out twice.
   static void restore(MiniHeap* span);
 
   static SpanBackingStats stats();
@@ -57,7 +57,7 @@ class SpanBacking {
 
   // fork support: in the child, every shared span is copied into a fresh file of its own so
   // parent and child stop sharing pages. The parent keeps shared spans write-protected
-  // around the copy (see mesh/fork.cc).
+  // around the copy (see mesh/policy.cc).
   static void protectAllForFork();
   static void unprotectAllAfterFork();
   static void copyToPrivateFileInChild();

@@ -79,6 +79,22 @@ void ThreadHeap::retire() {
   gPool = this;
 }
 
+bool ThreadHeap::holdsFreeSlot(MiniHeap* span, size_t slot) {
+#if defined(__SANITIZE_THREAD__)
+  (void)span;
+  (void)slot;
+  return false;  // a deliberate racy peek: ThreadSanitizer would flag it
+#else
+  ShuffleVector& v = vectors_[span->sizeClass];
+  unsigned index = __atomic_load_n(&span->attachIndex, __ATOMIC_RELAXED);
+  if (index >= kMaxSpansPerVector || __atomic_load_n(&v.spans[index], __ATOMIC_ACQUIRE) != span) return false;
+  bool held = (__atomic_load_n(v.inVectorWord(index, slot), __ATOMIC_ACQUIRE) >> (slot % 64)) & 1;
+  // The span must still be at that index afterwards, or the bit belonged to another span.
+  return held && __atomic_load_n(&v.spans[index], __ATOMIC_ACQUIRE) == span &&
+         __atomic_load_n(&span->attachIndex, __ATOMIC_RELAXED) == index;
+#endif
+}
+
 void ThreadHeap::claimFreeSlots(ShuffleVector& v, unsigned span) {
   MiniHeap* heap = v.spans[span];
   AtomicBitmap bitmap = heap->bitmap();
@@ -175,7 +191,7 @@ void ThreadHeap::detachAll(unsigned sizeClass) {
       if (*word) {
         returned += static_cast<uint32_t>(__builtin_popcountll(*word));
         bitmap.clearMask(w, *word);
-        *word = 0;
+        __atomic_store_n(word, 0, __ATOMIC_RELAXED);
       }
     }
     if (returned) heap->liveCount.fetch_sub(returned, std::memory_order_acq_rel);
@@ -194,6 +210,16 @@ void ThreadHeap::detachAll() {
 ThreadHeap* ThreadHeap::registryHead() { return gRegistry; }
 void ThreadHeap::lockRegistry() { gRegistryLock.lock(); }
 void ThreadHeap::unlockRegistry() { gRegistryLock.unlock(); }
-void ThreadHeap::resetRegistryAfterFork() { gRegistryLock.resetAfterFork(); }
+void ThreadHeap::resetRegistryAfterFork() {
+  gRegistryLock.resetAfterFork();
+  // Threads that were inside a guarded operation or a system call at fork do not exist in
+  // the child; their records must not make the child's mesher wait for them forever.
+  for (ThreadHeap* heap = gRegistry; heap; heap = heap->registryNext_) {
+    if (heap == tlsThreadHeap) continue;
+    heap->activity_.operationsInFlight.store(0, std::memory_order_relaxed);
+    heap->activity_.ioBufferStart.store(0, std::memory_order_relaxed);
+    heap->activity_.ioBufferEnd.store(0, std::memory_order_relaxed);
+  }
+}
 
 }  // namespace meshalloc

@@ -38,23 +38,28 @@ struct ShuffleVector {
 
   uint64_t* inVectorWord(unsigned span, size_t slot) { return &inVector[span * wordsPerSpan + slot / 64]; }
   bool contains(unsigned span, size_t slot) { return (*inVectorWord(span, slot) >> (slot % 64)) & 1; }
+  // Only the owner writes these words, but other threads peek at them to catch a double free
+  // (see containsFromAnotherThread): single-copy-atomic stores, same code as plain ones.
+  void setInVectorWord(unsigned span, size_t slot, uint64_t value) {
+    __atomic_store_n(inVectorWord(span, slot), value, __ATOMIC_RELAXED);
+  }
 
   void* pop() {
     uint32_t entry = entries[--length];
     unsigned span = entry >> kSpanShift;
     uint32_t slot = entry & kSlotMask;
-    *inVectorWord(span, slot) &= ~(1ull << (slot % 64));
+    setInVectorWord(span, slot, *inVectorWord(span, slot) & ~(1ull << (slot % 64)));
     return reinterpret_cast<void*>(spanStarts[span] + static_cast<uintptr_t>(slot) * objectSize);
   }
 
   void push(unsigned span, uint32_t slot) {
-    *inVectorWord(span, slot) |= 1ull << (slot % 64);
+    setInVectorWord(span, slot, *inVectorWord(span, slot) | (1ull << (slot % 64)));
     entries[length++] = (span << kSpanShift) | slot;
   }
 
   // Pushes, then swaps the new entry with a random one: the vector stays a uniform shuffle.
   void pushRandomly(unsigned span, uint32_t slot, Rng& rng) {
-    *inVectorWord(span, slot) |= 1ull << (slot % 64);
+    setInVectorWord(span, slot, *inVectorWord(span, slot) | (1ull << (slot % 64)));
     uint32_t position = rng.below(length + 1);
     entries[length++] = entries[position];
     entries[position] = (span << kSpanShift) | slot;
@@ -67,6 +72,11 @@ class ThreadHeap {
   static ThreadHeap* create();
   // Returns every attached span to the global heap and puts this heap up for reuse.
   void retire();
+
+  // Best effort, from another thread: true if `slot` of `span` (attached here) sits free in
+  // this heap's vector, i.e. freeing it again would be a double free. May miss while this
+  // heap is refilling; never claims a slot the owner has handed out.
+  bool holdsFreeSlot(MiniHeap* span, size_t slot);
 
   // Refills the (empty) vector of `sizeClass`; false when memory is exhausted.
   bool refill(unsigned sizeClass);

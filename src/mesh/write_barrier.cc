@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <signal.h>
 #include <string.h>
+#include <ucontext.h>
 
 #include "heap/arena.h"
 #include "platform/os.h"
@@ -109,9 +110,20 @@ void WriteBarrier::chain(int signal, siginfo_t* info, void* context) {
     gApplicationActions[next].sa_handler = SIG_DFL;
     gCurrentAction.store(next, std::memory_order_release);
   }
-  // The application's handler runs with its own mask added, as the kernel would have set it.
-  sigset_t saved;
-  pthread_sigmask(SIG_BLOCK, &application.sa_mask, &saved);
+  // The application's handler runs with the mask the kernel would have given it: the
+  // interrupted context's mask, its sa_mask, and the signal itself unless SA_NODEFER (a
+  // handler that leaves with _longjmp relies on that to take the next fault).
+  sigset_t saved, mask;
+  mask = static_cast<ucontext_t*>(context)->uc_sigmask;
+  for (int s = 1; s < NSIG; s++) {
+    if (sigismember(&application.sa_mask, s) == 1) sigaddset(&mask, s);
+  }
+  if (application.sa_flags & SA_NODEFER) {
+    sigdelset(&mask, signal);
+  } else {
+    sigaddset(&mask, signal);
+  }
+  pthread_sigmask(SIG_SETMASK, &mask, &saved);
   if (application.sa_flags & SA_SIGINFO) {
     application.sa_sigaction(signal, info, context);
   } else {

@@ -88,6 +88,20 @@ TEST_P(DoubleFree, AfterRemoteFree) {
   free(p);
 }
 
+// Freed by its owner (the slot goes back into the owner's shuffle vector), then again by
+// another thread: the remote free must not clear the bit of a slot the owner holds free.
+TEST_P(DoubleFree, LocalThenRemote) {
+  const size_t size = GetParam();
+  void* p = touched(malloc(size), size);
+  ChildResult r = runInChild([p] {
+    free(p);
+    std::thread t([p] { free(launder(p)); });
+    t.join();
+  });
+  expectAbortReport(r, p, {"double free"});
+  free(p);
+}
+
 // Freed twice by a thread that does not own the span.
 TEST_P(DoubleFree, TwiceFromAnotherThread) {
   const size_t size = GetParam();

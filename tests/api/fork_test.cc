@@ -16,6 +16,7 @@
 
 #include <gtest/gtest.h>
 
+#include "meshalloc.h"
 #include "test_support.h"
 
 extern char** environ;
@@ -268,6 +269,46 @@ TEST(Fork, PosixSpawnAndForkExecOfTrue) {
   EXPECT_STREQ(line, "meshalloc-popen\n");
   EXPECT_EQ(pclose(f), 0);
   EXPECT_EQ(system("exit 3"), 3 << 8);
+}
+
+}  // namespace
+
+namespace {
+
+// A thread keeps freeing remotely and freeing large objects (both guarded operations) while
+// the main thread forks; each child must be able to mesh and free: no record of a thread
+// that was mid-operation at fork may make the child wait for it.
+TEST(Fork, ChildCanMeshWhileParentThreadWasMidFree) {
+  DeadlockGuard guard(120);
+  std::atomic<bool> stop{false};
+  std::thread churner([&] {
+    while (!stop.load(std::memory_order_relaxed)) {
+      free(malloc(1 << 20));
+      void* p = malloc(64);
+      std::thread([p] { free(p); }).join();
+    }
+  });
+  for (int i = 0; i < 20; ++i) {
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      alarm(20);
+      std::vector<void*> blocks;
+      for (int k = 0; k < 20000; ++k) blocks.push_back(malloc(48));
+      for (size_t k = 0; k < blocks.size(); ++k) {
+        if (k % 4) free(blocks[k]);
+      }
+      meshalloc_compact();
+      for (size_t k = 0; k < blocks.size(); k += 4) free(blocks[k]);
+      _exit(0);
+    }
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFEXITED(status)) << "fork #" << i << ": child killed by signal "
+                                   << (WIFSIGNALED(status) ? WTERMSIG(status) : 0) << " (SIGALRM = hang)";
+  }
+  stop = true;
+  churner.join();
 }
 
 }  // namespace

@@ -243,8 +243,8 @@ TEST_F(MeshTest, MappingFailureUndoesTheMesh) {
 
 TEST_F(MeshTest, MappingsAreAccountedAndGivenBack) {
   constexpr size_t kSize = 208;
-  long before = os::countMappings();
   auto survivors = makeDisjointSpans(kSize, 4);
+  long before = os::countMappings();  // after the worker thread's stack is mapped
   size_t aliasesBefore = SpanBacking::stats().aliasSpans;
   MeshPolicy::compactNow();
   MeshPolicy::compactNow();

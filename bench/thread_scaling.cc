@@ -1,0 +1,317 @@
+// thread-scaling: how much memory an allocator holds at the end of a workload whose threads
+// each retain a fraction of what they allocated, as the number of threads grows (the mimalloc
+// thread-scaling study's question, asked of a plain malloc workload).
+//
+// T threads start together on a barrier. In each of `rounds` rounds every thread allocates
+// `objects` objects of a uniformly random size in [min, max], writes a pattern into every byte,
+// keeps a random `keep-percent` of them (exactly that many, chosen by selection sampling) until
+// the end of the run and frees the rest. Threads stay alive until every thread has finished,
+// then exit and are joined. The main thread then adds up the live bytes (requested sizes of the
+// retained objects), optionally calls meshalloc_compact() (--compact, only if the symbol
+// exists), sleeps --settle-ms so background work (meshing, decay) can act, reads its own PSS
+// (/proc/self/smaps_rollup), page-table bytes (VmPTE) and mapping count, verifies every
+// retained object's pattern and prints one line:
+//
+//   threads=T live_bytes=... pss_bytes=... pte_bytes=... ratio=pss/live seconds=...
+//     base_pss_bytes=... mappings=... retained=... checksum=...
+//
+// base_pss_bytes is the PSS measured before any thread started (program, libraries, stack):
+// the part of pss_bytes no allocator can avoid. `seconds` is the wall time of the threaded
+// part. The bookkeeping (the retained objects' addresses) lives in private mmap()ed memory and
+// is subtracted from the measured PSS; it never passes through the allocator under test.
+//
+// Only plain malloc/free are called, so any allocator can be put underneath with LD_PRELOAD.
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cinttypes>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <thread>
+#include <vector>
+
+#include "common.h"
+
+namespace {
+
+struct Options {
+  uint64_t threads = 1;
+  uint64_t rounds = 5;
+  uint64_t objects = 10000;
+  uint64_t keepPercent = 10;
+  uint64_t minSize = 16;
+  uint64_t maxSize = 1024;
+  uint64_t seed = 1;
+  uint64_t settleMs = 300;
+  bool compact = false;
+};
+
+[[noreturn]] void usage(const char* program, const char* why) {
+  if (why) fprintf(stderr, "%s: %s\n", program, why);
+  fprintf(stderr,
+          "usage: %s [--threads T] [--rounds 5] [--objects 10000] [--keep-percent 10] [--min 16]\n"
+          "          [--max 1024] [--seed S] [--settle-ms 300] [--compact]\n"
+          "Options take `--name value` or `--name=value`; --compact calls meshalloc_compact() (if the\n"
+          "allocator exports it) after the threads are joined.\n",
+          program);
+  exit(2);
+}
+
+Options parseArguments(int argc, char** argv) {
+  Options o;
+  struct Numeric {
+    const char* name;
+    uint64_t* value;
+  } numeric[] = {{"threads", &o.threads},   {"rounds", &o.rounds},         {"objects", &o.objects},
+                 {"keep-percent", &o.keepPercent}, {"min", &o.minSize},   {"max", &o.maxSize},
+                 {"seed", &o.seed},         {"settle-ms", &o.settleMs}};
+  for (int i = 1; i < argc; i++) {
+    const char* arg = argv[i];
+    if (!strcmp(arg, "-h") || !strcmp(arg, "--help")) usage(argv[0], nullptr);
+    if (strncmp(arg, "--", 2) != 0) usage(argv[0], "options start with --");
+    arg += 2;
+    const char* equals = strchr(arg, '=');
+    size_t nameLength = equals ? static_cast<size_t>(equals - arg) : strlen(arg);
+    if (nameLength == 7 && !strncmp(arg, "compact", 7)) {
+      // A flag; `--compact=0` / `--compact=1` are accepted too.
+      o.compact = !equals || strcmp(equals + 1, "0") != 0;
+      continue;
+    }
+    uint64_t* target = nullptr;
+    for (const Numeric& n : numeric) {
+      if (strlen(n.name) == nameLength && !strncmp(n.name, arg, nameLength)) target = n.value;
+    }
+    if (!target) usage(argv[0], "unknown option");
+    const char* value = equals ? equals + 1 : (i + 1 < argc ? argv[++i] : nullptr);
+    if (!value || !bench::parseNumber(value, target)) usage(argv[0], "bad or missing value");
+  }
+  if (o.threads < 1 || o.threads > 4096) usage(argv[0], "--threads must be in 1..4096");
+  if (o.rounds < 1 || o.objects < 1) usage(argv[0], "--rounds and --objects must be positive");
+  if (o.keepPercent > 100) usage(argv[0], "--keep-percent must be in 0..100");
+  if (o.minSize < 1 || o.minSize > o.maxSize || o.maxSize > (uint64_t{1} << 30)) {
+    usage(argv[0], "need 1 <= --min <= --max <= 1G");
+  }
+  return o;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Memory outside the allocator under test, for the benchmark's own bookkeeping.
+
+void* mapPrivate(size_t bytes) {
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    perror("thread_scaling: mmap");
+    exit(1);
+  }
+  return p;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The pattern: every byte of an object is a function of its address, its size and the run's
+// seed, so a stale or foreign copy is noticed.
+
+inline uint64_t patternBase(const void* p, size_t size, uint64_t seed) {
+  uint64_t x = reinterpret_cast<uintptr_t>(p) * 0x9e3779b97f4a7c15ULL ^ (size << 20) ^ seed;
+  x ^= x >> 31;
+  x *= 0xbf58476d1ce4e5b9ULL;
+  return x ^ (x >> 29);
+}
+
+inline uint64_t patternWord(uint64_t base, size_t word) { return base + word * 0xd1b54a32d192ed03ULL; }
+
+void fill(void* p, size_t size, uint64_t seed) {
+  auto* bytes = static_cast<unsigned char*>(p);
+  const uint64_t base = patternBase(p, size, seed);
+  size_t words = size / 8;
+  for (size_t w = 0; w < words; w++) {
+    uint64_t v = patternWord(base, w);
+    memcpy(bytes + 8 * w, &v, 8);
+  }
+  uint64_t tail = patternWord(base, words);
+  for (size_t i = 8 * words; i < size; i++) bytes[i] = static_cast<unsigned char>(tail >> (8 * (i - 8 * words)));
+}
+
+bool intact(const void* p, size_t size, uint64_t seed) {
+  const auto* bytes = static_cast<const unsigned char*>(p);
+  const uint64_t base = patternBase(p, size, seed);
+  size_t words = size / 8;
+  for (size_t w = 0; w < words; w++) {
+    uint64_t v;
+    memcpy(&v, bytes + 8 * w, 8);
+    if (v != patternWord(base, w)) return false;
+  }
+  uint64_t tail = patternWord(base, words);
+  for (size_t i = 8 * words; i < size; i++) {
+    if (bytes[i] != static_cast<unsigned char>(tail >> (8 * (i - 8 * words)))) return false;
+  }
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------------
+// One thread's work.
+
+struct Retained {
+  void* p;
+  size_t size;
+};
+
+struct Worker {
+  Retained* retained = nullptr;  // mmap()ed, capacity rounds * keep
+  size_t count = 0;
+  size_t capacity = 0;
+};
+
+void work(const Options& o, unsigned index, Worker* worker, bench::Barrier* start, bench::Barrier* done) {
+  bench::Rng rng(o.seed, index + 1);
+  const size_t perRound = o.objects;
+  const size_t keepPerRound = perRound * o.keepPercent / 100;
+  // The round's objects, outside the allocator; unmapped before the thread waits at the end.
+  const size_t scratchBytes = perRound * sizeof(Retained);
+  auto* round = static_cast<Retained*>(mapPrivate(scratchBytes));
+  start->wait();
+  for (uint64_t r = 0; r < o.rounds; r++) {
+    for (size_t i = 0; i < perRound; i++) {
+      size_t size = rng.between(o.minSize, o.maxSize);
+      void* p = bench::mustMalloc(size);
+      fill(p, size, o.seed);
+      round[i] = {p, size};
+    }
+    // Selection sampling: exactly keepPerRound objects, each subset equally likely.
+    size_t needed = keepPerRound;
+    for (size_t i = 0; i < perRound; i++) {
+      if (needed > 0 && rng.below(perRound - i) < needed) {
+        worker->retained[worker->count++] = round[i];
+        needed--;
+      } else {
+        free(round[i].p);
+      }
+    }
+  }
+  munmap(round, scratchBytes);
+  done->wait();  // every thread stays alive until all have finished
+}
+
+// ---------------------------------------------------------------------------------------------
+// /proc readers that do not allocate (no stdio), so reading cannot change what is measured.
+
+ssize_t readWhole(const char* path, char* buffer, size_t capacity) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  size_t used = 0;
+  while (used + 1 < capacity) {
+    ssize_t n = read(fd, buffer + used, capacity - 1 - used);
+    if (n < 0) {
+      close(fd);
+      return -1;
+    }
+    if (n == 0) break;
+    used += static_cast<size_t>(n);
+  }
+  close(fd);
+  buffer[used] = '\0';
+  return static_cast<ssize_t>(used);
+}
+
+// The value in kB of the first line starting with `key` (e.g. "Pss:"), in bytes; -1 if absent.
+long long procField(const char* path, const char* key) {
+  static char buffer[1 << 16];
+  if (readWhole(path, buffer, sizeof(buffer)) < 0) return -1;
+  size_t keyLength = strlen(key);
+  for (const char* line = buffer; *line;) {
+    if (!strncmp(line, key, keyLength)) return strtoll(line + keyLength, nullptr, 10) * 1024;
+    const char* next = strchr(line, '\n');
+    if (!next) break;
+    line = next + 1;
+  }
+  return -1;
+}
+
+long long mappingCount() {
+  int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  char buffer[1 << 16];
+  long long lines = 0;
+  for (;;) {
+    ssize_t n = read(fd, buffer, sizeof(buffer));
+    if (n <= 0) break;
+    for (ssize_t i = 0; i < n; i++) lines += buffer[i] == '\n';
+  }
+  close(fd);
+  return lines;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options o = parseArguments(argc, argv);
+  const unsigned threads = static_cast<unsigned>(o.threads);
+  const size_t capacity = static_cast<size_t>(o.rounds) * (o.objects * o.keepPercent / 100);
+
+  std::vector<Worker> workers(threads);
+  for (Worker& w : workers) {
+    w.capacity = capacity;
+    w.retained = capacity ? static_cast<Retained*>(mapPrivate(capacity * sizeof(Retained))) : nullptr;
+  }
+  std::vector<std::thread> pool;
+  pool.reserve(threads);
+  const long long basePss = procField("/proc/self/smaps_rollup", "Pss:");
+
+  // The main thread joins the start barrier too, so the clock starts when everyone is ready.
+  bench::Barrier start(threads + 1), done(threads);
+  for (unsigned t = 0; t < threads; t++) pool.emplace_back(work, std::cref(o), t, &workers[t], &start, &done);
+  start.wait();
+  const double begin = bench::now();
+  for (std::thread& t : pool) t.join();
+  const double seconds = bench::now() - begin;
+
+  uint64_t liveBytes = 0, retained = 0;
+  for (const Worker& w : workers) {
+    retained += w.count;
+    for (size_t i = 0; i < w.count; i++) liveBytes += w.retained[i].size;
+  }
+
+  if (o.compact) {
+    using CompactFn = size_t (*)();
+    if (auto compact = reinterpret_cast<CompactFn>(dlsym(RTLD_DEFAULT, "meshalloc_compact"))) compact();
+  }
+  if (o.settleMs) {
+    timespec pause = {static_cast<time_t>(o.settleMs / 1000), static_cast<long>(o.settleMs % 1000) * 1000000L};
+    while (nanosleep(&pause, &pause) != 0) {
+    }
+  }
+
+  // The bookkeeping (the retained lists, fully written: selection sampling keeps exactly
+  // `capacity` objects per thread) lives in private mappings that are not the allocator's:
+  // their pages are taken out of the measured PSS.
+  const long long page = static_cast<long long>(bench::pageSize());
+  long long bookkeeping = 0;
+  for (const Worker& w : workers) {
+    bookkeeping += (static_cast<long long>(w.count * sizeof(Retained)) + page - 1) / page * page;
+  }
+  long long pss = procField("/proc/self/smaps_rollup", "Pss:");
+  const long long pte = procField("/proc/self/status", "VmPTE:");
+  const long long mappings = mappingCount();
+  if (pss >= 0) pss -= bookkeeping;
+
+  uint64_t checksum = 0;
+  for (Worker& w : workers) {
+    for (size_t i = 0; i < w.count; i++) {
+      if (!intact(w.retained[i].p, w.retained[i].size, o.seed)) bench::corrupted(w.retained[i].p, w.retained[i].size);
+      checksum = checksum * 0x100000001b3ULL ^ w.retained[i].size;
+    }
+    for (size_t i = 0; i < w.count; i++) free(w.retained[i].p);
+    if (w.retained) munmap(w.retained, w.capacity * sizeof(Retained));
+    w.retained = nullptr;
+  }
+
+  printf("threads=%u live_bytes=%" PRIu64 " pss_bytes=%lld pte_bytes=%lld ratio=%.3f seconds=%.4f "
+         "base_pss_bytes=%lld mappings=%lld retained=%" PRIu64 " checksum=%016" PRIx64 "\n",
+         threads, liveBytes, pss, pte, liveBytes ? static_cast<double>(pss) / static_cast<double>(liveBytes) : 0.0,
+         seconds, basePss, mappings, retained, checksum);
+  return 0;
+}
