@@ -4,7 +4,7 @@ PY := .venv/bin/python
 PYTEST := .venv/bin/pytest
 
 .PHONY: all setup release debug asan tsan demo test test-unit test-sanitizers test-python \
-        bench stress format clean
+        bench stress format clean redis-lru
 
 all: release
 
@@ -30,6 +30,7 @@ stress: setup release
 
 bench: setup release
 	./bench/run.sh
+redis-lru: setup release ; ./scripts/redis/build.sh && ./bench/redis/run.sh
 
 format:
 	clang-format -i $$(git ls-files '*.cc' '*.h' '*.c' '*.cpp')

@@ -24,8 +24,23 @@ if ((${#missing[@]})); then
   fi
   echo "setup: installing ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  # Mirrors and the dpkg lock can fail transiently on a fresh machine: retry, and show apt's
+  # own messages when it finally fails.
+  installed=0
+  for attempt in 1 2 3; do
+    if apt-get update -qq >/tmp/meshalloc-apt.log 2>&1 &&
+      apt-get install -y -qq --no-install-recommends "${missing[@]}" >>/tmp/meshalloc-apt.log 2>&1; then
+      installed=1
+      break
+    fi
+    echo "setup: apt-get failed (attempt $attempt of 3), retrying" >&2
+    sleep $((attempt * 5))
+  done
+  if ((!installed)); then
+    tail -20 /tmp/meshalloc-apt.log >&2
+    echo "setup: could not install ${missing[*]}" >&2
+    exit 1
+  fi
 fi
 
 # The Python tooling lives in a project-local virtual environment.

@@ -16,8 +16,9 @@ namespace meshalloc {
 class ThreadHeap;
 
 // Where a MiniHeap sits in the global heap; changed only under its size class's lock.
-// kMeshing: taken out of the lists by the mesher for one batch (see mesh/mesher.cc).
-enum class SpanState : uint8_t { kAttached, kPartial, kFull, kUnlisted, kLarge, kFreed, kMeshing };
+// kMeshing: taken out of the lists by the mesher for one pass; kMeshedAway: a source whose
+// objects and virtual span now belong to another span, about to be retired (mesh/mesher.cc).
+enum class SpanState : uint8_t { kAttached, kPartial, kFull, kUnlisted, kLarge, kFreed, kMeshing, kMeshedAway };
 
 struct MeshInfo;
 

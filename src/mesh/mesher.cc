@@ -120,6 +120,7 @@ bool Mesher::meshGroup(MeshGroup& group, bool* merged) {
     // From here on every address in the source's virtual span resolves to the destination.
     Arena::assign(source->spanStart, source->spanPages, destination, true);
     merged[i] = true;
+    source->state = SpanState::kMeshedAway;
     any = true;
     gStats.meshedSpans++;
   }
@@ -176,13 +177,7 @@ size_t Mesher::compactClassRound(unsigned sizeClass, long* mappingBudget, size_t
   size_t returned = 0;
   for (size_t c = 0; c < count; c++) {
     MiniHeap* span = gCandidates[c];
-    bool gone = false;
-    for (size_t g = 0; g < groupCount && !gone; g++) {
-      for (uint32_t i = 0; i < gGroups[g].sourceCount; i++) {
-        if (gGroups[g].sources[i] == span && gMerged[g][i]) gone = true;
-      }
-    }
-    if (gone) {
+    if (span->state == SpanState::kMeshedAway) {
       GlobalHeap::retireMeshedSource(sizeClass, span);
       (*meshed)++;
       *mappingBudget -= kMappingsPerMesh;

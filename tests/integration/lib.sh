@@ -64,7 +64,9 @@ preloaded() {
   if grep -q "meshalloc:" "$tag.stderr"; then
     fail "'$*' reported an allocator error: $(grep "meshalloc:" "$tag.stderr" | head -3)"
   fi
-  if ! cat "$tag".[0-9]* 2>/dev/null | grep -q "calling init: .*$(basename "$MESHALLOC_LIB")"; then
+  # grep reads the files itself: `cat | grep -q` under pipefail fails when grep stops early
+  # and cat gets SIGPIPE (programs with large debug logs, e.g. git commit).
+  if ! grep -qs "calling init: .*$(basename "$MESHALLOC_LIB")" "$tag".[0-9]*; then
     fail "'$*' did not load $MESHALLOC_LIB (LD_PRELOAD ignored?)"
   fi
   rm -f "$tag".[0-9]*
