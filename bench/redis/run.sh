@@ -79,7 +79,16 @@ args=(--repeat "$REPEAT" --out "$OUT" --redis-bin "$REDIS_BIN" --redis-cli "$RED
 [[ $QUICK == 1 ]] && args+=(--quick)
 [[ -n $HOLD ]] && args+=(--hold "$HOLD")
 [[ -n $CONFIGS ]] && args+=(--configs "$CONFIGS")
-[[ -f $MESHALLOC_LIB ]] && args+=(--meshalloc-lib "$MESHALLOC_LIB")
+if [[ -f $MESHALLOC_LIB ]]; then
+  # Every run preloads one private copy: a `make release` elsewhere during the experiment
+  # must not mix two versions of the library in one table. Which version it was goes beside it.
+  cp "$MESHALLOC_LIB" "$OUT/libmeshalloc.so" || die "cannot copy $MESHALLOC_LIB to $OUT"
+  { echo "library: $MESHALLOC_LIB ($(date -r "$MESHALLOC_LIB" '+%F %T'))"
+    echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)"
+    echo "uncommitted changes under src/: $(git status --porcelain -- src 2>/dev/null | wc -l) file(s)"
+  } >"$OUT/meshalloc-version.txt"
+  args+=(--meshalloc-lib "$OUT/libmeshalloc.so")
+fi
 
 # The sampler is the meshalloc command's own (meshalloc_cli.measure), imported from .venv.
 MESHALLOC_BUILD_DIR=$BUILD_DIR "$PY" bench/redis/lru_bench.py "${args[@]}"

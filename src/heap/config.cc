@@ -158,6 +158,9 @@ void applyConfString(const char* conf) {
 
 }  // namespace
 
+constexpr size_t kMaxStringOptions = 4;
+constexpr size_t kMaxStringOptionLength = 4096;
+
 void loadConfigFromEnvironment() {
   if (const char* paper = os::getEnv("MESHALLOC_CONFIG")) {
     if (!applyPaperConfig(paper)) warn("MESHALLOC_CONFIG", paper, "expected one of 0n 2n 0y 1y 2y");
@@ -171,7 +174,16 @@ void loadConfigFromEnvironment() {
     const char* value = os::getEnv(name.cString());
     if (!value) continue;
     if (option.kind == OptionView::kString) {
-      *static_cast<const char**>(option.field) = value;
+      // Copied: programs rewrite their environment block (Redis puts its process title there).
+      static char copies[kMaxStringOptions][kMaxStringOptionLength];
+      static size_t used = 0;
+      size_t length = strlen(value);
+      if (used >= kMaxStringOptions || length >= kMaxStringOptionLength) {
+        warn(variable, value, "too long");
+        continue;
+      }
+      memcpy(copies[used], value, length + 1);
+      *static_cast<const char**>(option.field) = copies[used++];
     } else if (const char* why = apply(option, value, strlen(value))) {
       warn(variable, value, why);
     }

@@ -33,7 +33,7 @@ struct HeapConfig {
   // A pass is skipped while partial spans hold less free memory than this: little to gain.
   size_t meshMinGainBytes = size_t{1} << 20;
   StatsFormat statsAtExit = StatsFormat::kNone;
-  const char* statsFile = nullptr;  // points into the environment block
+  const char* statsFile = nullptr;  // a copy of the variable's value
   bool showOptions = false;
 };
 

@@ -143,10 +143,13 @@ void GlobalHeap::freeRemote(MiniHeap* heap, size_t slot, uintptr_t address) {
     reportHeapError(HeapError::kDoubleFree, "free", reinterpret_cast<void*>(address));
   }
   if (!heap->bitmap().tryUnset(slot)) reportHeapError(HeapError::kDoubleFree, "free", reinterpret_cast<void*>(address));
+  // Read while our object still keeps the span alive: once the count drops, it may vanish.
+  uint32_t objectCount = heap->objectCount;
   uint32_t before = heap->liveCount.fetch_sub(1, std::memory_order_seq_cst);
   // Attached spans are the owner's business; a detached span needs attention when it leaves
-  // the full list's criterion (counted, found by the next refill) or becomes empty.
-  if (before == heap->objectCount && before != 1) {
+  // the full list's criterion (counted, found by the next refill) or becomes empty. With
+  // before > 1 the span still holds an object, so it cannot have been freed meanwhile.
+  if (before == objectCount && before != 1) {
     if (heap->owner.load(std::memory_order_relaxed) == nullptr && heap->sizeClass < kNumSizeClasses) {
       classes_[heap->sizeClass].fullSpansFreedInto.fetch_add(1, std::memory_order_relaxed);
     }
@@ -290,13 +293,18 @@ void GlobalHeap::partialOccupancy(unsigned sizeClass, size_t* spans, size_t* fre
   LockGuard guard(state.lock);
   *spans = 0;
   *freeSlots = 0;
-  for (auto& bin : state.partial) {
-    *spans += bin.size();
-    for (MiniHeap* heap = bin.front(); heap; heap = bin.next(heap)) {
+  auto count = [&](IntrusiveList<MiniHeap>& list) {
+    for (MiniHeap* heap = list.front(); heap; heap = list.next(heap)) {
       uint32_t live = heap->liveCount.load(std::memory_order_relaxed);
-      if (live < heap->objectCount) *freeSlots += heap->objectCount - live;
+      if (live < heap->objectCount) {
+        (*spans)++;
+        *freeSlots += heap->objectCount - live;
+      }
     }
-  }
+  };
+  for (auto& bin : state.partial) count(bin);
+  // Spans freed into after they filled up stay on the full list until a refill looks.
+  count(state.full);
 }
 
 SizeClassStats GlobalHeap::classStats(unsigned sizeClass) {

@@ -59,7 +59,8 @@ class GlobalHeap {
   static void returnMeshCandidates(unsigned sizeClass, MiniHeap* const* spans, size_t count);
   // Forgets a span whose objects and virtual span now belong to another (meshed into it).
   static void retireMeshedSource(unsigned sizeClass, MiniHeap* source);
-  // Partial spans and their free slots in `sizeClass`: what meshing could gain.
+  // Detached spans with free slots in `sizeClass` (partial, and full-listed but freed into)
+  // and those slots: what meshing could gain.
   static void partialOccupancy(unsigned sizeClass, size_t* spans, size_t* freeSlots);
 
   static SizeClassStats classStats(unsigned sizeClass);
