@@ -136,7 +136,7 @@ void MeshPolicy::startBackgroundThread() {
 }
 
 void MeshPolicy::onRefill() {
-  if (!gHeapConfig.meshing) return;
+  // The background thread also decays the dirty cache, so it runs with meshing off too.
   if (gHeapConfig.meshBackgroundThread) {
     if (gThreadStarted.load(std::memory_order_relaxed)) return;
     if (gRefills.fetch_add(1, std::memory_order_relaxed) + 1 < kRefillsBeforeThread) return;
@@ -144,6 +144,7 @@ void MeshPolicy::onRefill() {
     return;
   }
   // No background thread: the same policy, run by whichever thread refills when a pass is due.
+  if (!gHeapConfig.meshing) return;
   uint64_t next = gNextPassNs.load(std::memory_order_relaxed);
   if (os::monotonicNanos() < next) return;
   if (!gNextPassNs.compare_exchange_strong(next, UINT64_MAX)) return;  // one thread runs it

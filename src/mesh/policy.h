@@ -1,7 +1,8 @@
-// When meshing runs. A background thread (started once the program has shown real allocation
-// activity) looks at the heap every `mesh_period_ms` and meshes when the partial spans hold
-// enough free memory to be worth it, sleeping longer after expensive passes so that meshing
-// never takes more than `mesh_budget_permille` of one core. With the thread disabled, the
+// When meshing runs. A background thread, started once the program has shown real allocation
+// activity, wakes every `mesh_period_ms`: it returns dirty pages past their decay time (with
+// meshing on or off) and meshes when the detached spans hold enough free memory to be worth
+// it, sleeping longer after expensive passes so that meshing never takes more than
+// `mesh_budget_permille` of one core's time. With the thread disabled, the
 // allocation slow path runs the same policy inline. meshalloc_compact() meshes at once.
 #pragma once
 
