@@ -55,6 +55,28 @@ bool spanBusyWithIo(MiniHeap* span, size_t bytes) {
   return false;
 }
 
+// Reading /proc/self/maps costs milliseconds once meshing has made thousands of mappings,
+// so it is read every kRecountIntervalNs; in between, the count is estimated from the last
+// reading plus kMappingsPerMesh for every virtual span (alias or shared span) added since.
+constexpr uint64_t kRecountIntervalNs = 5'000'000'000ull;
+long gCountedMappings = -1;
+size_t gVirtualSpansAtCount = 0;
+uint64_t gCountedAtNs = 0;
+
+long mappingCount() {
+  SpanBackingStats backing = SpanBacking::stats();
+  size_t virtualSpans = backing.aliasSpans + backing.meshedSpans;
+  uint64_t now = os::monotonicNanos();
+  if (gCountedMappings < 0 || now - gCountedAtNs > kRecountIntervalNs) {
+    gCountedMappings = os::countMappings();
+    gVirtualSpansAtCount = virtualSpans;
+    gCountedAtNs = now;
+    return gCountedMappings;
+  }
+  long added = virtualSpans > gVirtualSpansAtCount ? static_cast<long>(virtualSpans - gVirtualSpansAtCount) : 0;
+  return gCountedMappings + added * Mesher::kMappingsPerMesh;
+}
+
 }  // namespace
 
 bool Mesher::meshGroup(MeshGroup& group, bool* merged) {
@@ -210,7 +232,7 @@ size_t Mesher::compact() {
   if (!WriteBarrier::install()) return 0;
   long limit = os::maxMapCount();
   long margin = limit / kMappingMarginDivisor > kMappingMarginMin ? limit / kMappingMarginDivisor : kMappingMarginMin;
-  long mappings = os::countMappings();
+  long mappings = mappingCount();
   gStats.lastMappingCount = mappings > 0 ? static_cast<uint64_t>(mappings) : 0;
   gStats.mappingLimit = static_cast<uint64_t>(limit - margin > 0 ? limit - margin : 0);
   long budget = mappings < 0 ? 0 : limit - margin - mappings;
@@ -238,6 +260,7 @@ void Mesher::unlockAfterFork() {
   gPassLock.unlock();
 }
 void Mesher::resetAfterFork() {
+  gCountedMappings = -1;
   gBatchLock.resetAfterFork();
   gPassLock.resetAfterFork();
 }
