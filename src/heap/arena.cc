@@ -4,6 +4,7 @@
 
 #include "heap/config.h"
 #include "heap/internal_heap.h"
+#include "heap/mini_heap.h"
 
 namespace meshalloc {
 
@@ -260,7 +261,8 @@ void Arena::assign(uintptr_t start, size_t pages, MiniHeap* owner, bool everyPag
   size_t count = everyPage ? pages : 1;
   for (size_t i = 0; i < count; i++) {
     size_t index = i <= PageEntry::kMaxPageIndex ? i : PageEntry::kMaxPageIndex;
-    entryRef(segment, start + (i << pageShift_)).store(PageEntry::make(owner, index), std::memory_order_release);
+    entryRef(segment, start + (i << pageShift_))
+        .store(PageEntry::make(owner, index, owner->sizeClass), std::memory_order_release);
   }
 }
 

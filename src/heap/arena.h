@@ -17,24 +17,30 @@ namespace meshalloc {
 
 struct MiniHeap;
 
-// Page-map entry encoding. A MiniHeap pointer (low bit clear) in bits 0..47, with the page's
-// index inside its virtual span in bits 48..63 so that any virtual span (including meshed
-// aliases) can locate its own start. A free run is marked on its first and last page with the
-// run's bookkeeping pointer and the low bit set. Every other page reads as zero.
+// Page-map entry encoding. A MiniHeap pointer (64-byte aligned, so its low bits are clear)
+// in bits 0..47; the page's index inside its virtual span in bits 48..55, so that any virtual
+// span (including meshed aliases) can locate its own start; and the span's size class in bits
+// 56..63 (kLargeClass for large objects), so that malloc_usable_size and pointer checks need
+// not touch the MiniHeap (a cache miss in big heaps). A free run is marked on its first and
+// last page with the run's bookkeeping pointer and a tag in the low bits. Every other page
+// reads as zero.
 struct PageEntry {
   static constexpr uint64_t kFreeRunTag = 1;
   // A run of freed pages still committed (the dirty cache), marked like a free run.
   static constexpr uint64_t kDirtyRunTag = 2;
   static constexpr uint64_t kTagMask = kFreeRunTag | kDirtyRunTag;
   static constexpr unsigned kPageIndexShift = 48;
+  static constexpr unsigned kClassShift = 56;
   static constexpr uint64_t kPointerMask = (1ull << kPageIndexShift) - 1;
-  static constexpr size_t kMaxPageIndex = (1u << (64 - kPageIndexShift)) - 1;
+  static constexpr size_t kMaxPageIndex = (1u << (kClassShift - kPageIndexShift)) - 1;
 
   static bool isMiniHeap(uint64_t entry) { return entry != 0 && !(entry & kTagMask); }
   static MiniHeap* miniHeap(uint64_t entry) { return reinterpret_cast<MiniHeap*>(entry & kPointerMask); }
-  static size_t pageIndex(uint64_t entry) { return entry >> kPageIndexShift; }
-  static uint64_t make(MiniHeap* heap, size_t pageIndex) {
-    return reinterpret_cast<uintptr_t>(heap) | (static_cast<uint64_t>(pageIndex) << kPageIndexShift);
+  static size_t pageIndex(uint64_t entry) { return (entry >> kPageIndexShift) & kMaxPageIndex; }
+  static unsigned sizeClass(uint64_t entry) { return static_cast<unsigned>(entry >> kClassShift); }
+  static uint64_t make(MiniHeap* heap, size_t pageIndex, unsigned sizeClass) {
+    return reinterpret_cast<uintptr_t>(heap) | (static_cast<uint64_t>(pageIndex) << kPageIndexShift) |
+           (static_cast<uint64_t>(sizeClass) << kClassShift);
   }
 };
 

@@ -278,6 +278,16 @@ void* reallocate(void* pointer, size_t size) {
 
 size_t usableSize(const void* pointer) {
   if (!pointer) return 0;
+  // Small objects: the page map entry alone says the class, and the slot check needs only the
+  // class's plan. Meshing never changes an address's class, so no guard is needed either.
+  uintptr_t address = reinterpret_cast<uintptr_t>(pointer);
+  uint64_t small = Arena::entryFor(address);
+  if (__builtin_expect(PageEntry::isMiniHeap(small), 1)) {
+    unsigned sizeClass = PageEntry::sizeClass(small);
+    if (sizeClass < kNumSizeClasses && SizeClasses::slotOf(sizeClass, address - spanStartFor(address, small)) >= 0) {
+      return kSizeClassSizes[sizeClass];
+    }
+  }
   OperationGuard guard;
   uint64_t entry = Arena::entryFor(reinterpret_cast<uintptr_t>(pointer));
   int64_t slot;

@@ -13,14 +13,14 @@ uint32_t planPages(uint32_t objectSize, size_t pageSize) {
   for (size_t pages = minPages; pages <= minPages * kMaxSpanGrowthFactor; pages++) {
     size_t bytes = pages * pageSize;
     size_t waste = bytes % objectSize;
-    if (waste * kTailWasteDivisor <= bytes) return static_cast<uint32_t>(pages);
+    if (waste * kTailWasteDivisor <= bytes && pages <= kMaxSpanPages) return static_cast<uint32_t>(pages);
     // Compare waste as a fraction of the span: waste/bytes < bestWaste/bestBytes.
     if (waste * (bestPages * pageSize) < bestWaste * bytes) {
       bestPages = pages;
       bestWaste = waste;
     }
   }
-  return static_cast<uint32_t>(bestPages);
+  return static_cast<uint32_t>(bestPages < kMaxSpanPages ? bestPages : kMaxSpanPages);
 }
 
 }  // namespace

@@ -17,6 +17,8 @@ constexpr size_t kMinSpanBytes = 4096;
 // A span is grown page by page while its unused tail exceeds 1/kTailWasteDivisor of it.
 constexpr size_t kTailWasteDivisor = 32;
 constexpr size_t kMaxSpanGrowthFactor = 4;
+// A small span's pages are indexed in 8 bits of its page-map entries (see PageEntry).
+constexpr size_t kMaxSpanPages = 255;
 
 constexpr uint32_t kSizeClassSizes[] = {
     16,   32,   48,   64,   80,   96,   112,  128,                            // 16-byte steps
@@ -44,6 +46,13 @@ class SizeClasses {
 
   static unsigned classOf(size_t size) { return lookup_[(size + kMinAlignment - 1) / kMinAlignment]; }
   static const SpanPlan& plan(unsigned sizeClass) { return plans_[sizeClass]; }
+  // Slot index of `delta` bytes into a span of `sizeClass`, or -1 if it is not a slot start.
+  static int64_t slotOf(unsigned sizeClass, uintptr_t delta) {
+    const SpanPlan& p = plans_[sizeClass];
+    uint64_t slot = (static_cast<uint64_t>(delta) * p.reciprocal) >> 32;
+    if (slot * p.objectSize != delta || slot >= p.objectCount) return -1;
+    return static_cast<int64_t>(slot);
+  }
   static size_t maxObjectsPerSpan() { return maxObjects_; }
 
   // Smallest class whose size is at least `size` and whose objects are all aligned to
