@@ -204,7 +204,22 @@ void* allocateSlow(size_t size) {
 void deallocateSlow(void* pointer) {
   if (!pointer) return;
   OperationGuard guard;
-  uint64_t entry = Arena::entryFor(reinterpret_cast<uintptr_t>(pointer));
+  uintptr_t address = reinterpret_cast<uintptr_t>(pointer);
+  uint64_t entry = Arena::entryFor(address);
+  // The common case first: a valid small object in a span this thread does not hold. The
+  // page-map entry gives the class, so the slot check needs no MiniHeap field.
+  if (__builtin_expect(PageEntry::isMiniHeap(entry), 1)) {
+    unsigned sizeClass = PageEntry::sizeClass(entry);
+    if (sizeClass < kNumSizeClasses) {
+      int64_t slot = SizeClasses::slotOf(sizeClass, address - spanStartFor(address, entry));
+      MiniHeap* mini = PageEntry::miniHeap(entry);
+      ThreadHeap* heap = tlsThreadHeap;
+      if (slot >= 0 && (heap == nullptr || mini->owner.load(std::memory_order_relaxed) != heap)) {
+        GlobalHeap::freeRemote(mini, static_cast<size_t>(slot), address);
+        return;
+      }
+    }
+  }
   int64_t slot;
   MiniHeap* mini = resolve(pointer, entry, "free", &slot);
   if (!mini) {
