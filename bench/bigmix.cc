@@ -16,10 +16,10 @@ struct Slot {
 
 size_t drawSize(bench::Rng& rng) {
   uint64_t bucket = rng.below(1000);
-  if (bucket < 600) return rng.logUniform(8, 256);                  // 60 %: small
-  if (bucket < 900) return rng.logUniform(257, 16 << 10);           // 30 %: up to 16 KiB
+  if (bucket < 600) return rng.logUniform(8, 256);                     // 60 %: small
+  if (bucket < 900) return rng.logUniform(257, 16 << 10);              // 30 %: up to 16 KiB
   if (bucket < 990) return rng.logUniform((16 << 10) + 1, 256 << 10);  //  9 %: up to 256 KiB
-  return rng.logUniform((256 << 10) + 1, 2 << 20);                  //  1 %: up to 2 MiB
+  return rng.logUniform((256 << 10) + 1, 2 << 20);                     //  1 %: up to 2 MiB
 }
 
 }  // namespace

@@ -59,7 +59,8 @@ int main(int argc, char** argv) {
       {"seed", &gSeed, "random seed"},
   };
   bench::parseOptions(argc, argv, "churn", options);
-  if (gThreads < 1 || gSlots < 1 || gMin < 1 || gMin > gMax) bench::usage(argv[0], "churn", options, 6, "bad values");
+  if (gThreads < 1 || gSlots < 1 || gMin < 1 || gMin > gMax)
+    bench::usage(argv[0], "churn", options, 6, "bad values");
 
   Worker* workers = static_cast<Worker*>(bench::mustMalloc(gThreads * sizeof(Worker)));
   pthread_t* ids = static_cast<pthread_t*>(bench::mustMalloc(gThreads * sizeof(pthread_t)));

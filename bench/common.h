@@ -27,8 +27,8 @@ struct Option {
   const char* help;
 };
 
-[[noreturn]] inline void usage(const char* program, const char* workload, const Option* options, size_t count,
-                               const char* why) {
+[[noreturn]] inline void usage(const char* program, const char* workload, const Option* options,
+                               size_t count, const char* why) {
   if (why) fprintf(stderr, "%s: %s\n", program, why);
   fprintf(stderr, "usage: %s [--option=value ...]   (workload %s)\n", program, workload);
   for (size_t i = 0; i < count; i++) {
@@ -44,10 +44,23 @@ inline bool parseNumber(const char* text, uint64_t* out) {
   if (end == text) return false;
   unsigned shift = 0;
   switch (*end) {
-    case 'k': case 'K': shift = 10; end++; break;
-    case 'm': case 'M': shift = 20; end++; break;
-    case 'g': case 'G': shift = 30; end++; break;
-    default: break;
+    case 'k':
+    case 'K':
+      shift = 10;
+      end++;
+      break;
+    case 'm':
+    case 'M':
+      shift = 20;
+      end++;
+      break;
+    case 'g':
+    case 'G':
+      shift = 30;
+      end++;
+      break;
+    default:
+      break;
   }
   if (shift && (*end == 'i' || *end == 'I')) end++;
   if (shift && (*end == 'b' || *end == 'B')) end++;
@@ -60,7 +73,8 @@ template <size_t N>
 void parseOptions(int argc, char** argv, const char* workload, const Option (&options)[N]) {
   for (int i = 1; i < argc; i++) {
     const char* arg = argv[i];
-    if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0) usage(argv[0], workload, options, N, nullptr);
+    if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0)
+      usage(argv[0], workload, options, N, nullptr);
     if (strncmp(arg, "--", 2) != 0) usage(argv[0], workload, options, N, "options start with --");
     arg += 2;
     const char* equals = strchr(arg, '=');
@@ -68,10 +82,12 @@ void parseOptions(int argc, char** argv, const char* workload, const Option (&op
     const char* value = equals ? equals + 1 : (i + 1 < argc ? argv[++i] : nullptr);
     const Option* match = nullptr;
     for (const Option& option : options) {
-      if (strlen(option.name) == nameLength && strncmp(option.name, arg, nameLength) == 0) match = &option;
+      if (strlen(option.name) == nameLength && strncmp(option.name, arg, nameLength) == 0)
+        match = &option;
     }
     if (!match) usage(argv[0], workload, options, N, "unknown option");
-    if (!value || !parseNumber(value, match->value)) usage(argv[0], workload, options, N, "bad or missing value");
+    if (!value || !parseNumber(value, match->value))
+      usage(argv[0], workload, options, N, "bad or missing value");
   }
 }
 
@@ -109,7 +125,9 @@ class Rng {
   }
 
   // Uniform in [0, bound), bound > 0 (multiply-shift; the bias is negligible here).
-  uint64_t below(uint64_t bound) { return static_cast<uint64_t>((static_cast<Wide>(next()) * bound) >> 64); }
+  uint64_t below(uint64_t bound) {
+    return static_cast<uint64_t>((static_cast<Wide>(next()) * bound) >> 64);
+  }
   // Uniform in [lo, hi].
   uint64_t between(uint64_t lo, uint64_t hi) { return lo + below(hi - lo + 1); }
   // True with probability permille / 1000.
@@ -144,7 +162,9 @@ inline size_t pageSize() {
   return size;
 }
 
-inline uint64_t tagFor(uint64_t id, size_t size) { return (id * 0x9e3779b97f4a7c15ULL) ^ size; }
+inline uint64_t tagFor(uint64_t id, size_t size) {
+  return (id * 0x9e3779b97f4a7c15ULL) ^ size;
+}
 
 inline void touch(void* block, size_t size, uint64_t tag) {
   unsigned char* bytes = static_cast<unsigned char*>(block);
@@ -154,12 +174,14 @@ inline void touch(void* block, size_t size, uint64_t tag) {
     bytes[0] = static_cast<unsigned char>(tag);
   }
   const size_t page = pageSize();
-  for (size_t offset = page; offset < size; offset += page) bytes[offset] = static_cast<unsigned char>(tag >> 8);
+  for (size_t offset = page; offset < size; offset += page)
+    bytes[offset] = static_cast<unsigned char>(tag >> 8);
   if (size > sizeof(tag)) bytes[size - 1] = static_cast<unsigned char>(tag >> 16);
 }
 
 [[noreturn]] inline void corrupted(const void* block, size_t size) {
-  fprintf(stderr, "bench: block %p (size %zu) lost its contents: the allocator corrupted it\n", block, size);
+  fprintf(stderr, "bench: block %p (size %zu) lost its contents: the allocator corrupted it\n",
+          block, size);
   abort();
 }
 
@@ -173,7 +195,8 @@ inline uint64_t check(const void* block, size_t size, uint64_t tag) {
   } else if (size && bytes[0] != static_cast<unsigned char>(tag)) {
     corrupted(block, size);
   }
-  if (size > sizeof(tag) && bytes[size - 1] != static_cast<unsigned char>(tag >> 16)) corrupted(block, size);
+  if (size > sizeof(tag) && bytes[size - 1] != static_cast<unsigned char>(tag >> 16))
+    corrupted(block, size);
   return tag;
 }
 
@@ -203,12 +226,15 @@ inline long maxRssKb() {
 
 // The single machine-readable line every benchmark prints on stdout: space-separated
 // key=value pairs, always starting with workload, threads, seconds, ops.
-inline void report(const char* workload, uint64_t threads, double seconds, uint64_t ops, uint64_t checksum,
-                   const char* extra = "") {
-  printf("workload=%s threads=%llu seconds=%.6f ops=%llu mops_per_s=%.3f maxrss_kb=%ld checksum=%016llx%s%s\n",
-         workload, static_cast<unsigned long long>(threads), seconds, static_cast<unsigned long long>(ops),
-         seconds > 0 ? static_cast<double>(ops) / seconds * 1e-6 : 0.0, maxRssKb(),
-         static_cast<unsigned long long>(checksum), *extra ? " " : "", extra);
+inline void report(const char* workload, uint64_t threads, double seconds, uint64_t ops,
+                   uint64_t checksum, const char* extra = "") {
+  printf(
+      "workload=%s threads=%llu seconds=%.6f ops=%llu mops_per_s=%.3f maxrss_kb=%ld "
+      "checksum=%016llx%s%s\n",
+      workload, static_cast<unsigned long long>(threads), seconds,
+      static_cast<unsigned long long>(ops),
+      seconds > 0 ? static_cast<double>(ops) / seconds * 1e-6 : 0.0, maxRssKb(),
+      static_cast<unsigned long long>(checksum), *extra ? " " : "", extra);
   fflush(stdout);
 }
 

@@ -25,7 +25,8 @@ int main(int argc, char** argv) {
       {"seed", &gSeed, "random seed"},
   };
   bench::parseOptions(argc, argv, "large", options);
-  if (gSlots < 1 || gMin < 1 || gMin > gMax) bench::usage(argv[0], "large", options, 5, "bad values");
+  if (gSlots < 1 || gMin < 1 || gMin > gMax)
+    bench::usage(argv[0], "large", options, 5, "bad values");
 
   bench::Rng rng(gSeed);
   Slot* slots = static_cast<Slot*>(bench::mustMalloc(gSlots * sizeof(Slot)));

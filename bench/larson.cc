@@ -13,8 +13,8 @@
 
 namespace {
 
-uint64_t gThreads = 2, gIterations = 30000, gGenerations = 100, gSlots = 1000, gMin = 8, gMax = 1000,
-         gSeed = 1;
+uint64_t gThreads = 2, gIterations = 30000, gGenerations = 100, gSlots = 1000, gMin = 8,
+         gMax = 1000, gSeed = 1;
 
 struct Slot {
   void* block;
@@ -110,7 +110,8 @@ int main(int argc, char** argv) {
   uint64_t checksum = 0;
   for (uint64_t t = 0; t < gThreads; t++) {
     for (uint64_t i = 0; i < gSlots; i++) {
-      checksum += bench::check(lineages[t].slots[i].block, lineages[t].slots[i].size, lineages[t].slots[i].tag);
+      checksum += bench::check(lineages[t].slots[i].block, lineages[t].slots[i].size,
+                               lineages[t].slots[i].tag);
       free(lineages[t].slots[i].block);
     }
     free(lineages[t].slots);
@@ -118,7 +119,8 @@ int main(int argc, char** argv) {
   }
   double seconds = bench::now() - start;
 
-  bench::report("larson", gThreads, seconds, gThreads * (gSlots + gIterations * gGenerations), checksum);
+  bench::report("larson", gThreads, seconds, gThreads * (gSlots + gIterations * gGenerations),
+                checksum);
   free(lineages);
   return 0;
 }

@@ -90,7 +90,8 @@ int main(int argc, char** argv) {
   };
   bench::parseOptions(argc, argv, "prodcons", options);
   if (gThreads < 2 || gThreads % 2 || gMin < 1 || gMin > gMax || gRing < 2 || (gRing & (gRing - 1)))
-    bench::usage(argv[0], "prodcons", options, 6, "threads must be even and >= 2, ring a power of two");
+    bench::usage(argv[0], "prodcons", options, 6,
+                 "threads must be even and >= 2, ring a power of two");
 
   const uint64_t pairs = gThreads / 2;
   Pair* pairList = static_cast<Pair*>(aligned_alloc(64, pairs * sizeof(Pair)));

@@ -57,7 +57,8 @@ int main(int argc, char** argv) {
       abort();
     }
     // The old contents must have survived: check the ends and one byte per page.
-    if (grown[0] != buffer.fill || grown[oldSize - 1] != buffer.fill || grown[oldSize / 2] != buffer.fill)
+    if (grown[0] != buffer.fill || grown[oldSize - 1] != buffer.fill ||
+        grown[oldSize / 2] != buffer.fill)
       bench::corrupted(grown, oldSize);
     // Write the new part like a program would: appended text completely, a doubled array's
     // new half one byte per page (it is filled later, if ever).

@@ -53,12 +53,13 @@ struct Options {
 
 [[noreturn]] void usage(const char* program, const char* why) {
   if (why) fprintf(stderr, "%s: %s\n", program, why);
-  fprintf(stderr,
-          "usage: %s [--threads T] [--rounds 5] [--objects 10000] [--keep-percent 10] [--min 16]\n"
-          "          [--max 1024] [--seed S] [--settle-ms 300] [--compact]\n"
-          "Options take `--name value` or `--name=value`; --compact calls meshalloc_compact() (if the\n"
-          "allocator exports it) after the threads are joined.\n",
-          program);
+  fprintf(
+      stderr,
+      "usage: %s [--threads T] [--rounds 5] [--objects 10000] [--keep-percent 10] [--min 16]\n"
+      "          [--max 1024] [--seed S] [--settle-ms 300] [--compact]\n"
+      "Options take `--name value` or `--name=value`; --compact calls meshalloc_compact() (if the\n"
+      "allocator exports it) after the threads are joined.\n",
+      program);
   exit(2);
 }
 
@@ -67,9 +68,10 @@ Options parseArguments(int argc, char** argv) {
   struct Numeric {
     const char* name;
     uint64_t* value;
-  } numeric[] = {{"threads", &o.threads},   {"rounds", &o.rounds},         {"objects", &o.objects},
-                 {"keep-percent", &o.keepPercent}, {"min", &o.minSize},   {"max", &o.maxSize},
-                 {"seed", &o.seed},         {"settle-ms", &o.settleMs}};
+  } numeric[] = {{"threads", &o.threads}, {"rounds", &o.rounds},
+                 {"objects", &o.objects}, {"keep-percent", &o.keepPercent},
+                 {"min", &o.minSize},     {"max", &o.maxSize},
+                 {"seed", &o.seed},       {"settle-ms", &o.settleMs}};
   for (int i = 1; i < argc; i++) {
     const char* arg = argv[i];
     if (!strcmp(arg, "-h") || !strcmp(arg, "--help")) usage(argv[0], nullptr);
@@ -122,7 +124,9 @@ inline uint64_t patternBase(const void* p, size_t size, uint64_t seed) {
   return x ^ (x >> 29);
 }
 
-inline uint64_t patternWord(uint64_t base, size_t word) { return base + word * 0xd1b54a32d192ed03ULL; }
+inline uint64_t patternWord(uint64_t base, size_t word) {
+  return base + word * 0xd1b54a32d192ed03ULL;
+}
 
 void fill(void* p, size_t size, uint64_t seed) {
   auto* bytes = static_cast<unsigned char*>(p);
@@ -133,7 +137,8 @@ void fill(void* p, size_t size, uint64_t seed) {
     memcpy(bytes + 8 * w, &v, 8);
   }
   uint64_t tail = patternWord(base, words);
-  for (size_t i = 8 * words; i < size; i++) bytes[i] = static_cast<unsigned char>(tail >> (8 * (i - 8 * words)));
+  for (size_t i = 8 * words; i < size; i++)
+    bytes[i] = static_cast<unsigned char>(tail >> (8 * (i - 8 * words)));
 }
 
 bool intact(const void* p, size_t size, uint64_t seed) {
@@ -166,7 +171,8 @@ struct Worker {
   size_t capacity = 0;
 };
 
-void work(const Options& o, unsigned index, Worker* worker, bench::Barrier* start, bench::Barrier* done) {
+void work(const Options& o, unsigned index, Worker* worker, bench::Barrier* start,
+          bench::Barrier* done) {
   bench::Rng rng(o.seed, index + 1);
   const size_t perRound = o.objects;
   const size_t keepPerRound = perRound * o.keepPercent / 100;
@@ -255,7 +261,8 @@ int main(int argc, char** argv) {
   std::vector<Worker> workers(threads);
   for (Worker& w : workers) {
     w.capacity = capacity;
-    w.retained = capacity ? static_cast<Retained*>(mapPrivate(capacity * sizeof(Retained))) : nullptr;
+    w.retained =
+        capacity ? static_cast<Retained*>(mapPrivate(capacity * sizeof(Retained))) : nullptr;
   }
   std::vector<std::thread> pool;
   pool.reserve(threads);
@@ -263,7 +270,8 @@ int main(int argc, char** argv) {
 
   // The main thread joins the start barrier too, so the clock starts when everyone is ready.
   bench::Barrier start(threads + 1), done(threads);
-  for (unsigned t = 0; t < threads; t++) pool.emplace_back(work, std::cref(o), t, &workers[t], &start, &done);
+  for (unsigned t = 0; t < threads; t++)
+    pool.emplace_back(work, std::cref(o), t, &workers[t], &start, &done);
   start.wait();
   const double begin = bench::now();
   for (std::thread& t : pool) t.join();
@@ -277,10 +285,12 @@ int main(int argc, char** argv) {
 
   if (o.compact) {
     using CompactFn = size_t (*)();
-    if (auto compact = reinterpret_cast<CompactFn>(dlsym(RTLD_DEFAULT, "meshalloc_compact"))) compact();
+    if (auto compact = reinterpret_cast<CompactFn>(dlsym(RTLD_DEFAULT, "meshalloc_compact")))
+      compact();
   }
   if (o.settleMs) {
-    timespec pause = {static_cast<time_t>(o.settleMs / 1000), static_cast<long>(o.settleMs % 1000) * 1000000L};
+    timespec pause = {static_cast<time_t>(o.settleMs / 1000),
+                      static_cast<long>(o.settleMs % 1000) * 1000000L};
     while (nanosleep(&pause, &pause) != 0) {
     }
   }
@@ -301,7 +311,8 @@ int main(int argc, char** argv) {
   uint64_t checksum = 0;
   for (Worker& w : workers) {
     for (size_t i = 0; i < w.count; i++) {
-      if (!intact(w.retained[i].p, w.retained[i].size, o.seed)) bench::corrupted(w.retained[i].p, w.retained[i].size);
+      if (!intact(w.retained[i].p, w.retained[i].size, o.seed))
+        bench::corrupted(w.retained[i].p, w.retained[i].size);
       checksum = checksum * 0x100000001b3ULL ^ w.retained[i].size;
     }
     for (size_t i = 0; i < w.count; i++) free(w.retained[i].p);
@@ -309,9 +320,11 @@ int main(int argc, char** argv) {
     w.retained = nullptr;
   }
 
-  printf("threads=%u live_bytes=%" PRIu64 " pss_bytes=%lld pte_bytes=%lld ratio=%.3f seconds=%.4f "
+  printf("threads=%u live_bytes=%" PRIu64
+         " pss_bytes=%lld pte_bytes=%lld ratio=%.3f seconds=%.4f "
          "base_pss_bytes=%lld mappings=%lld retained=%" PRIu64 " checksum=%016" PRIx64 "\n",
-         threads, liveBytes, pss, pte, liveBytes ? static_cast<double>(pss) / static_cast<double>(liveBytes) : 0.0,
-         seconds, basePss, mappings, retained, checksum);
+         threads, liveBytes, pss, pte,
+         liveBytes ? static_cast<double>(pss) / static_cast<double>(liveBytes) : 0.0, seconds,
+         basePss, mappings, retained, checksum);
   return 0;
 }

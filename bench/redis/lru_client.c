@@ -43,7 +43,7 @@
 #define READ_CHUNK 65536
 
 struct options {
-  const char *host;
+  const char* host;
   int port;
   long phase_keys[2];
   long value_size[2];
@@ -68,16 +68,17 @@ static double now_seconds(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-static void usage(const char *why) {
-  fprintf(stderr,
-          "lru_client: %s\nusage: lru_client --port PORT [--host ADDR] [--phase1 N] [--size1 BYTES] "
-          "[--phase2 N] [--size2 BYTES] [--batch N] [--seed S] [--connect-timeout SECONDS]\n",
-          why);
+static void usage(const char* why) {
+  fprintf(
+      stderr,
+      "lru_client: %s\nusage: lru_client --port PORT [--host ADDR] [--phase1 N] [--size1 BYTES] "
+      "[--phase2 N] [--size2 BYTES] [--batch N] [--seed S] [--connect-timeout SECONDS]\n",
+      why);
   exit(1);
 }
 
-static long parse_long(const char *name, const char *text, long min, long max) {
-  char *end;
+static long parse_long(const char* name, const char* text, long min, long max) {
+  char* end;
   errno = 0;
   long value = strtol(text, &end, 10);
   if (errno || end == text || *end || value < min || value > max) {
@@ -88,7 +89,7 @@ static long parse_long(const char *name, const char *text, long min, long max) {
   return value;
 }
 
-static void parse_options(int argc, char **argv, struct options *o) {
+static void parse_options(int argc, char** argv, struct options* o) {
   o->host = "127.0.0.1";
   o->port = 0;
   o->phase_keys[0] = 700000;
@@ -99,19 +100,28 @@ static void parse_options(int argc, char **argv, struct options *o) {
   o->seed = 1;
   o->connect_timeout = 5.0;
   for (int i = 1; i < argc; i++) {
-    const char *name = argv[i];
+    const char* name = argv[i];
     if (!strcmp(name, "--help") || !strcmp(name, "-h")) usage("help");
     if (i + 1 >= argc) usage("missing value after an option");
-    const char *value = argv[++i];
-    if (!strcmp(name, "--host")) o->host = value;
-    else if (!strcmp(name, "--port")) o->port = (int)parse_long(name, value, 1, 65535);
-    else if (!strcmp(name, "--phase1")) o->phase_keys[0] = parse_long(name, value, 0, 1L << 40);
-    else if (!strcmp(name, "--size1")) o->value_size[0] = parse_long(name, value, 1, MAX_VALUE);
-    else if (!strcmp(name, "--phase2")) o->phase_keys[1] = parse_long(name, value, 0, 1L << 40);
-    else if (!strcmp(name, "--size2")) o->value_size[1] = parse_long(name, value, 1, MAX_VALUE);
-    else if (!strcmp(name, "--batch")) o->batch = parse_long(name, value, 1, 100000);
-    else if (!strcmp(name, "--seed")) o->seed = (uint64_t)parse_long(name, value, 0, INT64_MAX);
-    else if (!strcmp(name, "--connect-timeout")) o->connect_timeout = (double)parse_long(name, value, 0, 3600);
+    const char* value = argv[++i];
+    if (!strcmp(name, "--host"))
+      o->host = value;
+    else if (!strcmp(name, "--port"))
+      o->port = (int)parse_long(name, value, 1, 65535);
+    else if (!strcmp(name, "--phase1"))
+      o->phase_keys[0] = parse_long(name, value, 0, 1L << 40);
+    else if (!strcmp(name, "--size1"))
+      o->value_size[0] = parse_long(name, value, 1, MAX_VALUE);
+    else if (!strcmp(name, "--phase2"))
+      o->phase_keys[1] = parse_long(name, value, 0, 1L << 40);
+    else if (!strcmp(name, "--size2"))
+      o->value_size[1] = parse_long(name, value, 1, MAX_VALUE);
+    else if (!strcmp(name, "--batch"))
+      o->batch = parse_long(name, value, 1, 100000);
+    else if (!strcmp(name, "--seed"))
+      o->seed = (uint64_t)parse_long(name, value, 0, INT64_MAX);
+    else if (!strcmp(name, "--connect-timeout"))
+      o->connect_timeout = (double)parse_long(name, value, 0, 3600);
     else {
       char message[160];
       snprintf(message, sizeof message, "unknown option '%s'", name);
@@ -122,7 +132,7 @@ static void parse_options(int argc, char **argv, struct options *o) {
 }
 
 /* Connect, retrying while the server is still starting (connection refused). */
-static int connect_server(const struct options *o) {
+static int connect_server(const struct options* o) {
   struct sockaddr_in address;
   memset(&address, 0, sizeof address);
   address.sin_family = AF_INET;
@@ -138,7 +148,7 @@ static int connect_server(const struct options *o) {
       perror("lru_client: socket");
       exit(1);
     }
-    if (connect(fd, (struct sockaddr *)&address, sizeof address) == 0) {
+    if (connect(fd, (struct sockaddr*)&address, sizeof address) == 0) {
       int one = 1;
       setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
       return fd;
@@ -146,7 +156,8 @@ static int connect_server(const struct options *o) {
     int error = errno;
     close(fd);
     if ((error != ECONNREFUSED && error != EINTR) || now_seconds() >= deadline) {
-      fprintf(stderr, "lru_client: cannot connect to %s:%d: %s\n", o->host, o->port, strerror(error));
+      fprintf(stderr, "lru_client: cannot connect to %s:%d: %s\n", o->host, o->port,
+              strerror(error));
       exit(1);
     }
     struct timespec pause = {0, 20 * 1000 * 1000};
@@ -154,7 +165,7 @@ static int connect_server(const struct options *o) {
   }
 }
 
-static void write_all(int fd, const char *data, size_t length) {
+static void write_all(int fd, const char* data, size_t length) {
   while (length) {
     ssize_t n = write(fd, data, length);
     if (n < 0) {
@@ -175,7 +186,7 @@ static size_t reply_start, reply_end;
 static long read_replies(int fd, long count) {
   long errors = 0;
   while (count > 0) {
-    char *line_end = memchr(reply_buffer + reply_start, '\n', reply_end - reply_start);
+    char* line_end = memchr(reply_buffer + reply_start, '\n', reply_end - reply_start);
     if (line_end) {
       char type = reply_buffer[reply_start];
       if (type == '-') {
@@ -205,7 +216,8 @@ static long read_replies(int fd, long count) {
     ssize_t n = read(fd, reply_buffer + reply_end, sizeof reply_buffer - reply_end);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
-      fprintf(stderr, "lru_client: the server closed the connection (%s)\n", n < 0 ? strerror(errno) : "EOF");
+      fprintf(stderr, "lru_client: the server closed the connection (%s)\n",
+              n < 0 ? strerror(errno) : "EOF");
       exit(2);
     }
     reply_end += (size_t)n;
@@ -214,16 +226,19 @@ static long read_replies(int fd, long count) {
 }
 
 /* Runs one phase; returns its wall-clock seconds and adds its error replies to *errors. */
-static double run_phase(int fd, long keys, long value_size, long batch, const char *pool, long *errors) {
-  /* One command: *3 $3 SET $20 key:<16 hex> $<n> <value>, with CRLFs; 64 bytes cover the headers. */
+static double run_phase(int fd, long keys, long value_size, long batch, const char* pool,
+                        long* errors) {
+  /* One command: *3 $3 SET $20 key:<16 hex> $<n> <value>, with CRLFs; 64 bytes cover the headers.
+   */
   size_t command_max = (size_t)value_size + 4 + KEY_HEX_DIGITS + 64;
-  char *buffer = malloc(command_max * (size_t)batch);
+  char* buffer = malloc(command_max * (size_t)batch);
   if (!buffer) {
     fprintf(stderr, "lru_client: out of memory\n");
     exit(1);
   }
   char header[64];
-  int header_length = snprintf(header, sizeof header, "*3\r\n$3\r\nSET\r\n$%d\r\n", 4 + KEY_HEX_DIGITS);
+  int header_length =
+      snprintf(header, sizeof header, "*3\r\n$3\r\nSET\r\n$%d\r\n", 4 + KEY_HEX_DIGITS);
   char value_header[32];
   int value_header_length = snprintf(value_header, sizeof value_header, "\r\n$%ld\r\n", value_size);
   static const char hex[] = "0123456789abcdef";
@@ -231,14 +246,15 @@ static double run_phase(int fd, long keys, long value_size, long batch, const ch
   double start = now_seconds();
   for (long done = 0; done < keys;) {
     long n = keys - done < batch ? keys - done : batch;
-    char *p = buffer;
+    char* p = buffer;
     for (long i = 0; i < n; i++) {
       uint64_t key = next_random();
       memcpy(p, header, (size_t)header_length);
       p += header_length;
       memcpy(p, "key:", 4);
       p += 4;
-      for (int digit = KEY_HEX_DIGITS - 1; digit >= 0; digit--) p[KEY_HEX_DIGITS - 1 - digit] = hex[(key >> (4 * digit)) & 15];
+      for (int digit = KEY_HEX_DIGITS - 1; digit >= 0; digit--)
+        p[KEY_HEX_DIGITS - 1 - digit] = hex[(key >> (4 * digit)) & 15];
       p += KEY_HEX_DIGITS;
       memcpy(p, value_header, (size_t)value_header_length);
       p += value_header_length;
@@ -264,7 +280,7 @@ static double run_phase(int fd, long keys, long value_size, long batch, const ch
   return seconds;
 }
 
-int main(int argc, char **argv) {
+int main(int argc, char** argv) {
   struct options o;
   parse_options(argc, argv, &o);
   rng_state = o.seed;
@@ -277,12 +293,14 @@ int main(int argc, char **argv) {
   long errors = 0;
   double seconds[2];
   for (int phase = 0; phase < 2; phase++)
-    seconds[phase] = run_phase(fd, o.phase_keys[phase], o.value_size[phase], o.batch, pool, &errors);
+    seconds[phase] =
+        run_phase(fd, o.phase_keys[phase], o.value_size[phase], o.batch, pool, &errors);
   close(fd);
 
-  printf("lru_client phase1_keys=%ld phase1_value=%ld phase1_s=%.6f phase2_keys=%ld phase2_value=%ld "
-         "phase2_s=%.6f total_s=%.6f errors=%ld batch=%ld seed=%llu\n",
-         o.phase_keys[0], o.value_size[0], seconds[0], o.phase_keys[1], o.value_size[1], seconds[1],
-         seconds[0] + seconds[1], errors, o.batch, (unsigned long long)o.seed);
+  printf(
+      "lru_client phase1_keys=%ld phase1_value=%ld phase1_s=%.6f phase2_keys=%ld phase2_value=%ld "
+      "phase2_s=%.6f total_s=%.6f errors=%ld batch=%ld seed=%llu\n",
+      o.phase_keys[0], o.value_size[0], seconds[0], o.phase_keys[1], o.value_size[1], seconds[1],
+      seconds[0] + seconds[1], errors, o.batch, (unsigned long long)o.seed);
   return 0;
 }

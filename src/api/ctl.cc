@@ -45,13 +45,16 @@ int readValue(void* oldp, size_t* oldlenp, T value) {
   return 0;
 }
 
-bool readOnly(void* newp, size_t newlen) { return newp == nullptr && newlen == 0; }
+bool readOnly(void* newp, size_t newlen) {
+  return newp == nullptr && newlen == 0;
+}
 
 // Parses "<digits>." at *cursor, advancing past it.
 bool parseIndex(const char*& cursor, size_t* index) {
   size_t value = 0;
   const char* start = cursor;
-  while (*cursor >= '0' && *cursor <= '9') value = value * 10 + static_cast<size_t>(*cursor++ - '0');
+  while (*cursor >= '0' && *cursor <= '9')
+    value = value * 10 + static_cast<size_t>(*cursor++ - '0');
   if (cursor == start) return false;
   *index = value;
   return true;
@@ -68,9 +71,13 @@ int classValue(size_t sizeClass, const char* field, void* oldp, size_t* oldlenp)
   if (sizeClass >= kNumSizeClasses) return ENOENT;
   const SizeClassStats& s = snapshot().classes[sizeClass];
   if (!strcmp(field, "size")) return readValue<size_t>(oldp, oldlenp, s.objectSize);
-  if (!strcmp(field, "spans") || !strcmp(field, "curslabs")) return readValue<size_t>(oldp, oldlenp, s.spans);
-  if (!strcmp(field, "objects") || !strcmp(field, "curregs")) return readValue<size_t>(oldp, oldlenp, s.liveObjects);
-  if (!strcmp(field, "nregs")) return readValue<uint32_t>(oldp, oldlenp, SizeClasses::plan(static_cast<unsigned>(sizeClass)).objectCount);
+  if (!strcmp(field, "spans") || !strcmp(field, "curslabs"))
+    return readValue<size_t>(oldp, oldlenp, s.spans);
+  if (!strcmp(field, "objects") || !strcmp(field, "curregs"))
+    return readValue<size_t>(oldp, oldlenp, s.liveObjects);
+  if (!strcmp(field, "nregs"))
+    return readValue<uint32_t>(oldp, oldlenp,
+                               SizeClasses::plan(static_cast<unsigned>(sizeClass)).objectCount);
   return ENOENT;
 }
 
@@ -79,17 +86,24 @@ int optionValue(const char* name, void* oldp, size_t* oldlenp, void* newp, size_
   if (!option) return ENOENT;
   if (!readOnly(newp, newlen)) return EPERM;
   switch (option->kind) {
-    case OptionView::kBool: return readValue<bool>(oldp, oldlenp, *static_cast<bool*>(option->field));
-    case OptionView::kUnsigned: return readValue<uint64_t>(oldp, oldlenp, *static_cast<uint64_t*>(option->field));
-    case OptionView::kSize: return readValue<size_t>(oldp, oldlenp, *static_cast<size_t*>(option->field));
+    case OptionView::kBool:
+      return readValue<bool>(oldp, oldlenp, *static_cast<bool*>(option->field));
+    case OptionView::kUnsigned:
+      return readValue<uint64_t>(oldp, oldlenp, *static_cast<uint64_t*>(option->field));
+    case OptionView::kSize:
+      return readValue<size_t>(oldp, oldlenp, *static_cast<size_t*>(option->field));
     case OptionView::kRandomization:
-      return readValue<unsigned>(oldp, oldlenp, static_cast<unsigned>(*static_cast<Randomization*>(option->field)));
+      return readValue<unsigned>(
+          oldp, oldlenp, static_cast<unsigned>(*static_cast<Randomization*>(option->field)));
     case OptionView::kStatsFormat: {
       StatsFormat format = *static_cast<StatsFormat*>(option->field);
-      const char* text = format == StatsFormat::kJson ? "json" : format == StatsFormat::kText ? "text" : "off";
+      const char* text = format == StatsFormat::kJson   ? "json"
+                         : format == StatsFormat::kText ? "text"
+                                                        : "off";
       return readValue<const char*>(oldp, oldlenp, text);
     }
-    case OptionView::kString: return readValue<const char*>(oldp, oldlenp, *static_cast<const char**>(option->field));
+    case OptionView::kString:
+      return readValue<const char*>(oldp, oldlenp, *static_cast<const char**>(option->field));
   }
   return ENOENT;
 }
@@ -101,20 +115,32 @@ int statValue(const char* name, void* oldp, size_t* oldlenp) {
     size_t value;
   };
   const Entry entries[] = {
-      {"stats.allocated", s.allocated},       {"stats.active", s.active},
-      {"stats.resident", s.resident},         {"stats.mapped", s.mapped},
-      {"stats.metadata", s.metadata},         {"stats.retained", s.retained},
-      {"stats.reserved", s.reserved},         {"stats.large.allocated", s.largeAllocated},
-      {"stats.large.count", s.largeCount},    {"stats.thread_heaps", s.threadHeaps},
+      {"stats.allocated", s.allocated},
+      {"stats.active", s.active},
+      {"stats.resident", s.resident},
+      {"stats.mapped", s.mapped},
+      {"stats.metadata", s.metadata},
+      {"stats.retained", s.retained},
+      {"stats.reserved", s.reserved},
+      {"stats.large.allocated", s.largeAllocated},
+      {"stats.large.count", s.largeCount},
+      {"stats.thread_heaps", s.threadHeaps},
       {"stats.arenas.0.pactive", s.active / Arena::pageSize()},
       {"stats.arenas.0.pdirty", s.retained / Arena::pageSize()},
-      {"mesh.count", s.meshCount},            {"mesh.released", s.meshReleased},
-      {"mesh.released_peak", s.meshReleasedPeak}, {"mesh.meshed_spans", s.meshedSpans},
-      {"mesh.aliases", s.meshAliases},        {"mesh.mappings", s.mappings},
-      {"mesh.mapping_limit", s.mappingLimit}, {"mesh.passes", s.meshPasses},
-      {"mesh.failed", s.meshFailed},          {"mesh.skipped_for_io", s.meshSkippedForIo},
-      {"mesh.pauses", s.pauseCount},          {"mesh.pause_total_ns", s.pauseTotalNs},
-      {"mesh.pause_max_ns", s.pauseMaxNs},    {"mesh.cpu_ns", s.meshCpuNs},
+      {"mesh.count", s.meshCount},
+      {"mesh.released", s.meshReleased},
+      {"mesh.released_peak", s.meshReleasedPeak},
+      {"mesh.meshed_spans", s.meshedSpans},
+      {"mesh.aliases", s.meshAliases},
+      {"mesh.mappings", s.mappings},
+      {"mesh.mapping_limit", s.mappingLimit},
+      {"mesh.passes", s.meshPasses},
+      {"mesh.failed", s.meshFailed},
+      {"mesh.skipped_for_io", s.meshSkippedForIo},
+      {"mesh.pauses", s.pauseCount},
+      {"mesh.pause_total_ns", s.pauseTotalNs},
+      {"mesh.pause_max_ns", s.pauseMaxNs},
+      {"mesh.cpu_ns", s.meshCpuNs},
       {"mesh.barrier_faults", s.barrierFaults},
   };
   for (const Entry& e : entries) {
@@ -160,10 +186,12 @@ int control(const char* name, void* oldp, size_t* oldlenp, void* newp, size_t ne
     gHaveSnapshot = true;
     return readValue<uint64_t>(oldp, oldlenp, gEpoch);
   }
-  if (!strcmp(name, "version")) return readOnly(newp, newlen) ? readValue<const char*>(oldp, oldlenp, kVersionString) : EPERM;
+  if (!strcmp(name, "version"))
+    return readOnly(newp, newlen) ? readValue<const char*>(oldp, oldlenp, kVersionString) : EPERM;
   if (!readOnly(newp, newlen) && strncmp(name, "opt.", 4) != 0) return EPERM;
   if (!strcmp(name, "arenas.narenas")) return readValue<unsigned>(oldp, oldlenp, 1u);
-  if (!strcmp(name, "arenas.nbins")) return readValue<unsigned>(oldp, oldlenp, static_cast<unsigned>(kNumSizeClasses));
+  if (!strcmp(name, "arenas.nbins"))
+    return readValue<unsigned>(oldp, oldlenp, static_cast<unsigned>(kNumSizeClasses));
   if (!strcmp(name, "arenas.page")) return readValue<size_t>(oldp, oldlenp, Arena::pageSize());
   if (!strcmp(name, "arenas.quantum")) return readValue<size_t>(oldp, oldlenp, kMinAlignment);
   if (startsWith(cursor, "opt.")) return optionValue(cursor, oldp, oldlenp, newp, newlen);
@@ -172,8 +200,8 @@ int control(const char* name, void* oldp, size_t* oldlenp, void* newp, size_t ne
     return classValue(index, cursor + 1, oldp, oldlenp);
   }
   cursor = name;
-  if (startsWith(cursor, "stats.arenas.") && parseIndex(cursor, &index) && startsWith(cursor, ".bins.") &&
-      parseIndex(cursor, &index) && *cursor == '.') {
+  if (startsWith(cursor, "stats.arenas.") && parseIndex(cursor, &index) &&
+      startsWith(cursor, ".bins.") && parseIndex(cursor, &index) && *cursor == '.') {
     return classValue(index, cursor + 1, oldp, oldlenp);
   }
   cursor = name;

@@ -21,7 +21,8 @@ using ThrowBadAlloc = void (*)();
 [[noreturn]] void throwBadAlloc() {
   auto thrower = reinterpret_cast<ThrowBadAlloc>(dlsym(RTLD_DEFAULT, "_ZSt17__throw_bad_allocv"));
   if (thrower) thrower();
-  static const char kMessage[] = "meshalloc: operator new: out of memory and std::bad_alloc unavailable; aborting\n";
+  static const char kMessage[] =
+      "meshalloc: operator new: out of memory and std::bad_alloc unavailable; aborting\n";
   meshalloc::os::writeStderr(kMessage, sizeof(kMessage) - 1);
   meshalloc::os::abortProcess();
 }
@@ -60,7 +61,8 @@ void* newSizedNothrow(std::size_t size) {
 }
 
 void* newAlignedNothrow(std::size_t size, std::align_val_t alignment) {
-  return newOrNull([=] { return meshalloc::heap::allocateAligned(size, static_cast<std::size_t>(alignment)); });
+  return newOrNull(
+      [=] { return meshalloc::heap::allocateAligned(size, static_cast<std::size_t>(alignment)); });
 }
 
 void* newSized(std::size_t size) {
@@ -69,40 +71,66 @@ void* newSized(std::size_t size) {
 }
 
 void* newAligned(std::size_t size, std::align_val_t alignment) {
-  auto allocate = [=] { return meshalloc::heap::allocateAligned(size, static_cast<std::size_t>(alignment)); };
+  auto allocate = [=] {
+    return meshalloc::heap::allocateAligned(size, static_cast<std::size_t>(alignment));
+  };
   void* block = allocate();
   return block ? block : newOrThrow(allocate);
 }
 
 }  // namespace
 
-MESHALLOC_EXPORT void* operator new(std::size_t size) { return newSized(size); }
-MESHALLOC_EXPORT void* operator new[](std::size_t size) { return newSized(size); }
+MESHALLOC_EXPORT void* operator new(std::size_t size) {
+  return newSized(size);
+}
+MESHALLOC_EXPORT void* operator new[](std::size_t size) {
+  return newSized(size);
+}
 MESHALLOC_EXPORT void* operator new(std::size_t size, const std::nothrow_t&) noexcept {
   return newSizedNothrow(size);
 }
 MESHALLOC_EXPORT void* operator new[](std::size_t size, const std::nothrow_t&) noexcept {
   return newSizedNothrow(size);
 }
-MESHALLOC_EXPORT void* operator new(std::size_t size, std::align_val_t alignment) { return newAligned(size, alignment); }
+MESHALLOC_EXPORT void* operator new(std::size_t size, std::align_val_t alignment) {
+  return newAligned(size, alignment);
+}
 MESHALLOC_EXPORT void* operator new[](std::size_t size, std::align_val_t alignment) {
   return newAligned(size, alignment);
 }
-MESHALLOC_EXPORT void* operator new(std::size_t size, std::align_val_t alignment, const std::nothrow_t&) noexcept {
+MESHALLOC_EXPORT void* operator new(std::size_t size, std::align_val_t alignment,
+                                    const std::nothrow_t&) noexcept {
   return newAlignedNothrow(size, alignment);
 }
-MESHALLOC_EXPORT void* operator new[](std::size_t size, std::align_val_t alignment, const std::nothrow_t&) noexcept {
+MESHALLOC_EXPORT void* operator new[](std::size_t size, std::align_val_t alignment,
+                                      const std::nothrow_t&) noexcept {
   return newAlignedNothrow(size, alignment);
 }
 
-MESHALLOC_EXPORT void operator delete(void* p) noexcept { meshalloc::heap::deallocate(p); }
-MESHALLOC_EXPORT void operator delete[](void* p) noexcept { meshalloc::heap::deallocate(p); }
-MESHALLOC_EXPORT void operator delete(void* p, const std::nothrow_t&) noexcept { meshalloc::heap::deallocate(p); }
-MESHALLOC_EXPORT void operator delete[](void* p, const std::nothrow_t&) noexcept { meshalloc::heap::deallocate(p); }
-MESHALLOC_EXPORT void operator delete(void* p, std::size_t) noexcept { meshalloc::heap::deallocate(p); }
-MESHALLOC_EXPORT void operator delete[](void* p, std::size_t) noexcept { meshalloc::heap::deallocate(p); }
-MESHALLOC_EXPORT void operator delete(void* p, std::align_val_t) noexcept { meshalloc::heap::deallocate(p); }
-MESHALLOC_EXPORT void operator delete[](void* p, std::align_val_t) noexcept { meshalloc::heap::deallocate(p); }
+MESHALLOC_EXPORT void operator delete(void* p) noexcept {
+  meshalloc::heap::deallocate(p);
+}
+MESHALLOC_EXPORT void operator delete[](void* p) noexcept {
+  meshalloc::heap::deallocate(p);
+}
+MESHALLOC_EXPORT void operator delete(void* p, const std::nothrow_t&) noexcept {
+  meshalloc::heap::deallocate(p);
+}
+MESHALLOC_EXPORT void operator delete[](void* p, const std::nothrow_t&) noexcept {
+  meshalloc::heap::deallocate(p);
+}
+MESHALLOC_EXPORT void operator delete(void* p, std::size_t) noexcept {
+  meshalloc::heap::deallocate(p);
+}
+MESHALLOC_EXPORT void operator delete[](void* p, std::size_t) noexcept {
+  meshalloc::heap::deallocate(p);
+}
+MESHALLOC_EXPORT void operator delete(void* p, std::align_val_t) noexcept {
+  meshalloc::heap::deallocate(p);
+}
+MESHALLOC_EXPORT void operator delete[](void* p, std::align_val_t) noexcept {
+  meshalloc::heap::deallocate(p);
+}
 MESHALLOC_EXPORT void operator delete(void* p, std::size_t, std::align_val_t) noexcept {
   meshalloc::heap::deallocate(p);
 }

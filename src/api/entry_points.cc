@@ -20,7 +20,9 @@ constexpr size_t kMaxAlignment = SIZE_MAX / 2 + 1;
 // glibc's M_MXFAST upper bound: 80 * sizeof(size_t) / 4.
 constexpr int kMaxFastBinSize = 80 * static_cast<int>(sizeof(size_t)) / 4;
 
-bool isPowerOfTwo(size_t value) { return value && !(value & (value - 1)); }
+bool isPowerOfTwo(size_t value) {
+  return value && !(value & (value - 1));
+}
 
 size_t nextPowerOfTwo(size_t value) {
   size_t result = 1;
@@ -28,13 +30,19 @@ size_t nextPowerOfTwo(size_t value) {
   return result;
 }
 
-int saturate(size_t value) { return value > INT_MAX ? INT_MAX : static_cast<int>(value); }
+int saturate(size_t value) {
+  return value > INT_MAX ? INT_MAX : static_cast<int>(value);
+}
 
 }  // namespace
 
-void* mallocImpl(size_t size) { return heap::allocate(size); }
+void* mallocImpl(size_t size) {
+  return heap::allocate(size);
+}
 
-void freeImpl(void* pointer) { heap::deallocate(pointer); }
+void freeImpl(void* pointer) {
+  heap::deallocate(pointer);
+}
 
 void* callocImpl(size_t count, size_t size) {
   size_t bytes;
@@ -81,9 +89,13 @@ int posixMemalignImpl(void** result, size_t alignment, size_t size) {
   return 0;
 }
 
-void* alignedAllocImpl(size_t alignment, size_t size) { return memalignImpl(alignment, size); }
+void* alignedAllocImpl(size_t alignment, size_t size) {
+  return memalignImpl(alignment, size);
+}
 
-void* vallocImpl(size_t size) { return heap::allocateAligned(size, Arena::pageSize()); }
+void* vallocImpl(size_t size) {
+  return heap::allocateAligned(size, Arena::pageSize());
+}
 
 void* pvallocImpl(size_t size) {
   size_t page = Arena::pageSize();
@@ -96,7 +108,9 @@ void* pvallocImpl(size_t size) {
   return heap::allocateAligned(rounded ? rounded : page, page);
 }
 
-size_t usableSizeImpl(const void* pointer) { return heap::usableSize(pointer); }
+size_t usableSizeImpl(const void* pointer) {
+  return heap::usableSize(pointer);
+}
 
 int trimImpl(size_t /*pad: we never keep a top chunk to pad*/) {
   heap::flushThreadCache();
@@ -135,7 +149,9 @@ int malloptImpl(int parameter, int value) {
   return 1;
 }
 
-void statsImpl() { writeStats(STDERR_FILENO, false); }
+void statsImpl() {
+  writeStats(STDERR_FILENO, false);
+}
 
 int infoImpl(int options, FILE* stream) {
   if (options != 0) return EINVAL;  // glibc returns the error number itself
@@ -146,13 +162,24 @@ int infoImpl(int options, FILE* stream) {
   for (unsigned c = 0; c < kNumSizeClasses; c++) {
     if (!s.classes[c].spans) continue;
     out.text("  <size from=\"").unsignedValue(c ? kSizeClassSizes[c - 1] + 1 : 1).text("\" to=\"");
-    out.unsignedValue(kSizeClassSizes[c]).text("\" total=\"").unsignedValue(s.classes[c].liveObjects);
+    out.unsignedValue(kSizeClassSizes[c])
+        .text("\" total=\"")
+        .unsignedValue(s.classes[c].liveObjects);
     out.text("\" count=\"").unsignedValue(s.classes[c].spans).text("\"/>\n");
   }
-  out.text("</sizes>\n<total type=\"mmap\" count=\"").unsignedValue(s.largeCount).text("\" size=\"");
-  out.unsignedValue(s.largeAllocated).text("\"/>\n<system type=\"current\" size=\"").unsignedValue(s.mapped);
-  out.text("\"/>\n<aspace type=\"total\" size=\"").unsignedValue(s.reserved).text("\"/>\n</heap>\n");
-  out.text("<total type=\"mmap\" count=\"").unsignedValue(s.largeCount).text("\" size=\"").unsignedValue(s.largeAllocated);
+  out.text("</sizes>\n<total type=\"mmap\" count=\"")
+      .unsignedValue(s.largeCount)
+      .text("\" size=\"");
+  out.unsignedValue(s.largeAllocated)
+      .text("\"/>\n<system type=\"current\" size=\"")
+      .unsignedValue(s.mapped);
+  out.text("\"/>\n<aspace type=\"total\" size=\"")
+      .unsignedValue(s.reserved)
+      .text("\"/>\n</heap>\n");
+  out.text("<total type=\"mmap\" count=\"")
+      .unsignedValue(s.largeCount)
+      .text("\" size=\"")
+      .unsignedValue(s.largeAllocated);
   out.text("\"/>\n<system type=\"current\" size=\"").unsignedValue(s.mapped).text("\"/>\n");
   out.text("<aspace type=\"total\" size=\"").unsignedValue(s.reserved).text("\"/>\n</malloc>\n");
   // stdio may allocate; none of our locks are held here.

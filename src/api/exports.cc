@@ -10,45 +10,83 @@
 #include "api/stats.h"
 #include "heap/config.h"
 #include "heap/heap.h"
-#include "meshalloc.h"
 #include "mesh/policy.h"
+#include "meshalloc.h"
 
 #define MESHALLOC_EXPORT extern "C" __attribute__((visibility("default")))
 
 using namespace meshalloc;
 
-MESHALLOC_EXPORT void* malloc(size_t size) { return heap::allocate(size); }
-MESHALLOC_EXPORT void free(void* pointer) { heap::deallocate(pointer); }
-MESHALLOC_EXPORT void cfree(void* pointer) { heap::deallocate(pointer); }
-MESHALLOC_EXPORT void* calloc(size_t count, size_t size) { return api::callocImpl(count, size); }
-MESHALLOC_EXPORT void* realloc(void* pointer, size_t size) { return api::reallocImpl(pointer, size); }
+MESHALLOC_EXPORT void* malloc(size_t size) {
+  return heap::allocate(size);
+}
+MESHALLOC_EXPORT void free(void* pointer) {
+  heap::deallocate(pointer);
+}
+MESHALLOC_EXPORT void cfree(void* pointer) {
+  heap::deallocate(pointer);
+}
+MESHALLOC_EXPORT void* calloc(size_t count, size_t size) {
+  return api::callocImpl(count, size);
+}
+MESHALLOC_EXPORT void* realloc(void* pointer, size_t size) {
+  return api::reallocImpl(pointer, size);
+}
 MESHALLOC_EXPORT void* reallocarray(void* pointer, size_t count, size_t size) {
   return api::reallocarrayImpl(pointer, count, size);
 }
-MESHALLOC_EXPORT void* memalign(size_t alignment, size_t size) { return api::memalignImpl(alignment, size); }
+MESHALLOC_EXPORT void* memalign(size_t alignment, size_t size) {
+  return api::memalignImpl(alignment, size);
+}
 MESHALLOC_EXPORT int posix_memalign(void** result, size_t alignment, size_t size) {
   return api::posixMemalignImpl(result, alignment, size);
 }
-MESHALLOC_EXPORT void* aligned_alloc(size_t alignment, size_t size) { return api::alignedAllocImpl(alignment, size); }
-MESHALLOC_EXPORT void* valloc(size_t size) { return api::vallocImpl(size); }
-MESHALLOC_EXPORT void* pvalloc(size_t size) { return api::pvallocImpl(size); }
-MESHALLOC_EXPORT size_t malloc_usable_size(void* pointer) { return api::usableSizeImpl(pointer); }
-MESHALLOC_EXPORT int malloc_trim(size_t pad) { return api::trimImpl(pad); }
-MESHALLOC_EXPORT struct mallinfo mallinfo() { return api::mallinfoImpl(); }
-MESHALLOC_EXPORT struct mallinfo2 mallinfo2() { return api::mallinfo2Impl(); }
-MESHALLOC_EXPORT int mallopt(int parameter, int value) { return api::malloptImpl(parameter, value); }
-MESHALLOC_EXPORT void malloc_stats() { api::statsImpl(); }
-MESHALLOC_EXPORT int malloc_info(int options, FILE* stream) { return api::infoImpl(options, stream); }
+MESHALLOC_EXPORT void* aligned_alloc(size_t alignment, size_t size) {
+  return api::alignedAllocImpl(alignment, size);
+}
+MESHALLOC_EXPORT void* valloc(size_t size) {
+  return api::vallocImpl(size);
+}
+MESHALLOC_EXPORT void* pvalloc(size_t size) {
+  return api::pvallocImpl(size);
+}
+MESHALLOC_EXPORT size_t malloc_usable_size(void* pointer) {
+  return api::usableSizeImpl(pointer);
+}
+MESHALLOC_EXPORT int malloc_trim(size_t pad) {
+  return api::trimImpl(pad);
+}
+MESHALLOC_EXPORT struct mallinfo mallinfo() {
+  return api::mallinfoImpl();
+}
+MESHALLOC_EXPORT struct mallinfo2 mallinfo2() {
+  return api::mallinfo2Impl();
+}
+MESHALLOC_EXPORT int mallopt(int parameter, int value) {
+  return api::malloptImpl(parameter, value);
+}
+MESHALLOC_EXPORT void malloc_stats() {
+  api::statsImpl();
+}
+MESHALLOC_EXPORT int malloc_info(int options, FILE* stream) {
+  return api::infoImpl(options, stream);
+}
 
-MESHALLOC_EXPORT int meshalloc_mallctl(const char* name, void* oldp, size_t* oldlenp, void* newp, size_t newlen) {
+MESHALLOC_EXPORT int meshalloc_mallctl(const char* name, void* oldp, size_t* oldlenp, void* newp,
+                                       size_t newlen) {
   return api::control(name, oldp, oldlenp, newp, newlen);
 }
 // jemalloc's name, so that jemalloc-aware programs keep working under LD_PRELOAD.
-MESHALLOC_EXPORT int mallctl(const char* name, void* oldp, size_t* oldlenp, void* newp, size_t newlen) {
+MESHALLOC_EXPORT int mallctl(const char* name, void* oldp, size_t* oldlenp, void* newp,
+                             size_t newlen) {
   return api::control(name, oldp, oldlenp, newp, newlen);
 }
-MESHALLOC_EXPORT size_t meshalloc_compact(void) { return api::compactImpl(); }
-MESHALLOC_EXPORT void meshalloc_print_stats(int fd, int json) { api::writeStats(fd, json != 0); }
+MESHALLOC_EXPORT size_t meshalloc_compact(void) {
+  return api::compactImpl();
+}
+MESHALLOC_EXPORT void meshalloc_print_stats(int fd, int json) {
+  api::writeStats(fd, json != 0);
+}
 
 namespace {
 

@@ -34,7 +34,9 @@ Function realFunction(std::atomic<Function>& cache, const char* name) {
   return f;
 }
 
-bool inHeap(uintptr_t start, uintptr_t end) { return Arena::contains(start) || Arena::contains(end - 1); }
+bool inHeap(uintptr_t start, uintptr_t end) {
+  return Arena::contains(start) || Arena::contains(end - 1);
+}
 
 template <typename Call>
 ssize_t guarded(const void* buffer, size_t length, Call call) {
@@ -105,8 +107,9 @@ MESHALLOC_EXPORT ssize_t recv(int fd, void* buffer, size_t length, int flags) {
   return guarded(buffer, length, [&] { return real(fd, buffer, length, flags); });
 }
 
-MESHALLOC_EXPORT ssize_t recvfrom(int fd, void* buffer, size_t length, int flags, struct sockaddr* address,
-                                  socklen_t* addressLength) {
+MESHALLOC_EXPORT ssize_t recvfrom(int fd, void* buffer, size_t length, int flags,
+                                  struct sockaddr* address, socklen_t* addressLength) {
   RecvfromFn real = realFunction(gRecvfrom, "recvfrom");
-  return guarded(buffer, length, [&] { return real(fd, buffer, length, flags, address, addressLength); });
+  return guarded(buffer, length,
+                 [&] { return real(fd, buffer, length, flags, address, addressLength); });
 }

@@ -12,7 +12,8 @@
 
 using meshalloc::WriteBarrier;
 
-MESHALLOC_EXPORT int sigaction(int signal, const struct sigaction* action, struct sigaction* previous) {
+MESHALLOC_EXPORT int sigaction(int signal, const struct sigaction* action,
+                               struct sigaction* previous) {
   int result;
   if (WriteBarrier::interceptSigaction(signal, action, previous, &result)) return result;
   return meshalloc::os::rawSigaction(signal, action, previous);

@@ -20,16 +20,24 @@ constexpr char kVersion[] = "0.1.0";
 
 void writeOptionValue(TextWriter& out, const OptionView& option, bool json) {
   switch (option.kind) {
-    case OptionView::kBool: out.boolean(*static_cast<bool*>(option.field)); break;
-    case OptionView::kUnsigned: out.unsignedValue(*static_cast<uint64_t*>(option.field)); break;
-    case OptionView::kSize: out.unsignedValue(*static_cast<size_t*>(option.field)); break;
+    case OptionView::kBool:
+      out.boolean(*static_cast<bool*>(option.field));
+      break;
+    case OptionView::kUnsigned:
+      out.unsignedValue(*static_cast<uint64_t*>(option.field));
+      break;
+    case OptionView::kSize:
+      out.unsignedValue(*static_cast<size_t*>(option.field));
+      break;
     case OptionView::kRandomization:
       out.unsignedValue(static_cast<unsigned>(*static_cast<Randomization*>(option.field)));
       break;
     case OptionView::kStatsFormat: {
       StatsFormat format = *static_cast<StatsFormat*>(option.field);
       if (json) out.put('"');
-      out.text(format == StatsFormat::kJson ? "json" : format == StatsFormat::kText ? "text" : "off");
+      out.text(format == StatsFormat::kJson   ? "json"
+               : format == StatsFormat::kText ? "text"
+                                              : "off");
       if (json) out.put('"');
       break;
     }
@@ -124,23 +132,39 @@ void writeStats(int fd, bool json) {
     uint64_t value;
   };
   const Field fields[] = {
-      {"allocated", stats.allocated},      {"active", stats.active},
-      {"resident", stats.resident},        {"mapped", stats.mapped},
-      {"reserved", stats.reserved},        {"metadata", stats.metadata},
-      {"retained", stats.retained},        {"large_allocated", stats.largeAllocated},
-      {"large_count", stats.largeCount},   {"thread_heaps", stats.threadHeaps},
-      {"segments", stats.segments},        {"purged_total", stats.purgedTotal},
-      {"mesh_count", stats.meshCount},     {"mesh_released", stats.meshReleased},
-      {"mesh_released_peak", stats.meshReleasedPeak}, {"meshed_spans", stats.meshedSpans},
-      {"mesh_aliases", stats.meshAliases}, {"mappings", stats.mappings},
-      {"mapping_limit", stats.mappingLimit}, {"mesh_passes", stats.meshPasses},
-      {"mesh_failed", stats.meshFailed},   {"mesh_skipped_for_io", stats.meshSkippedForIo},
-      {"mesh_pauses", stats.pauseCount},   {"mesh_pause_total_ns", stats.pauseTotalNs},
-      {"mesh_pause_max_ns", stats.pauseMaxNs}, {"mesh_cpu_ns", stats.meshCpuNs},
+      {"allocated", stats.allocated},
+      {"active", stats.active},
+      {"resident", stats.resident},
+      {"mapped", stats.mapped},
+      {"reserved", stats.reserved},
+      {"metadata", stats.metadata},
+      {"retained", stats.retained},
+      {"large_allocated", stats.largeAllocated},
+      {"large_count", stats.largeCount},
+      {"thread_heaps", stats.threadHeaps},
+      {"segments", stats.segments},
+      {"purged_total", stats.purgedTotal},
+      {"mesh_count", stats.meshCount},
+      {"mesh_released", stats.meshReleased},
+      {"mesh_released_peak", stats.meshReleasedPeak},
+      {"meshed_spans", stats.meshedSpans},
+      {"mesh_aliases", stats.meshAliases},
+      {"mappings", stats.mappings},
+      {"mapping_limit", stats.mappingLimit},
+      {"mesh_passes", stats.meshPasses},
+      {"mesh_failed", stats.meshFailed},
+      {"mesh_skipped_for_io", stats.meshSkippedForIo},
+      {"mesh_pauses", stats.pauseCount},
+      {"mesh_pause_total_ns", stats.pauseTotalNs},
+      {"mesh_pause_max_ns", stats.pauseMaxNs},
+      {"mesh_cpu_ns", stats.meshCpuNs},
       {"barrier_faults", stats.barrierFaults},
   };
   if (json) {
-    out.text("{\"version\":\"").text(kVersion).text("\",\"page_size\":").unsignedValue(Arena::pageSize());
+    out.text("{\"version\":\"")
+        .text(kVersion)
+        .text("\",\"page_size\":")
+        .unsignedValue(Arena::pageSize());
     out.text(",\"options\":{");
     bool first = true;
     for (const OptionView* o = optionsBegin(); o != optionsEnd(); o++) {
@@ -160,9 +184,18 @@ void writeStats(int fd, bool json) {
     for (unsigned c = 0; c < kNumSizeClasses; c++) {
       const SizeClassStats& s = stats.classes[c];
       if (c) out.put(',');
-      out.text("{\"size\":").unsignedValue(s.objectSize).text(",\"span_pages\":").unsignedValue(SizeClasses::plan(c).pages);
-      out.text(",\"spans\":").unsignedValue(s.spans).text(",\"objects\":").unsignedValue(s.liveObjects);
-      out.text(",\"partial_spans\":").unsignedValue(s.partialSpans).text(",\"full_spans\":").unsignedValue(s.fullSpans);
+      out.text("{\"size\":")
+          .unsignedValue(s.objectSize)
+          .text(",\"span_pages\":")
+          .unsignedValue(SizeClasses::plan(c).pages);
+      out.text(",\"spans\":")
+          .unsignedValue(s.spans)
+          .text(",\"objects\":")
+          .unsignedValue(s.liveObjects);
+      out.text(",\"partial_spans\":")
+          .unsignedValue(s.partialSpans)
+          .text(",\"full_spans\":")
+          .unsignedValue(s.fullSpans);
       out.put('}');
     }
     out.text("]}\n");
@@ -183,9 +216,18 @@ void writeStats(int fd, bool json) {
       const SizeClassStats& s = stats.classes[c];
       if (!s.spans) continue;
       size_t capacity = s.spans * SizeClasses::plan(c).objectCount;
-      out.text("  ").unsignedValue(s.objectSize).text("\t").unsignedValue(s.spans).text("\t").unsignedValue(s.liveObjects);
+      out.text("  ")
+          .unsignedValue(s.objectSize)
+          .text("\t")
+          .unsignedValue(s.spans)
+          .text("\t")
+          .unsignedValue(s.liveObjects);
       out.text("\t").unsignedValue(s.partialSpans).text("\t").unsignedValue(s.fullSpans).text("\t");
-      out.fixed(capacity ? 100.0 * static_cast<double>(s.liveObjects) / static_cast<double>(capacity) : 0.0, 1).text("%\n");
+      out.fixed(capacity
+                    ? 100.0 * static_cast<double>(s.liveObjects) / static_cast<double>(capacity)
+                    : 0.0,
+                1)
+          .text("%\n");
     }
   }
   os::writeFd(fd, out.data(), out.length());

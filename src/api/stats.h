@@ -23,13 +23,13 @@ struct HeapStats {
   size_t segments;
   uint64_t purgedTotal;
   // Meshing (see docs/meshing.md).
-  uint64_t meshCount;        // virtual spans meshed away since start
-  size_t meshReleased;       // physical bytes meshing saves right now
+  uint64_t meshCount;   // virtual spans meshed away since start
+  size_t meshReleased;  // physical bytes meshing saves right now
   size_t meshReleasedPeak;
-  size_t meshedSpans;        // physical spans backing more than one virtual span
-  size_t meshAliases;        // virtual spans mapping another span's memory
-  size_t mappings;           // lines of /proc/self/maps now (bounded by vm.max_map_count)
-  size_t mappingLimit;       // what meshing stays under
+  size_t meshedSpans;   // physical spans backing more than one virtual span
+  size_t meshAliases;   // virtual spans mapping another span's memory
+  size_t mappings;      // lines of /proc/self/maps now (bounded by vm.max_map_count)
+  size_t mappingLimit;  // what meshing stays under
   uint64_t meshPasses;
   uint64_t meshFailed;
   uint64_t meshSkippedForIo;
@@ -37,7 +37,7 @@ struct HeapStats {
   uint64_t pauseTotalNs;
   uint64_t pauseMaxNs;
   uint64_t meshCpuNs;
-  uint64_t barrierFaults;    // writes that waited on the write barrier
+  uint64_t barrierFaults;  // writes that waited on the write barrier
   SizeClassStats classes[kNumSizeClasses];
 };
 

@@ -9,16 +9,22 @@
 namespace meshalloc {
 
 namespace {
-size_t roundUp(size_t value, size_t multiple) { return (value + multiple - 1) / multiple * multiple; }
-size_t log2Floor(size_t value) { return 63 - static_cast<size_t>(__builtin_clzl(value)); }
+size_t roundUp(size_t value, size_t multiple) {
+  return (value + multiple - 1) / multiple * multiple;
+}
+size_t log2Floor(size_t value) {
+  return 63 - static_cast<size_t>(__builtin_clzl(value));
+}
 }  // namespace
 
 bool Arena::init() {
   pageSize_ = os::pageSize();
   pageShift_ = os::pageShift();
   // Both top-level tables are reserved lazily: only the entries of granules in use are touched.
-  pageMaps_ = static_cast<std::atomic<uintptr_t>*>(os::reserveAligned(kTopEntries * sizeof(uintptr_t), pageSize_));
-  segments_ = static_cast<std::atomic<Segment*>*>(os::reserveAligned(kTopEntries * sizeof(Segment*), pageSize_));
+  pageMaps_ = static_cast<std::atomic<uintptr_t>*>(
+      os::reserveAligned(kTopEntries * sizeof(uintptr_t), pageSize_));
+  segments_ = static_cast<std::atomic<Segment*>*>(
+      os::reserveAligned(kTopEntries * sizeof(Segment*), pageSize_));
   return pageMaps_ && segments_;
 }
 
@@ -66,7 +72,8 @@ Arena::Segment* Arena::createSegment(size_t bytes, size_t alignment, bool dedica
 
 void Arena::destroySegment(Segment* segment) {
   size_t bytes = segment->pages << pageShift_;
-  for (size_t g = segment->base >> kGranuleShift; g < (segment->base + bytes) >> kGranuleShift; g++) {
+  for (size_t g = segment->base >> kGranuleShift; g < (segment->base + bytes) >> kGranuleShift;
+       g++) {
     pageMaps_[g].store(0, std::memory_order_release);
     segments_[g].store(nullptr, std::memory_order_relaxed);
   }
@@ -85,7 +92,8 @@ void Arena::clearEntry(Segment* segment, uintptr_t address) {
 void Arena::markFreeRun(FreeRun* run) {
   uint64_t tagged = reinterpret_cast<uintptr_t>(run) | PageEntry::kFreeRunTag;
   entryRef(run->segment, run->start).store(tagged, std::memory_order_release);
-  entryRef(run->segment, run->start + ((run->pages - 1) << pageShift_)).store(tagged, std::memory_order_release);
+  entryRef(run->segment, run->start + ((run->pages - 1) << pageShift_))
+      .store(tagged, std::memory_order_release);
 }
 
 void Arena::removeFreeRun(FreeRun* run) {
@@ -154,7 +162,8 @@ uintptr_t Arena::takeFromFreeRuns(size_t pages, size_t alignment) {
 
 void Arena::markDirty(DirtyRun* run, uint64_t value) {
   entryRef(run->segment, run->start).store(value, std::memory_order_release);
-  entryRef(run->segment, run->start + ((run->pages - 1) << pageShift_)).store(value, std::memory_order_release);
+  entryRef(run->segment, run->start + ((run->pages - 1) << pageShift_))
+      .store(value, std::memory_order_release);
 }
 
 void Arena::removeDirty(DirtyRun* run) {
@@ -288,7 +297,8 @@ void Arena::release(uintptr_t start, size_t pages, bool mayCache) {
   uint64_t now = os::monotonicNanos();
   if (mayCache && bytes <= gHeapConfig.maxCachedRunBytes && gHeapConfig.dirtyCacheBytes > 0) {
     insertDirty(start, pages, now);
-    if (stats_.dirtyBytes > gHeapConfig.dirtyCacheBytes || now - lastDecayCheckNs_ > kDecayCheckIntervalNs) {
+    if (stats_.dirtyBytes > gHeapConfig.dirtyCacheBytes ||
+        now - lastDecayCheckNs_ > kDecayCheckIntervalNs) {
       purgeLocked(false, now);
     }
     return;

@@ -35,11 +35,14 @@ struct PageEntry {
   static constexpr size_t kMaxPageIndex = (1u << (kClassShift - kPageIndexShift)) - 1;
 
   static bool isMiniHeap(uint64_t entry) { return entry != 0 && !(entry & kTagMask); }
-  static MiniHeap* miniHeap(uint64_t entry) { return reinterpret_cast<MiniHeap*>(entry & kPointerMask); }
+  static MiniHeap* miniHeap(uint64_t entry) {
+    return reinterpret_cast<MiniHeap*>(entry & kPointerMask);
+  }
   static size_t pageIndex(uint64_t entry) { return (entry >> kPageIndexShift) & kMaxPageIndex; }
   static unsigned sizeClass(uint64_t entry) { return static_cast<unsigned>(entry >> kClassShift); }
   static uint64_t make(MiniHeap* heap, size_t pageIndex, unsigned sizeClass) {
-    return reinterpret_cast<uintptr_t>(heap) | (static_cast<uint64_t>(pageIndex) << kPageIndexShift) |
+    return reinterpret_cast<uintptr_t>(heap) |
+           (static_cast<uint64_t>(pageIndex) << kPageIndexShift) |
            (static_cast<uint64_t>(sizeClass) << kClassShift);
   }
 };
@@ -93,7 +96,8 @@ class Arena {
     if (granule >= kTopEntries) return 0;
     uintptr_t biased = pageMaps_[granule].load(std::memory_order_acquire);
     if (!biased) return 0;
-    return reinterpret_cast<const std::atomic<uint64_t>*>(biased + (address >> pageShift_) * sizeof(uint64_t))
+    return reinterpret_cast<const std::atomic<uint64_t>*>(biased + (address >> pageShift_) *
+                                                                       sizeof(uint64_t))
         ->load(std::memory_order_acquire);
   }
   static bool contains(uintptr_t address) {

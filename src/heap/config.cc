@@ -32,7 +32,13 @@ const OptionView kOptions[] = {
 void warn(const char* source, const char* value, const char* why) {
   char buffer[256];
   TextWriter out(buffer, sizeof(buffer));
-  out.text("meshalloc: ignoring ").text(source).text("=").text(value).text(": ").text(why).text("\n");
+  out.text("meshalloc: ignoring ")
+      .text(source)
+      .text("=")
+      .text(value)
+      .text(": ")
+      .text(why)
+      .text("\n");
   os::writeStderr(out.data(), out.length());
 }
 
@@ -58,10 +64,20 @@ bool parseUnsigned(const char* text, size_t length, uint64_t* out, bool allowSuf
   if (i < length && allowSuffix) {
     unsigned shift = 0;
     switch (text[i]) {
-      case 'k': case 'K': shift = 10; break;
-      case 'm': case 'M': shift = 20; break;
-      case 'g': case 'G': shift = 30; break;
-      default: return false;
+      case 'k':
+      case 'K':
+        shift = 10;
+        break;
+      case 'm':
+      case 'M':
+        shift = 20;
+        break;
+      case 'g':
+      case 'G':
+        shift = 30;
+        break;
+      default:
+        return false;
     }
     i++;
     if (i < length && (text[i] == 'b' || text[i] == 'B' || text[i] == 'i')) i++;  // "KiB", "MB"
@@ -83,7 +99,8 @@ const char* apply(const OptionView& option, const char* value, size_t length) {
           equalsIgnoreCase(value, length, "true") || equalsIgnoreCase(value, length, "yes")) {
         *static_cast<bool*>(option.field) = true;
       } else if (equalsIgnoreCase(value, length, "0") || equalsIgnoreCase(value, length, "off") ||
-                 equalsIgnoreCase(value, length, "false") || equalsIgnoreCase(value, length, "no")) {
+                 equalsIgnoreCase(value, length, "false") ||
+                 equalsIgnoreCase(value, length, "no")) {
         *static_cast<bool*>(option.field) = false;
       } else {
         return "expected 1/0, on/off, true/false";
@@ -94,7 +111,8 @@ const char* apply(const OptionView& option, const char* value, size_t length) {
       *static_cast<uint64_t*>(option.field) = number;
       return nullptr;
     case OptionView::kSize:
-      if (!parseUnsigned(value, length, &number, true)) return "expected a size such as 4096, 64K, 8M or 1G";
+      if (!parseUnsigned(value, length, &number, true))
+        return "expected a size such as 4096, 64K, 8M or 1G";
       *static_cast<size_t*>(option.field) = number;
       return nullptr;
     case OptionView::kRandomization:
@@ -121,7 +139,9 @@ const char* apply(const OptionView& option, const char* value, size_t length) {
 
 // "0n 2n 0y 1y 2y": the artifact's names for randomisation level x meshing off/on.
 bool applyPaperConfig(const char* value) {
-  if (strlen(value) != 2 || value[0] < '0' || value[0] > '2' || (value[1] != 'n' && value[1] != 'y')) return false;
+  if (strlen(value) != 2 || value[0] < '0' || value[0] > '2' ||
+      (value[1] != 'n' && value[1] != 'y'))
+    return false;
   gHeapConfig.randomization = static_cast<Randomization>(value[0] - '0');
   gHeapConfig.meshing = value[1] == 'y';
   return true;
@@ -132,10 +152,12 @@ void applyConfString(const char* conf) {
   while (*cursor) {
     const char* end = strchr(cursor, ',');
     if (!end) end = cursor + strlen(cursor);
-    const char* colon = static_cast<const char*>(memchr(cursor, ':', static_cast<size_t>(end - cursor)));
+    const char* colon =
+        static_cast<const char*>(memchr(cursor, ':', static_cast<size_t>(end - cursor)));
     char entry[kMaxNameLength * 2];
-    size_t entryLength = static_cast<size_t>(end - cursor) < sizeof(entry) - 1 ? static_cast<size_t>(end - cursor)
-                                                                               : sizeof(entry) - 1;
+    size_t entryLength = static_cast<size_t>(end - cursor) < sizeof(entry) - 1
+                             ? static_cast<size_t>(end - cursor)
+                             : sizeof(entry) - 1;
     memcpy(entry, cursor, entryLength);
     entry[entryLength] = '\0';
     if (!colon) {
@@ -170,7 +192,8 @@ void loadConfigFromEnvironment() {
     char variable[sizeof(kEnvPrefix) + kMaxNameLength];
     TextWriter name(variable, sizeof(variable));
     name.text(kEnvPrefix);
-    for (const char* c = option.name; *c; c++) name.put(*c >= 'a' && *c <= 'z' ? static_cast<char>(*c - 'a' + 'A') : *c);
+    for (const char* c = option.name; *c; c++)
+      name.put(*c >= 'a' && *c <= 'z' ? static_cast<char>(*c - 'a' + 'A') : *c);
     const char* value = os::getEnv(name.cString());
     if (!value) continue;
     if (option.kind == OptionView::kString) {
@@ -196,8 +219,12 @@ const OptionView* findOption(const char* name) {
   }
   return nullptr;
 }
-const OptionView* optionsBegin() { return kOptions; }
-const OptionView* optionsEnd() { return kOptions + sizeof(kOptions) / sizeof(kOptions[0]); }
+const OptionView* optionsBegin() {
+  return kOptions;
+}
+const OptionView* optionsEnd() {
+  return kOptions + sizeof(kOptions) / sizeof(kOptions[0]);
+}
 
 void printConfig(int fd) {
   char buffer[2048];
@@ -206,15 +233,23 @@ void printConfig(int fd) {
   for (const OptionView& option : kOptions) {
     out.text("  ").text(option.name).text(" = ");
     switch (option.kind) {
-      case OptionView::kBool: out.boolean(*static_cast<bool*>(option.field)); break;
-      case OptionView::kUnsigned: out.unsignedValue(*static_cast<uint64_t*>(option.field)); break;
-      case OptionView::kSize: out.unsignedValue(*static_cast<size_t*>(option.field)); break;
+      case OptionView::kBool:
+        out.boolean(*static_cast<bool*>(option.field));
+        break;
+      case OptionView::kUnsigned:
+        out.unsignedValue(*static_cast<uint64_t*>(option.field));
+        break;
+      case OptionView::kSize:
+        out.unsignedValue(*static_cast<size_t*>(option.field));
+        break;
       case OptionView::kRandomization:
         out.unsignedValue(static_cast<unsigned>(*static_cast<Randomization*>(option.field)));
         break;
       case OptionView::kStatsFormat: {
         StatsFormat format = *static_cast<StatsFormat*>(option.field);
-        out.text(format == StatsFormat::kJson ? "json" : format == StatsFormat::kText ? "text" : "0");
+        out.text(format == StatsFormat::kJson   ? "json"
+                 : format == StatsFormat::kText ? "text"
+                                                : "0");
         break;
       }
       case OptionView::kString: {

@@ -7,7 +7,8 @@
 
 namespace meshalloc {
 
-void reportHeapError(HeapError error, const char* operation, const void* address, const void* objectStart) {
+void reportHeapError(HeapError error, const char* operation, const void* address,
+                     const void* objectStart) {
   constexpr size_t kMessageCapacity = 256;
   char buffer[kMessageCapacity];
   TextWriter out(buffer, sizeof(buffer));
@@ -24,7 +25,9 @@ void reportHeapError(HeapError error, const char* operation, const void* address
       if (objectStart) out.text(" (the object starts at ").pointer(objectStart).text(")");
       break;
     case HeapError::kStalePointer:
-      out.text("double free or invalid pointer ").pointer(address).text(" (its span holds no live objects)");
+      out.text("double free or invalid pointer ")
+          .pointer(address)
+          .text(" (its span holds no live objects)");
       break;
   }
   out.text(" in ").text(operation).text("; aborting\n");

@@ -17,13 +17,16 @@ size_t GlobalHeap::binFor(const MiniHeap* heap, uint32_t live) {
 }
 
 void GlobalHeap::unlink(ClassState& state, MiniHeap* heap) {
-  if (heap->state == SpanState::kPartial) state.partial[heap->occupancyBin].remove(heap);
-  else if (heap->state == SpanState::kFull) state.full.remove(heap);
+  if (heap->state == SpanState::kPartial)
+    state.partial[heap->occupancyBin].remove(heap);
+  else if (heap->state == SpanState::kFull)
+    state.full.remove(heap);
 }
 
 MiniHeap* GlobalHeap::createSpan(unsigned sizeClass) {
   const SpanPlan& plan = SizeClasses::plan(sizeClass);
-  MiniHeap* heap = static_cast<MiniHeap*>(InternalHeap::allocate(MiniHeap::bytesFor(plan.objectCount)));
+  MiniHeap* heap =
+      static_cast<MiniHeap*>(InternalHeap::allocate(MiniHeap::bytesFor(plan.objectCount)));
   if (!heap) return nullptr;
   bool zeroed = false;
   uintptr_t start = Arena::allocate(plan.pages, 0, &zeroed);
@@ -142,7 +145,8 @@ void GlobalHeap::freeRemote(MiniHeap* heap, size_t slot, uintptr_t address) {
   if (owner && owner->holdsFreeSlot(heap, slot)) {
     reportHeapError(HeapError::kDoubleFree, "free", reinterpret_cast<void*>(address));
   }
-  if (!heap->bitmap().tryUnset(slot)) reportHeapError(HeapError::kDoubleFree, "free", reinterpret_cast<void*>(address));
+  if (!heap->bitmap().tryUnset(slot))
+    reportHeapError(HeapError::kDoubleFree, "free", reinterpret_cast<void*>(address));
   // Read while our object still keeps the span alive: once the count drops, it may vanish.
   uint32_t objectCount = heap->objectCount;
   uint32_t before = heap->liveCount.fetch_sub(1, std::memory_order_seq_cst);
@@ -150,7 +154,8 @@ void GlobalHeap::freeRemote(MiniHeap* heap, size_t slot, uintptr_t address) {
   // the full list's criterion (counted, found by the next refill) or becomes empty. With
   // before > 1 the span still holds an object, so it cannot have been freed meanwhile.
   if (before == objectCount && before != 1) {
-    if (heap->owner.load(std::memory_order_relaxed) == nullptr && heap->sizeClass < kNumSizeClasses) {
+    if (heap->owner.load(std::memory_order_relaxed) == nullptr &&
+        heap->sizeClass < kNumSizeClasses) {
       classes_[heap->sizeClass].fullSpansFreedInto.fetch_add(1, std::memory_order_relaxed);
     }
     return;
@@ -164,7 +169,9 @@ void GlobalHeap::freeRemote(MiniHeap* heap, size_t slot, uintptr_t address) {
   ClassState& state = classes_[sizeClass];
   LockGuard guard(state.lock);
   // Re-check under the lock: another thread may have attached, moved or freed it meanwhile.
-  if (heap->sizeClass != sizeClass || (heap->state != SpanState::kPartial && heap->state != SpanState::kFull)) return;
+  if (heap->sizeClass != sizeClass ||
+      (heap->state != SpanState::kPartial && heap->state != SpanState::kFull))
+    return;
   if (heap->liveCount.load(std::memory_order_seq_cst) == 0) destroySpan(state, heap);
 }
 
@@ -235,7 +242,8 @@ bool GlobalHeap::resizeLargeInPlace(MiniHeap* heap, size_t bytes) {
   return true;
 }
 
-size_t GlobalHeap::takeMeshCandidates(unsigned sizeClass, uint32_t maxLive, MiniHeap** out, size_t max) {
+size_t GlobalHeap::takeMeshCandidates(unsigned sizeClass, uint32_t maxLive, MiniHeap** out,
+                                      size_t max) {
   ClassState& state = classes_[sizeClass];
   LockGuard guard(state.lock);
   size_t count = 0;

@@ -3,8 +3,8 @@
 // that do not land in the freeing thread's own attached span.
 #pragma once
 
-#include <cstddef>
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 
 #include "heap/mini_heap.h"
@@ -54,7 +54,8 @@ class GlobalHeap {
   // Takes up to `max` detached partial spans of `sizeClass` holding at most `maxLive` objects
   // out of the lists (state kMeshing): nothing else attaches or frees them until they are
   // handed back. Returns how many were taken.
-  static size_t takeMeshCandidates(unsigned sizeClass, uint32_t maxLive, MiniHeap** out, size_t max);
+  static size_t takeMeshCandidates(unsigned sizeClass, uint32_t maxLive, MiniHeap** out,
+                                   size_t max);
   // Hands spans taken above back to the lists (an empty one is freed).
   static void returnMeshCandidates(unsigned sizeClass, MiniHeap* const* spans, size_t count);
   // Forgets a span whose objects and virtual span now belong to another (meshed into it).

@@ -106,7 +106,8 @@ MiniHeap* resolve(const void* pointer, uint64_t entry, const char* operation, in
       if (PageEntry::isMiniHeap(below)) {
         MiniHeap* owner = PageEntry::miniHeap(below);
         if (owner->isLarge() && address < owner->spanStart + owner->spanBytes(Arena::pageSize())) {
-          reportHeapError(HeapError::kInteriorPointer, operation, pointer, reinterpret_cast<void*>(owner->spanStart));
+          reportHeapError(HeapError::kInteriorPointer, operation, pointer,
+                          reinterpret_cast<void*>(owner->spanStart));
         }
       }
       reportHeapError(HeapError::kStalePointer, operation, pointer);
@@ -117,7 +118,8 @@ MiniHeap* resolve(const void* pointer, uint64_t entry, const char* operation, in
   MiniHeap* mini = PageEntry::miniHeap(entry);
   if (mini->isLarge()) {
     if (address != mini->spanStart) {
-      reportHeapError(HeapError::kInteriorPointer, operation, pointer, reinterpret_cast<void*>(mini->spanStart));
+      reportHeapError(HeapError::kInteriorPointer, operation, pointer,
+                      reinterpret_cast<void*>(mini->spanStart));
     }
     *slot = 0;
     return mini;
@@ -126,7 +128,8 @@ MiniHeap* resolve(const void* pointer, uint64_t entry, const char* operation, in
   *slot = mini->slotOf(address - spanStart);
   if (*slot < 0) {
     uintptr_t objectStart = spanStart + (address - spanStart) / mini->objectSize * mini->objectSize;
-    reportHeapError(HeapError::kInteriorPointer, operation, pointer, reinterpret_cast<void*>(objectStart));
+    reportHeapError(HeapError::kInteriorPointer, operation, pointer,
+                    reinterpret_cast<void*>(objectStart));
   }
   return mini;
 }
@@ -140,7 +143,8 @@ void freeResolved(void* pointer, MiniHeap* mini, int64_t slot) {
   ThreadHeap* heap = tlsThreadHeap;
   if (heap && mini->owner.load(std::memory_order_relaxed) == heap) {
     ShuffleVector& v = heap->vector(mini->sizeClass);
-    if (v.contains(mini->attachIndex, static_cast<size_t>(slot)) || !mini->bitmap().isSet(static_cast<size_t>(slot))) {
+    if (v.contains(mini->attachIndex, static_cast<size_t>(slot)) ||
+        !mini->bitmap().isSet(static_cast<size_t>(slot))) {
       reportHeapError(HeapError::kDoubleFree, "free", pointer);
     }
     if (v.length < v.capacity) {
@@ -162,9 +166,15 @@ void* failNoMemory() {
 
 }  // namespace
 
-void setForkHooks(const ForkHooks& hooks) { gForkHooks = hooks; }
-ThreadHeap* currentThreadHeap() { return threadHeap(); }
-void setRefillHook(void (*hook)()) { gRefillHook = hook; }
+void setForkHooks(const ForkHooks& hooks) {
+  gForkHooks = hooks;
+}
+ThreadHeap* currentThreadHeap() {
+  return threadHeap();
+}
+void setRefillHook(void (*hook)()) {
+  gRefillHook = hook;
+}
 
 bool ensureInitialized() {
   int state = gInitState.load(std::memory_order_acquire);
@@ -273,7 +283,8 @@ void* reallocate(void* pointer, size_t size) {
       if (!mini->isLarge()) {
         // Stay put while the new size still maps to this object's class (shrinking by more
         // than that moves, so the memory is not held by a much larger slot).
-        if (size <= oldSize && (size > kMaxSmallSize || SizeClasses::classOf(size) == mini->sizeClass)) {
+        if (size <= oldSize &&
+            (size > kMaxSmallSize || SizeClasses::classOf(size) == mini->sizeClass)) {
           return pointer;
         }
       } else if (size > kMaxSmallSize && size > oldSize / 2) {
@@ -286,8 +297,10 @@ void* reallocate(void* pointer, size_t size) {
   void* moved = allocate(size);
   if (!moved) return nullptr;
   memcpy(moved, pointer, oldSize < size ? oldSize : size);
-  if (glibcOwned) __libc_free(pointer);
-  else deallocate(pointer);
+  if (glibcOwned)
+    __libc_free(pointer);
+  else
+    deallocate(pointer);
   return moved;
 }
 
@@ -299,7 +312,8 @@ size_t usableSize(const void* pointer) {
   uint64_t small = Arena::entryFor(address);
   if (__builtin_expect(PageEntry::isMiniHeap(small), 1)) {
     unsigned sizeClass = PageEntry::sizeClass(small);
-    if (sizeClass < kNumSizeClasses && SizeClasses::slotOf(sizeClass, address - spanStartFor(address, small)) >= 0) {
+    if (sizeClass < kNumSizeClasses &&
+        SizeClasses::slotOf(sizeClass, address - spanStartFor(address, small)) >= 0) {
       return kSizeClassSizes[sizeClass];
     }
   }
@@ -307,7 +321,8 @@ size_t usableSize(const void* pointer) {
   uint64_t entry = Arena::entryFor(reinterpret_cast<uintptr_t>(pointer));
   int64_t slot;
   MiniHeap* mini = resolve(pointer, entry, "malloc_usable_size", &slot);
-  if (!mini) return __libc_malloc_usable_size ? __libc_malloc_usable_size(const_cast<void*>(pointer)) : 0;
+  if (!mini)
+    return __libc_malloc_usable_size ? __libc_malloc_usable_size(const_cast<void*>(pointer)) : 0;
   return usableSizeOf(mini);
 }
 

@@ -52,8 +52,10 @@ inline void deallocate(void* pointer) {
   if (__builtin_expect(PageEntry::isMiniHeap(entry), 1)) {
     MiniHeap* mini = PageEntry::miniHeap(entry);
     ThreadHeap* heap = tlsThreadHeap;
-    if (__builtin_expect(heap != nullptr && mini->owner.load(std::memory_order_relaxed) == heap, 1)) {
-      uintptr_t spanStart = (address & ~(Arena::pageSize() - 1)) - (PageEntry::pageIndex(entry) << Arena::pageShift());
+    if (__builtin_expect(heap != nullptr && mini->owner.load(std::memory_order_relaxed) == heap,
+                         1)) {
+      uintptr_t spanStart = (address & ~(Arena::pageSize() - 1)) -
+                            (PageEntry::pageIndex(entry) << Arena::pageShift());
       ShuffleVector& v = heap->vector(mini->sizeClass);
       unsigned span = mini->attachIndex;
       // This path takes no guard, so it trusts the entry only if the span really is one this
@@ -64,7 +66,8 @@ inline void deallocate(void* pointer) {
         // A full vector (its spans can have more slots out than it holds) sends the slot back
         // through the bitmap instead; the span stays attached and reclaims it on refill. The
         // bitmap bit is clear if another thread already freed this slot (a double free).
-        if (__builtin_expect(slot >= 0 && !v.contains(span, static_cast<size_t>(slot)) && v.length < v.capacity &&
+        if (__builtin_expect(slot >= 0 && !v.contains(span, static_cast<size_t>(slot)) &&
+                                 v.length < v.capacity &&
                                  mini->bitmap().isSet(static_cast<size_t>(slot)),
                              1)) {
           if (heap->randomization() == Randomization::kOnRefillAndFree) {

@@ -7,7 +7,9 @@
 namespace meshalloc {
 
 namespace {
-size_t roundUp(size_t value, size_t multiple) { return (value + multiple - 1) / multiple * multiple; }
+size_t roundUp(size_t value, size_t multiple) {
+  return (value + multiple - 1) / multiple * multiple;
+}
 }  // namespace
 
 void* InternalHeap::allocate(size_t bytes) {

@@ -18,7 +18,16 @@ class ThreadHeap;
 // Where a MiniHeap sits in the global heap; changed only under its size class's lock.
 // kMeshing: taken out of the lists by the mesher for one pass; kMeshedAway: a source whose
 // objects and virtual span now belong to another span, about to be retired (mesh/mesher.cc).
-enum class SpanState : uint8_t { kAttached, kPartial, kFull, kUnlisted, kLarge, kFreed, kMeshing, kMeshedAway };
+enum class SpanState : uint8_t {
+  kAttached,
+  kPartial,
+  kFull,
+  kUnlisted,
+  kLarge,
+  kFreed,
+  kMeshing,
+  kMeshedAway
+};
 
 struct MeshInfo;
 
@@ -36,7 +45,7 @@ struct MiniHeap : ListNode {
   SpanState state = SpanState::kFreed;
   uint8_t occupancyBin = 0;
   uint8_t attachIndex = 0;  // position in the owner's shuffle vector while attached
-  bool zeroed = false;  // large objects: the pages were fresh from the OS
+  bool zeroed = false;      // large objects: the pages were fresh from the OS
   uintptr_t spanStart = 0;
   size_t requestedBytes = 0;  // large objects only, for statistics
   // Set once the span's physical memory lives in the shared file (it has been meshed): which

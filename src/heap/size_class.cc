@@ -5,7 +5,9 @@ namespace meshalloc {
 namespace {
 
 uint32_t planPages(uint32_t objectSize, size_t pageSize) {
-  size_t minBytes = kMinObjectsPerSpan * objectSize > kMinSpanBytes ? kMinObjectsPerSpan * objectSize : kMinSpanBytes;
+  size_t minBytes = kMinObjectsPerSpan * objectSize > kMinSpanBytes
+                        ? kMinObjectsPerSpan * objectSize
+                        : kMinSpanBytes;
   size_t minPages = (minBytes + pageSize - 1) / pageSize;
   if (minPages == 0) minPages = 1;
   size_t bestPages = minPages;
@@ -13,7 +15,8 @@ uint32_t planPages(uint32_t objectSize, size_t pageSize) {
   for (size_t pages = minPages; pages <= minPages * kMaxSpanGrowthFactor; pages++) {
     size_t bytes = pages * pageSize;
     size_t waste = bytes % objectSize;
-    if (waste * kTailWasteDivisor <= bytes && pages <= kMaxSpanPages) return static_cast<uint32_t>(pages);
+    if (waste * kTailWasteDivisor <= bytes && pages <= kMaxSpanPages)
+      return static_cast<uint32_t>(pages);
     // Compare waste as a fraction of the span: waste/bytes < bestWaste/bestBytes.
     if (waste * (bestPages * pageSize) < bestWaste * bytes) {
       bestPages = pages;

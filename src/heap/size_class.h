@@ -21,9 +21,9 @@ constexpr size_t kMaxSpanGrowthFactor = 4;
 constexpr size_t kMaxSpanPages = 255;
 
 constexpr uint32_t kSizeClassSizes[] = {
-    16,   32,   48,   64,   80,   96,   112,  128,                            // 16-byte steps
-    160,  192,  224,  256,  320,  384,  448,  512,  640,  768,  896,  1024,   // 4 per doubling
-    1280, 1536, 1792, 2048, 2560, 3072, 3584, 4096, 5120, 6144, 7168, 8192,  //
+    16,    32,    48,    64,   80,   96,   112,  128,                           // 16-byte steps
+    160,   192,   224,   256,  320,  384,  448,  512,  640,  768,  896,  1024,  // 4 per doubling
+    1280,  1536,  1792,  2048, 2560, 3072, 3584, 4096, 5120, 6144, 7168, 8192,  //
     10240, 12288, 14336, 16384};
 constexpr size_t kNumSizeClasses = sizeof(kSizeClassSizes) / sizeof(kSizeClassSizes[0]);
 constexpr uint8_t kLargeClass = 0xff;
@@ -44,7 +44,9 @@ class SizeClasses {
  public:
   static void init(size_t pageSize);
 
-  static unsigned classOf(size_t size) { return lookup_[(size + kMinAlignment - 1) / kMinAlignment]; }
+  static unsigned classOf(size_t size) {
+    return lookup_[(size + kMinAlignment - 1) / kMinAlignment];
+  }
   static const SpanPlan& plan(unsigned sizeClass) { return plans_[sizeClass]; }
   // Slot index of `delta` bytes into a span of `sizeClass`, or -1 if it is not a slot start.
   static int64_t slotOf(unsigned sizeClass, uintptr_t delta) {

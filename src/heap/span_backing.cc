@@ -98,13 +98,15 @@ bool SpanBacking::addAlias(MiniHeap* span, uintptr_t alias) {
   if (!info || info->aliasCount >= kMaxVirtualSpans - 1) return false;
   size_t bytes = span->spanBytes(Arena::pageSize());
   LockGuard guard(lock_);
-  if (injectedFailure() || !os::mapFileFixed(reinterpret_cast<void*>(alias), bytes, fd_, info->fileOffset)) {
+  if (injectedFailure() ||
+      !os::mapFileFixed(reinterpret_cast<void*>(alias), bytes, fd_, info->fileOffset)) {
     return false;
   }
   info->aliases[info->aliasCount++] = alias;
   stats_.aliasSpans++;
   stats_.releasedBytes += bytes;
-  if (stats_.releasedBytes > stats_.releasedBytesPeak) stats_.releasedBytesPeak = stats_.releasedBytes;
+  if (stats_.releasedBytes > stats_.releasedBytesPeak)
+    stats_.releasedBytesPeak = stats_.releasedBytes;
   return true;
 }
 
@@ -138,7 +140,9 @@ SpanBackingStats SpanBacking::stats() {
   return stats_;
 }
 
-bool SpanBacking::anyShared() { return !shared_.empty(); }
+bool SpanBacking::anyShared() {
+  return !shared_.empty();
+}
 
 // Called with lock_ held (fork prepare).
 void SpanBacking::protectAllForFork() {
@@ -146,7 +150,8 @@ void SpanBacking::protectAllForFork() {
   for (MeshInfo* info = shared_.front(); info; info = shared_.next(info)) {
     size_t bytes = info->owner->spanBytes(pageSize);
     os::protectReadOnly(reinterpret_cast<void*>(info->owner->spanStart), bytes);
-    for (uint32_t i = 0; i < info->aliasCount; i++) os::protectReadOnly(reinterpret_cast<void*>(info->aliases[i]), bytes);
+    for (uint32_t i = 0; i < info->aliasCount; i++)
+      os::protectReadOnly(reinterpret_cast<void*>(info->aliases[i]), bytes);
   }
 }
 
@@ -155,7 +160,8 @@ void SpanBacking::unprotectAllAfterFork() {
   for (MeshInfo* info = shared_.front(); info; info = shared_.next(info)) {
     size_t bytes = info->owner->spanBytes(pageSize);
     os::protectReadWrite(reinterpret_cast<void*>(info->owner->spanStart), bytes);
-    for (uint32_t i = 0; i < info->aliasCount; i++) os::protectReadWrite(reinterpret_cast<void*>(info->aliases[i]), bytes);
+    for (uint32_t i = 0; i < info->aliasCount; i++)
+      os::protectReadWrite(reinterpret_cast<void*>(info->aliases[i]), bytes);
   }
 }
 
@@ -167,7 +173,8 @@ void SpanBacking::copyToPrivateFileInChild() {
   if (childFd < 0 || !os::resizeFile(childFd, fileSize_)) {
     // Without a file of its own the child keeps sharing the meshed pages with its parent;
     // say so rather than diverge silently.
-    static const char kMessage[] = "meshalloc: fork: cannot copy meshed spans; child shares them with its parent\n";
+    static const char kMessage[] =
+        "meshalloc: fork: cannot copy meshed spans; child shares them with its parent\n";
     os::writeStderr(kMessage, sizeof(kMessage) - 1);
     return;
   }

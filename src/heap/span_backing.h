@@ -4,8 +4,8 @@
 // meshed spans ever live in the file, so fork has to copy only those (see docs/meshing.md).
 #pragma once
 
-#include <cstddef>
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 
 #include "heap/mini_heap.h"
@@ -26,10 +26,10 @@ struct MeshInfo : ListNode {
 };
 
 struct SpanBackingStats {
-  size_t meshedSpans;       // physical spans in the file
-  size_t aliasSpans;        // virtual spans mapping another span's pages
-  size_t fileBytes;         // bytes of live file ranges
-  size_t releasedBytes;     // physical bytes meshing currently saves (aliases x span size)
+  size_t meshedSpans;    // physical spans in the file
+  size_t aliasSpans;     // virtual spans mapping another span's pages
+  size_t fileBytes;      // bytes of live file ranges
+  size_t releasedBytes;  // physical bytes meshing currently saves (aliases x span size)
   size_t releasedBytesPeak;
 };
 
@@ -52,7 +52,9 @@ class SpanBacking {
   static SpanBackingStats stats();
   // Testing: the next `count` mapping calls of share()/addAlias() fail as if the kernel had
   // refused them (e.g. vm.max_map_count reached), to exercise the undo path.
-  static void injectMapFailures(int count) { injectedFailures_.store(count, std::memory_order_relaxed); }
+  static void injectMapFailures(int count) {
+    injectedFailures_.store(count, std::memory_order_relaxed);
+  }
   static bool anyShared();
 
   // fork support: in the child, every shared span is copied into a fresh file of its own so

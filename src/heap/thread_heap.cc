@@ -16,15 +16,21 @@ Mutex gRegistryLock;
 ThreadHeap* gRegistry = nullptr;
 ThreadHeap* gPool = nullptr;  // heaps of finished threads, reused before allocating new ones
 
-size_t wordsPerSpan(unsigned sizeClass) { return (SizeClasses::plan(sizeClass).objectCount + 63) / 64; }
+size_t wordsPerSpan(unsigned sizeClass) {
+  return (SizeClasses::plan(sizeClass).objectCount + 63) / 64;
+}
 uint32_t vectorCapacity(unsigned sizeClass) {
   uint32_t perSpan = SizeClasses::plan(sizeClass).objectCount;
   uint32_t all = kMaxSpansPerVector * perSpan;
   uint32_t budget = perSpan > kVectorEntryBudget ? perSpan : kVectorEntryBudget;
   return all < budget ? all : budget;
 }
-size_t entryBytes(unsigned sizeClass) { return vectorCapacity(sizeClass) * sizeof(uint32_t); }
-size_t bitmapBytes(unsigned sizeClass) { return kMaxSpansPerVector * wordsPerSpan(sizeClass) * sizeof(uint64_t); }
+size_t entryBytes(unsigned sizeClass) {
+  return vectorCapacity(sizeClass) * sizeof(uint32_t);
+}
+size_t bitmapBytes(unsigned sizeClass) {
+  return kMaxSpansPerVector * wordsPerSpan(sizeClass) * sizeof(uint64_t);
+}
 }  // namespace
 
 size_t ThreadHeap::storageBytes() {
@@ -87,7 +93,8 @@ bool ThreadHeap::holdsFreeSlot(MiniHeap* span, size_t slot) {
 #else
   ShuffleVector& v = vectors_[span->sizeClass];
   unsigned index = __atomic_load_n(&span->attachIndex, __ATOMIC_RELAXED);
-  if (index >= kMaxSpansPerVector || __atomic_load_n(&v.spans[index], __ATOMIC_ACQUIRE) != span) return false;
+  if (index >= kMaxSpansPerVector || __atomic_load_n(&v.spans[index], __ATOMIC_ACQUIRE) != span)
+    return false;
   bool held = (__atomic_load_n(v.inVectorWord(index, slot), __ATOMIC_ACQUIRE) >> (slot % 64)) & 1;
   // The span must still be at that index afterwards, or the bit belonged to another span.
   return held && __atomic_load_n(&v.spans[index], __ATOMIC_ACQUIRE) == span &&
@@ -104,7 +111,8 @@ void ThreadHeap::claimFreeSlots(ShuffleVector& v, unsigned span) {
     uint64_t free = ~bitmap.loadWord(w) & bitmap.validMask(w);
     if (!free) continue;
     uint32_t room = v.capacity - v.length;
-    while (static_cast<uint32_t>(__builtin_popcountll(free)) > room) free &= free - 1;  // keep the top `room`
+    while (static_cast<uint32_t>(__builtin_popcountll(free)) > room)
+      free &= free - 1;  // keep the top `room`
     uint64_t bits = bitmap.claimMask(w, free);
     while (bits) {
       unsigned bit = static_cast<unsigned>(__builtin_ctzll(bits));
@@ -166,8 +174,9 @@ bool ThreadHeap::refill(unsigned sizeClass) {
   if (releasedCount || room) {
     // One trip (one lock) to the global heap per refill, however many spans change hands.
     MiniHeap* acquired[kMaxSpansPerVector];
-    unsigned count = GlobalHeap::exchangeSpans(sizeClass, this, released, releasedCount, acquired, room,
-                                               wanted - (v.length < wanted ? v.length : wanted));
+    unsigned count =
+        GlobalHeap::exchangeSpans(sizeClass, this, released, releasedCount, acquired, room,
+                                  wanted - (v.length < wanted ? v.length : wanted));
     for (unsigned i = 0; i < count; i++) {
       unsigned span = v.attachedCount++;
       acquired[i]->attachIndex = static_cast<uint8_t>(span);
@@ -207,9 +216,15 @@ void ThreadHeap::detachAll() {
   for (unsigned c = 0; c < kNumSizeClasses; c++) detachAll(c);
 }
 
-ThreadHeap* ThreadHeap::registryHead() { return gRegistry; }
-void ThreadHeap::lockRegistry() { gRegistryLock.lock(); }
-void ThreadHeap::unlockRegistry() { gRegistryLock.unlock(); }
+ThreadHeap* ThreadHeap::registryHead() {
+  return gRegistry;
+}
+void ThreadHeap::lockRegistry() {
+  gRegistryLock.lock();
+}
+void ThreadHeap::unlockRegistry() {
+  gRegistryLock.unlock();
+}
 void ThreadHeap::resetRegistryAfterFork() {
   gRegistryLock.resetAfterFork();
   // Threads that were inside a guarded operation or a system call at fork do not exist in

@@ -36,8 +36,12 @@ struct ShuffleVector {
   uint32_t* entries = nullptr;   // `capacity` entries
   uint64_t* inVector = nullptr;  // bit per (span, slot): set while the slot sits in `entries`
 
-  uint64_t* inVectorWord(unsigned span, size_t slot) { return &inVector[span * wordsPerSpan + slot / 64]; }
-  bool contains(unsigned span, size_t slot) { return (*inVectorWord(span, slot) >> (slot % 64)) & 1; }
+  uint64_t* inVectorWord(unsigned span, size_t slot) {
+    return &inVector[span * wordsPerSpan + slot / 64];
+  }
+  bool contains(unsigned span, size_t slot) {
+    return (*inVectorWord(span, slot) >> (slot % 64)) & 1;
+  }
   // Only the owner writes these words, but other threads peek at them to catch a double free
   // (see containsFromAnotherThread): single-copy-atomic stores, same code as plain ones.
   void setInVectorWord(unsigned span, size_t slot, uint64_t value) {

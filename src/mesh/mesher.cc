@@ -36,7 +36,8 @@ bool overlaps(uintptr_t start, size_t bytes, uintptr_t ioStart, uintptr_t ioEnd)
 bool busyWithIo(uintptr_t start, size_t bytes) {
   bool busy = false;
   ThreadHeap::lockRegistry();
-  for (ThreadHeap* heap = ThreadHeap::registryHead(); heap && !busy; heap = heap->nextInRegistry()) {
+  for (ThreadHeap* heap = ThreadHeap::registryHead(); heap && !busy;
+       heap = heap->nextInRegistry()) {
     uintptr_t ioStart = heap->activity().ioBufferStart.load(std::memory_order_seq_cst);
     uintptr_t ioEnd = heap->activity().ioBufferEnd.load(std::memory_order_seq_cst);
     busy = ioEnd != 0 && overlaps(start, bytes, ioStart, ioEnd);
@@ -73,7 +74,9 @@ long mappingCount() {
     gCountedAtNs = now;
     return gCountedMappings;
   }
-  long added = virtualSpans > gVirtualSpansAtCount ? static_cast<long>(virtualSpans - gVirtualSpansAtCount) : 0;
+  long added = virtualSpans > gVirtualSpansAtCount
+                   ? static_cast<long>(virtualSpans - gVirtualSpansAtCount)
+                   : 0;
   return gCountedMappings + added * Mesher::kMappingsPerMesh;
 }
 
@@ -138,7 +141,8 @@ bool Mesher::meshGroup(MeshGroup& group, bool* merged) {
       uint64_t bits = src.loadWord(w);
       if (bits) dst.claimMask(w, bits);
     }
-    destination->liveCount.fetch_add(source->liveCount.load(std::memory_order_relaxed), std::memory_order_acq_rel);
+    destination->liveCount.fetch_add(source->liveCount.load(std::memory_order_relaxed),
+                                     std::memory_order_acq_rel);
     // From here on every address in the source's virtual span resolves to the destination.
     Arena::assign(source->spanStart, source->spanPages, destination, true);
     merged[i] = true;
@@ -173,9 +177,11 @@ size_t Mesher::meshBatch(unsigned sizeClass, MeshGroup* groups, size_t count, bo
 
 size_t Mesher::compactClassRound(unsigned sizeClass, long* mappingBudget, size_t* meshed) {
   const SpanPlan& plan = SizeClasses::plan(sizeClass);
-  uint32_t maxLive = static_cast<uint32_t>(plan.objectCount * gHeapConfig.meshOccupancyPercent / 100);
+  uint32_t maxLive =
+      static_cast<uint32_t>(plan.objectCount * gHeapConfig.meshOccupancyPercent / 100);
   if (maxLive == 0) return 0;
-  size_t count = GlobalHeap::takeMeshCandidates(sizeClass, maxLive, gCandidates, kMaxCandidatesPerClass);
+  size_t count =
+      GlobalHeap::takeMeshCandidates(sizeClass, maxLive, gCandidates, kMaxCandidatesPerClass);
   if (count < 2) {
     GlobalHeap::returnMeshCandidates(sizeClass, gCandidates, count);
     return 0;
@@ -184,11 +190,13 @@ size_t Mesher::compactClassRound(unsigned sizeClass, long* mappingBudget, size_t
   size_t maxGroups = static_cast<size_t>(*mappingBudget / (kMappingsPerMesh * kMaxVirtualSpans));
   if (maxGroups == 0) maxGroups = *mappingBudget >= kMappingsPerMesh * 2 ? 1 : 0;
   if (maxGroups > count / 2) maxGroups = count / 2;
-  size_t groupCount = SplitMesher::find(gSearchOrder, count, gHeapConfig.meshProbes, gRng, gGroups, maxGroups);
+  size_t groupCount =
+      SplitMesher::find(gSearchOrder, count, gHeapConfig.meshProbes, gRng, gGroups, maxGroups);
   size_t released = 0;
   for (size_t g = 0; g < groupCount;) {
     size_t n = 0, sources = 0;
-    while (g + n < groupCount && (n == 0 || sources + gGroups[g + n].sourceCount <= kSourcesPerBatch)) {
+    while (g + n < groupCount &&
+           (n == 0 || sources + gGroups[g + n].sourceCount <= kSourcesPerBatch)) {
       sources += gGroups[g + n].sourceCount;
       n++;
     }
@@ -231,7 +239,8 @@ size_t Mesher::compact() {
   }
   if (!WriteBarrier::install()) return 0;
   long limit = os::maxMapCount();
-  long margin = limit / kMappingMarginDivisor > kMappingMarginMin ? limit / kMappingMarginDivisor : kMappingMarginMin;
+  long margin = limit / kMappingMarginDivisor > kMappingMarginMin ? limit / kMappingMarginDivisor
+                                                                  : kMappingMarginMin;
   long mappings = mappingCount();
   gStats.lastMappingCount = mappings > 0 ? static_cast<uint64_t>(mappings) : 0;
   gStats.mappingLimit = static_cast<uint64_t>(limit - margin > 0 ? limit - margin : 0);
@@ -267,7 +276,9 @@ size_t Mesher::compact() {
   return released;
 }
 
-MeshStats Mesher::stats() { return gStats; }
+MeshStats Mesher::stats() {
+  return gStats;
+}
 
 void Mesher::lockForFork() {
   gPassLock.lock();

@@ -13,16 +13,16 @@ namespace meshalloc {
 
 struct MeshStats {
   uint64_t passes;
-  uint64_t meshedSpans;        // virtual spans meshed away (sources)
-  uint64_t failedMeshes;       // a mapping call failed; the mesh was undone
-  uint64_t skippedForIo;       // spans left alone because a system call was writing into them
-  uint64_t vmaLimitedPasses;   // passes cut short by the mapping budget
+  uint64_t meshedSpans;       // virtual spans meshed away (sources)
+  uint64_t failedMeshes;      // a mapping call failed; the mesh was undone
+  uint64_t skippedForIo;      // spans left alone because a system call was writing into them
+  uint64_t vmaLimitedPasses;  // passes cut short by the mapping budget
   uint64_t pauseCount;
   uint64_t pauseTotalNs;
   uint64_t pauseMaxNs;
-  uint64_t cpuNs;              // time spent in passes
-  uint64_t lastMappingCount;   // /proc/self/maps lines at the last pass
-  uint64_t mappingLimit;       // the budget meshing stays under
+  uint64_t cpuNs;             // time spent in passes
+  uint64_t lastMappingCount;  // /proc/self/maps lines at the last pass
+  uint64_t mappingLimit;      // the budget meshing stays under
 };
 
 class Mesher {

@@ -27,7 +27,9 @@ std::atomic<unsigned> gRefills{0};
 std::atomic<uint64_t> gNextPassNs{0};
 int gForkPipe[2] = {-1, -1};
 
-void forkPrepareFirst() { Mesher::lockForFork(); }
+void forkPrepareFirst() {
+  Mesher::lockForFork();
+}
 
 void forkPrepare() {
   gForkPipe[0] = gForkPipe[1] = -1;
@@ -90,7 +92,9 @@ size_t MeshPolicy::compactNow() {
   return Mesher::compact();
 }
 
-bool MeshPolicy::backgroundThreadRunning() { return gThreadStarted.load(std::memory_order_relaxed); }
+bool MeshPolicy::backgroundThreadRunning() {
+  return gThreadStarted.load(std::memory_order_relaxed);
+}
 
 void MeshPolicy::runPassWithinBudget() {
   // The budget is CPU time: waiting for a preempted thread to leave a guarded section
@@ -103,7 +107,8 @@ void MeshPolicy::runPassWithinBudget() {
   if (budget > kPermille) budget = kPermille;
   uint64_t rest = spent * (kPermille - budget) / budget;
   uint64_t period = gHeapConfig.meshPeriodMs * kNanosPerMilli;
-  gNextPassNs.store(os::monotonicNanos() + (rest > period ? rest : period), std::memory_order_relaxed);
+  gNextPassNs.store(os::monotonicNanos() + (rest > period ? rest : period),
+                    std::memory_order_relaxed);
 }
 
 void* MeshPolicy::backgroundMain(void*) {

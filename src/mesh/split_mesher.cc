@@ -11,8 +11,8 @@ bool SplitMesher::disjoint(MiniHeap* a, MiniHeap* b) {
   return true;
 }
 
-size_t SplitMesher::find(MiniHeap** candidates, size_t count, size_t probes, Rng& rng, MeshGroup* groups,
-                         size_t maxGroups) {
+size_t SplitMesher::find(MiniHeap** candidates, size_t count, size_t probes, Rng& rng,
+                         MeshGroup* groups, size_t maxGroups) {
   if (count < 2 || maxGroups == 0) return 0;
   size_t words = candidates[0]->bitmap().words();
   if (words > kMaxBitmapWords) return 0;

@@ -27,8 +27,8 @@ class SplitMesher {
 
   // Finds groups among `candidates` (reordered in place). Returns the number written to
   // `groups` (at most maxGroups). A span appears in at most one group.
-  static size_t find(MiniHeap** candidates, size_t count, size_t probes, Rng& rng, MeshGroup* groups,
-                     size_t maxGroups);
+  static size_t find(MiniHeap** candidates, size_t count, size_t probes, Rng& rng,
+                     MeshGroup* groups, size_t maxGroups);
 
   // True if no slot is allocated in both.
   static bool disjoint(MiniHeap* a, MiniHeap* b);

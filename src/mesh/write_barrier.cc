@@ -26,7 +26,8 @@ thread_local uintptr_t tlsLastFaultAddress __attribute__((tls_model("initial-exe
 thread_local uint32_t tlsLastFaultSequence __attribute__((tls_model("initial-exec"))) = 0;
 
 bool isDefaultOrIgnore(const struct sigaction& action) {
-  return !(action.sa_flags & SA_SIGINFO) && (action.sa_handler == SIG_DFL || action.sa_handler == SIG_IGN);
+  return !(action.sa_flags & SA_SIGINFO) &&
+         (action.sa_handler == SIG_DFL || action.sa_handler == SIG_IGN);
 }
 
 }  // namespace
@@ -89,7 +90,8 @@ void WriteBarrier::onFault(int signal, siginfo_t* info, void* context) {
 }
 
 void WriteBarrier::chain(int signal, siginfo_t* info, void* context) {
-  struct sigaction application = gApplicationActions[gCurrentAction.load(std::memory_order_acquire)];
+  struct sigaction application =
+      gApplicationActions[gCurrentAction.load(std::memory_order_acquire)];
   if (isDefaultOrIgnore(application)) {
     // Hand the signal to the kernel's default action (a core dump) with the real fault
     // context: restore SIG_DFL and return, and the faulting instruction faults again. A
@@ -132,8 +134,8 @@ void WriteBarrier::chain(int signal, siginfo_t* info, void* context) {
   pthread_sigmask(SIG_SETMASK, &saved, nullptr);
 }
 
-bool WriteBarrier::interceptSigaction(int signal, const struct sigaction* action, struct sigaction* previous,
-                                      int* result) {
+bool WriteBarrier::interceptSigaction(int signal, const struct sigaction* action,
+                                      struct sigaction* previous, int* result) {
   if (signal != SIGSEGV || !installed()) return false;
   LockGuard guard(gActionLock);
   unsigned current = gCurrentAction.load(std::memory_order_relaxed);

@@ -29,8 +29,8 @@ class WriteBarrier {
 
   // For the exported sigaction(): true if it handled the call (the signal is ours to
   // multiplex), with the result in *result.
-  static bool interceptSigaction(int signal, const struct sigaction* action, struct sigaction* previous,
-                                 int* result);
+  static bool interceptSigaction(int signal, const struct sigaction* action,
+                                 struct sigaction* previous, int* result);
 
   // Counts of faults that waited on the barrier, for statistics.
   static uint64_t faultsWaited() { return faultsWaited_.load(std::memory_order_relaxed); }

@@ -52,8 +52,8 @@ void* reserveAligned(size_t bytes, size_t alignment) {
   // Over-reserve and trim so that the result is aligned without relying on mmap hints.
   size_t padded = bytes + alignment;
   if (padded < bytes) return nullptr;
-  void* raw = mmap(nullptr, padded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                   -1, 0);
+  void* raw = mmap(nullptr, padded, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (raw == MAP_FAILED) return nullptr;
   uintptr_t start = reinterpret_cast<uintptr_t>(raw);
   uintptr_t aligned = (start + alignment - 1) & ~(alignment - 1);
@@ -64,7 +64,9 @@ void* reserveAligned(size_t bytes, size_t alignment) {
   return reinterpret_cast<void*>(aligned);
 }
 
-void unmap(void* addr, size_t bytes) { munmap(addr, bytes); }
+void unmap(void* addr, size_t bytes) {
+  munmap(addr, bytes);
+}
 
 void decommit(void* addr, size_t bytes) {
   // MADV_DONTNEED drops the pages at once (unlike MADV_FREE), so PSS and the cgroup charge
@@ -81,7 +83,9 @@ int createSharedFile(const char* name) {
   return static_cast<int>(syscall(SYS_memfd_create, name, MFD_CLOEXEC));
 }
 
-bool resizeFile(int fd, size_t bytes) { return ftruncate(fd, static_cast<off_t>(bytes)) == 0; }
+bool resizeFile(int fd, size_t bytes) {
+  return ftruncate(fd, static_cast<off_t>(bytes)) == 0;
+}
 
 bool punchHole(int fd, size_t offset, size_t bytes) {
   return fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset),
@@ -103,19 +107,27 @@ bool writeToFile(int fd, size_t offset, const void* source, size_t bytes) {
 
 bool mapFileFixed(void* addr, size_t bytes, int fd, size_t offset) {
   // MAP_POPULATE: the mesher, not the program, takes the page faults of the new mapping.
-  void* p = mmap(addr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED | MAP_POPULATE, fd, static_cast<off_t>(offset));
+  void* p = mmap(addr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED | MAP_POPULATE, fd,
+                 static_cast<off_t>(offset));
   return p == addr;
 }
 
 bool mapAnonymousFixed(void* addr, size_t bytes) {
-  void* p = mmap(addr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+  void* p = mmap(addr, bytes, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
   return p == addr;
 }
 
-bool protectReadOnly(void* addr, size_t bytes) { return mprotect(addr, bytes, PROT_READ) == 0; }
-bool protectReadWrite(void* addr, size_t bytes) { return mprotect(addr, bytes, PROT_READ | PROT_WRITE) == 0; }
+bool protectReadOnly(void* addr, size_t bytes) {
+  return mprotect(addr, bytes, PROT_READ) == 0;
+}
+bool protectReadWrite(void* addr, size_t bytes) {
+  return mprotect(addr, bytes, PROT_READ | PROT_WRITE) == 0;
+}
 
-void closeFd(int fd) { close(fd); }
+void closeFd(int fd) {
+  close(fd);
+}
 
 long countMappings() {
   int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
@@ -132,7 +144,9 @@ long countMappings() {
   return lines;
 }
 
-bool makePipe(int fds[2]) { return pipe2(fds, O_CLOEXEC) == 0; }
+bool makePipe(int fds[2]) {
+  return pipe2(fds, O_CLOEXEC) == 0;
+}
 
 void signalByte(int fd) {
   char byte = 1;
@@ -155,7 +169,9 @@ bool registerMembarrier() {
   return syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0;
 }
 
-void membarrierAllThreads() { syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0); }
+void membarrierAllThreads() {
+  syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0);
+}
 
 uint64_t threadCpuNanos() {
   struct timespec ts;
@@ -164,7 +180,8 @@ uint64_t threadCpuNanos() {
 }
 
 void sleepNanos(uint64_t nanos) {
-  struct timespec ts = {static_cast<time_t>(nanos / 1000000000ull), static_cast<long>(nanos % 1000000000ull)};
+  struct timespec ts = {static_cast<time_t>(nanos / 1000000000ull),
+                        static_cast<long>(nanos % 1000000000ull)};
   while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
   }
 }
@@ -196,11 +213,14 @@ long maxMapCount() {
   close(fd);
   if (n <= 0) return kDefaultMaxMapCount;
   long value = 0;
-  for (ssize_t i = 0; i < n && buffer[i] >= '0' && buffer[i] <= '9'; i++) value = value * 10 + (buffer[i] - '0');
+  for (ssize_t i = 0; i < n && buffer[i] >= '0' && buffer[i] <= '9'; i++)
+    value = value * 10 + (buffer[i] - '0');
   return value > 0 ? value : kDefaultMaxMapCount;
 }
 
-int currentThreadId() { return static_cast<int>(syscall(SYS_gettid)); }
+int currentThreadId() {
+  return static_cast<int>(syscall(SYS_gettid));
+}
 
 void futexWait(const void* addr, uint32_t expected) {
   syscall(SYS_futex, addr, FUTEX_WAIT_PRIVATE, expected, nullptr, nullptr, 0);
@@ -211,11 +231,14 @@ void futexWakeAll(const void* addr) {
 }
 
 void futexWaitFor(const void* addr, uint32_t expected, uint64_t timeoutNanos) {
-  struct timespec ts = {static_cast<time_t>(timeoutNanos / 1000000000ull), static_cast<long>(timeoutNanos % 1000000000ull)};
+  struct timespec ts = {static_cast<time_t>(timeoutNanos / 1000000000ull),
+                        static_cast<long>(timeoutNanos % 1000000000ull)};
   syscall(SYS_futex, addr, FUTEX_WAIT_PRIVATE, expected, &ts, nullptr, 0);
 }
 
-void futexWakeOne(const void* addr) { syscall(SYS_futex, addr, FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0); }
+void futexWakeOne(const void* addr) {
+  syscall(SYS_futex, addr, FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
+}
 
 void writeFd(int fd, const char* text, size_t length) {
   while (length > 0) {
@@ -227,14 +250,18 @@ void writeFd(int fd, const char* text, size_t length) {
   }
 }
 
-void writeStderr(const char* text, size_t length) { writeFd(STDERR_FILENO, text, length); }
+void writeStderr(const char* text, size_t length) {
+  writeFd(STDERR_FILENO, text, length);
+}
 
 void abortProcess() {
   // abort() raises SIGABRT, so the default action (a core dump) and any handler still apply.
   abort();
 }
 
-const char* getEnv(const char* name) { return getenv(name); }
+const char* getEnv(const char* name) {
+  return getenv(name);
+}
 
 }  // namespace meshalloc::os
 
@@ -245,9 +272,12 @@ uintptr_t parseHex(const char*& cursor) {
   uintptr_t value = 0;
   for (;; cursor++) {
     char c = *cursor;
-    if (c >= '0' && c <= '9') value = value * 16 + static_cast<uintptr_t>(c - '0');
-    else if (c >= 'a' && c <= 'f') value = value * 16 + static_cast<uintptr_t>(c - 'a' + 10);
-    else return value;
+    if (c >= '0' && c <= '9')
+      value = value * 16 + static_cast<uintptr_t>(c - '0');
+    else if (c >= 'a' && c <= 'f')
+      value = value * 16 + static_cast<uintptr_t>(c - 'a' + 10);
+    else
+      return value;
   }
 }
 }  // namespace

@@ -59,7 +59,8 @@ class AtomicBitmap {
 
   size_t popcount() const {
     size_t total = 0;
-    for (size_t w = 0; w < words(); w++) total += static_cast<size_t>(__builtin_popcountll(loadWord(w)));
+    for (size_t w = 0; w < words(); w++)
+      total += static_cast<size_t>(__builtin_popcountll(loadWord(w)));
     return total;
   }
 

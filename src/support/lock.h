@@ -17,7 +17,8 @@ class Mutex {
 
   void lock() {
     uint32_t expected = kUnlocked;
-    if (__builtin_expect(state_.compare_exchange_strong(expected, kLocked, std::memory_order_acquire), 1)) {
+    if (__builtin_expect(
+            state_.compare_exchange_strong(expected, kLocked, std::memory_order_acquire), 1)) {
       return;
     }
     lockSlow();
@@ -29,7 +30,8 @@ class Mutex {
   }
 
   void unlock() {
-    if (state_.exchange(kUnlocked, std::memory_order_release) == kContended) os::futexWakeOne(&state_);
+    if (state_.exchange(kUnlocked, std::memory_order_release) == kContended)
+      os::futexWakeOne(&state_);
   }
 
   // After fork() only the forking thread exists; a lock it took in the prepare handler is

@@ -57,14 +57,17 @@ class TextWriter {
     if (decimals > 0) {
       put('.');
       uint64_t fraction = scaled % scale;
-      for (uint64_t d = scale / 10; d > 0; d /= 10) put(static_cast<char>('0' + (fraction / d) % 10));
+      for (uint64_t d = scale / 10; d > 0; d /= 10)
+        put(static_cast<char>('0' + (fraction / d) % 10));
     }
     return *this;
   }
   TextWriter& boolean(bool value) { return text(value ? "true" : "false"); }
   TextWriter& put(char c) {
-    if (length_ + 1 < capacity_) buffer_[length_++] = c;
-    else truncated_ = true;
+    if (length_ + 1 < capacity_)
+      buffer_[length_++] = c;
+    else
+      truncated_ = true;
     return *this;
   }
 

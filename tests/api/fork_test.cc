@@ -304,8 +304,9 @@ TEST(Fork, ChildCanMeshWhileParentThreadWasMidFree) {
     }
     int status = 0;
     ASSERT_EQ(waitpid(pid, &status, 0), pid);
-    ASSERT_TRUE(WIFEXITED(status)) << "fork #" << i << ": child killed by signal "
-                                   << (WIFSIGNALED(status) ? WTERMSIG(status) : 0) << " (SIGALRM = hang)";
+    ASSERT_TRUE(WIFEXITED(status))
+        << "fork #" << i << ": child killed by signal "
+        << (WIFSIGNALED(status) ? WTERMSIG(status) : 0) << " (SIGALRM = hang)";
   }
   stop = true;
   churner.join();

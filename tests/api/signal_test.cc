@@ -55,16 +55,17 @@ constexpr char kScenarioVariable[] = "MESHALLOC_SIGNAL_SCENARIO";
   int n = vsnprintf(buffer, sizeof(buffer), format, args);
   va_end(args);
   if (n < 0) n = 0;
-  size_t length = static_cast<size_t>(n) < sizeof(buffer) ? static_cast<size_t>(n) : sizeof(buffer) - 1;
+  size_t length =
+      static_cast<size_t>(n) < sizeof(buffer) ? static_cast<size_t>(n) : sizeof(buffer) - 1;
   (void)!write(STDERR_FILENO, "signal_test: ", 13);
   (void)!write(STDERR_FILENO, buffer, length);
   (void)!write(STDERR_FILENO, "\n", 1);
   _exit(1);
 }
 
-#define CHECK(condition, ...)              \
-  do {                                     \
-    if (!(condition)) fail(__VA_ARGS__);   \
+#define CHECK(condition, ...)            \
+  do {                                   \
+    if (!(condition)) fail(__VA_ARGS__); \
   } while (0)
 
 // Progress markers for the scenarios that end in a crash.
@@ -83,15 +84,19 @@ struct KernelSigaction {
 };
 void* kernelHandler() {
   KernelSigaction k{};
-  if (syscall(SYS_rt_sigaction, SIGSEGV, nullptr, &k, sizeof(k.mask)) != 0) fail("rt_sigaction failed");
+  if (syscall(SYS_rt_sigaction, SIGSEGV, nullptr, &k, sizeof(k.mask)) != 0)
+    fail("rt_sigaction failed");
   return k.handler;
 }
-bool barrierInstalled() { return kernelHandler() != reinterpret_cast<void*>(SIG_DFL); }
+bool barrierInstalled() {
+  return kernelHandler() != reinterpret_cast<void*>(SIG_DFL);
+}
 
 // Runs meshing once (installing the write barrier) and checks that it is in place.
 void compactAndExpectBarrier() {
   meshalloc_compact();
-  CHECK(barrierInstalled(), "meshalloc_compact() did not install a SIGSEGV handler (kernel has SIG_DFL)");
+  CHECK(barrierInstalled(),
+        "meshalloc_compact() did not install a SIGSEGV handler (kernel has SIG_DFL)");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -143,7 +148,8 @@ void installInfoHandler(void (*handler)(int, siginfo_t*, void*), int extraFlags,
   action.sa_sigaction = handler;
   action.sa_flags = SA_SIGINFO | extraFlags;
   sigemptyset(&action.sa_mask);
-  CHECK(sigaction(SIGSEGV, &action, previous) == 0, "sigaction(SIGSEGV) failed: %s", strerror(errno));
+  CHECK(sigaction(SIGSEGV, &action, previous) == 0, "sigaction(SIGSEGV) failed: %s",
+        strerror(errno));
 }
 
 struct sigaction currentAction() {
@@ -156,13 +162,16 @@ struct sigaction currentAction() {
 bool isInfoHandler(const struct sigaction& a, void (*handler)(int, siginfo_t*, void*)) {
   return (a.sa_flags & SA_SIGINFO) && a.sa_sigaction == handler;
 }
-bool isDefault(const struct sigaction& a) { return !(a.sa_flags & SA_SIGINFO) && a.sa_handler == SIG_DFL; }
+bool isDefault(const struct sigaction& a) {
+  return !(a.sa_flags & SA_SIGINFO) && a.sa_handler == SIG_DFL;
+}
 
 // ---------------------------------------------------------------------------------------------
 // Genuine faults, all outside the heap unless said otherwise.
 
 char* mapPage(int protection) {
-  void* p = mmap(nullptr, static_cast<size_t>(getpagesize()), protection, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  void* p = mmap(nullptr, static_cast<size_t>(getpagesize()), protection,
+                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   CHECK(p != MAP_FAILED, "mmap failed");
   return static_cast<char*>(p);
 }
@@ -256,8 +265,10 @@ void scenarioHandlerBeforeBarrier() {
 void scenarioHandlerAfterBarrier() {
   compactAndExpectBarrier();
   struct sigaction before = currentAction();
-  CHECK(isDefault(before), "before the application sets one, sigaction() reports a handler "
-        "(%p, flags 0x%x) instead of SIG_DFL", reinterpret_cast<void*>(before.sa_handler), before.sa_flags);
+  CHECK(isDefault(before),
+        "before the application sets one, sigaction() reports a handler "
+        "(%p, flags 0x%x) instead of SIG_DFL",
+        reinterpret_cast<void*>(before.sa_handler), before.sa_flags);
   struct sigaction previous;
   memset(&previous, 0x5a, sizeof(previous));
   installInfoHandler(infoHandler, 0, &previous);
@@ -282,7 +293,8 @@ void scenarioHandlerAfterBarrier() {
         static_cast<int>(gOtherHandled), static_cast<int>(gHandled), gAddress);
   // More meshing passes do not disturb the application's choice.
   meshalloc_compact();
-  CHECK(isInfoHandler(currentAction(), otherInfoHandler), "a later compaction changed the reported handler");
+  CHECK(isInfoHandler(currentAction(), otherInfoHandler),
+        "a later compaction changed the reported handler");
 }
 
 // 3. Default disposition: a null write kills the process with SIGSEGV.
@@ -350,7 +362,8 @@ void expectResetHandOnce(const char* when) {
   char* none = mapPage(PROT_NONE);
   resetRecord();
   expectDelivered(faultingWrite(none), none, SEGV_ACCERR, when);
-  CHECK(isDefault(currentAction()), "%s: after one delivery sigaction() does not report SIG_DFL", when);
+  CHECK(isDefault(currentAction()), "%s: after one delivery sigaction() does not report SIG_DFL",
+        when);
   marker("first fault handled");
   nullWrite();
 }
@@ -385,7 +398,8 @@ void scenarioIgnoreAfterBarrier() {
   compactAndExpectBarrier();
   CHECK(signal(SIGSEGV, SIG_IGN) == SIG_DFL, "signal(SIG_IGN) did not return SIG_DFL");
   struct sigaction now = currentAction();
-  CHECK(!(now.sa_flags & SA_SIGINFO) && now.sa_handler == SIG_IGN, "sigaction() does not report SIG_IGN");
+  CHECK(!(now.sa_flags & SA_SIGINFO) && now.sa_handler == SIG_IGN,
+        "sigaction() does not report SIG_IGN");
   marker("about to fault");
   nullWrite();
 }
@@ -394,7 +408,8 @@ void scenarioIgnoreBeforeBarrier() {
   CHECK(!barrierInstalled(), "precondition: the write barrier is already installed at start-up");
   CHECK(signal(SIGSEGV, SIG_IGN) == SIG_DFL, "signal(SIG_IGN) did not return SIG_DFL");
   compactAndExpectBarrier();
-  CHECK(currentAction().sa_handler == SIG_IGN, "sigaction() does not report SIG_IGN after compaction");
+  CHECK(currentAction().sa_handler == SIG_IGN,
+        "sigaction() does not report SIG_IGN after compaction");
   marker("about to fault");
   char* readOnly = mapPage(PROT_READ);
   *meshtest::launder(readOnly) = 1;
@@ -444,12 +459,15 @@ void expectNoDeferSemantics(const char* when) {
     bool jumped = faultingWritePlainJump(none);
     sigset_t after;
     pthread_sigmask(SIG_BLOCK, nullptr, &after);
-    CHECK(jumped && gHandled == 1 && gAddress == none, "%s, fault %d: handled %d times, si_addr %p", when, round,
-          static_cast<int>(gHandled), gAddress);
-    CHECK(gUsr1BlockedInHandler == 1, "%s, fault %d: sa_mask (SIGUSR1) not blocked in the handler", when, round);
+    CHECK(jumped && gHandled == 1 && gAddress == none, "%s, fault %d: handled %d times, si_addr %p",
+          when, round, static_cast<int>(gHandled), gAddress);
+    CHECK(gUsr1BlockedInHandler == 1, "%s, fault %d: sa_mask (SIGUSR1) not blocked in the handler",
+          when, round);
     char line[256];
-    snprintf(line, sizeof(line), "%s, fault %d handled: SIGSEGV blocked inside the handler: %s, after _longjmp: %s",
-             when, round, gSegvBlockedInHandler ? "yes" : "no", sigismember(&after, SIGSEGV) ? "yes" : "no");
+    snprintf(line, sizeof(line),
+             "%s, fault %d handled: SIGSEGV blocked inside the handler: %s, after _longjmp: %s",
+             when, round, gSegvBlockedInHandler ? "yes" : "no",
+             sigismember(&after, SIGSEGV) ? "yes" : "no");
     marker(line);
     blockedInside |= gSegvBlockedInHandler != 0;
     blockedAfter |= sigismember(&after, SIGSEGV) != 0;
@@ -459,9 +477,11 @@ void expectNoDeferSemantics(const char* when) {
     sigaddset(&usr1, SIGUSR1);
     pthread_sigmask(SIG_UNBLOCK, &usr1, nullptr);
   }
-  CHECK(!blockedInside, "%s: SIGSEGV was blocked inside an SA_NODEFER handler (the kernel leaves it unblocked)",
+  CHECK(!blockedInside,
+        "%s: SIGSEGV was blocked inside an SA_NODEFER handler (the kernel leaves it unblocked)",
         when);
-  CHECK(!blockedAfter, "%s: SIGSEGV stayed blocked after leaving the SA_NODEFER handler with _longjmp", when);
+  CHECK(!blockedAfter,
+        "%s: SIGSEGV stayed blocked after leaving the SA_NODEFER handler with _longjmp", when);
 }
 
 void scenarioNoDeferBeforeBarrier() {
@@ -509,8 +529,9 @@ void expectOnAltStack(const AltStack& s, const char* when) {
   char* none = mapPage(PROT_NONE);
   resetRecord();
   expectDelivered(faultingWrite(none), none, SEGV_ACCERR, when);
-  CHECK(s.contains(gHandlerLocal), "%s: the handler ran at %p, outside the alternate stack [%p, %p)", when,
-        gHandlerLocal, static_cast<void*>(s.base), static_cast<void*>(s.base + s.size));
+  CHECK(s.contains(gHandlerLocal),
+        "%s: the handler ran at %p, outside the alternate stack [%p, %p)", when, gHandlerLocal,
+        static_cast<void*>(s.base), static_cast<void*>(s.base + s.size));
 }
 
 void scenarioAltStackAfterBarrier() {
@@ -595,13 +616,15 @@ void scenarioStackOverflowAfterBarrier() {
   CHECK(pthread_create(&thread, &attr, overflowThread, &result) == 0, "pthread_create failed");
   pthread_attr_destroy(&attr);
   pthread_join(thread, nullptr);
-  CHECK(result.jumped && gHandled == 1, "stack overflow: handler ran %d times", static_cast<int>(gHandled));
+  CHECK(result.jumped && gHandled == 1, "stack overflow: handler ran %d times",
+        static_cast<int>(gHandled));
   CHECK(result.onAltStack, "stack overflow: the handler did not run on the alternate stack");
   // The fault is in the guard area just below the thread's stack.
-  CHECK(result.faultAddress < result.stackLow + 4096 && result.faultAddress + 256 * 1024 > result.stackLow,
+  CHECK(result.faultAddress < result.stackLow + 4096 &&
+            result.faultAddress + 256 * 1024 > result.stackLow,
         "stack overflow: si_addr 0x%lx is not near the stack's low end 0x%lx (depth %lu)",
-        static_cast<unsigned long>(result.faultAddress), static_cast<unsigned long>(result.stackLow),
-        static_cast<unsigned long>(result.depth));
+        static_cast<unsigned long>(result.faultAddress),
+        static_cast<unsigned long>(result.stackLow), static_cast<unsigned long>(result.depth));
 }
 
 // A genuine fault inside the heap: the application write-protects one page of its own
@@ -629,9 +652,11 @@ void scenarioHeapPageProtectedByApplication() {
   gAddress = nullptr;
   volatile char* target = meshtest::launder(gProtectedPage + 100);
   *target = 0x22;
-  CHECK(gUnprotects == 1, "the application's handler ran %d times, expected once", static_cast<int>(gUnprotects));
-  CHECK(gAddress == gProtectedPage + 100 && gCode == SEGV_ACCERR, "si_addr %p (expected %p), si_code %d",
-        gAddress, static_cast<void*>(gProtectedPage + 100), gCode);
+  CHECK(gUnprotects == 1, "the application's handler ran %d times, expected once",
+        static_cast<int>(gUnprotects));
+  CHECK(gAddress == gProtectedPage + 100 && gCode == SEGV_ACCERR,
+        "si_addr %p (expected %p), si_code %d", gAddress, static_cast<void*>(gProtectedPage + 100),
+        gCode);
   CHECK(*target == 0x22, "the retried write did not land");
   meshalloc_compact();
   CHECK(*target == 0x22 && static_cast<char*>(block)[0] == 0x11, "heap contents changed");
@@ -671,14 +696,15 @@ struct Tracked {
 };
 
 uint64_t trackedValue(const uint64_t* object, uint32_t version, size_t word) {
-  return (reinterpret_cast<uintptr_t>(object) * 0x9e3779b97f4a7c15ull) ^ (uint64_t{version} << 32) ^ word;
+  return (reinterpret_cast<uintptr_t>(object) * 0x9e3779b97f4a7c15ull) ^ (uint64_t{version} << 32) ^
+         word;
 }
 
 struct MeshShared {  // lives in its own mapping, not in the heap under test
   Tracked survivors[kMeshObjects];
   uint64_t* fresh[kMeshObjectsPerCycle];
-  size_t total = 0;                     // survivors written so far (by the sparsifier)
-  std::atomic<size_t> published{0};     // survivors the writer may use
+  size_t total = 0;                  // survivors written so far (by the sparsifier)
+  std::atomic<size_t> published{0};  // survivors the writer may use
   uint64_t sparsifyState = 0x243f6a8885a308d3ull;
   std::atomic<bool> stop{false};
   std::atomic<uint64_t> passes{0};
@@ -703,7 +729,9 @@ uint64_t mallctlU64(const char* name) {
   return value;
 }
 
-size_t meshSize(size_t i) { return kMeshSizes[i % (sizeof(kMeshSizes) / sizeof(kMeshSizes[0]))]; }
+size_t meshSize(size_t i) {
+  return kMeshSizes[i % (sizeof(kMeshSizes) / sizeof(kMeshSizes[0]))];
+}
 
 void* populate(void* arg) {
   auto* shared = static_cast<MeshShared*>(arg);
@@ -723,7 +751,8 @@ void* sparsify(void* arg) {
     uint64_t& state = shared->sparsifyState;
     state = state * 6364136223846793005ull + 1442695040888963407ull;
     if ((state >> 33) % 4 == 0) {
-      shared->survivors[shared->total++] = {shared->fresh[i], static_cast<uint32_t>(meshSize(i) / 8), 0};
+      shared->survivors[shared->total++] = {shared->fresh[i],
+                                            static_cast<uint32_t>(meshSize(i) / 8), 0};
     } else {
       free(shared->fresh[i]);
     }
@@ -757,7 +786,8 @@ void runThread(void* (*body)(void*), void* arg, void** result = nullptr) {
 }
 
 void scenarioMeshWithWriter() {
-  void* mapping = mmap(nullptr, sizeof(MeshShared), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  void* mapping =
+      mmap(nullptr, sizeof(MeshShared), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   CHECK(mapping != MAP_FAILED, "mmap failed");
   auto* shared = new (mapping) MeshShared();
 
@@ -784,7 +814,8 @@ void scenarioMeshWithWriter() {
     for (unsigned n = 0;; n++) {
       meshalloc_compact();
       compactions++;
-      if ((n >= 8 && mallctlU64("mesh.count") > meshesBefore) || monotonicMillis() > start + 300) break;
+      if ((n >= 8 && mallctlU64("mesh.count") > meshesBefore) || monotonicMillis() > start + 300)
+        break;
     }
   }
   shared->stop.store(true);
@@ -795,7 +826,8 @@ void scenarioMeshWithWriter() {
   uint64_t lostAtEnd = 0;
   for (size_t i = 0; i < shared->total; i++) {
     Tracked& t = shared->survivors[i];
-    for (size_t w = 0; w < t.words; w++) lostAtEnd += t.object[w] != trackedValue(t.object, t.version, w);
+    for (size_t w = 0; w < t.words; w++)
+      lostAtEnd += t.object[w] != trackedValue(t.object, t.version, w);
   }
   char summary[256];
   snprintf(summary, sizeof(summary),
@@ -874,27 +906,37 @@ void expectSuccess(const char* name) {
 
 void expectKilledAfter(const char* name, const char* markerText) {
   ChildResult r = runScenario(name);
-  EXPECT_TRUE(r.killedBy(SIGSEGV)) << "scenario " << name << ": expected death by SIGSEGV; child "
-                                   << r.describe();
+  EXPECT_TRUE(r.killedBy(SIGSEGV))
+      << "scenario " << name << ": expected death by SIGSEGV; child " << r.describe();
   EXPECT_NE(r.stderrText.find(markerText), std::string::npos)
       << "scenario " << name << " did not reach '" << markerText << "'; child " << r.describe();
   EXPECT_EQ(r.stderrText.find("signal_test:"), std::string::npos) << "child " << r.describe();
 }
 
-TEST(SignalChaining, HandlerInstalledBeforeBarrierGetsGenuineFaults) { expectSuccess("handler_before_barrier"); }
+TEST(SignalChaining, HandlerInstalledBeforeBarrierGetsGenuineFaults) {
+  expectSuccess("handler_before_barrier");
+}
 
 TEST(SignalChaining, HandlerInstalledAfterBarrierGetsGenuineFaultsAndIsReported) {
   expectSuccess("handler_after_barrier");
 }
 
-TEST(SignalDefault, NullWriteKillsBeforeBarrier) { expectKilledAfter("null_before_barrier", "about to fault"); }
-TEST(SignalDefault, NullWriteKillsAfterBarrier) { expectKilledAfter("null_after_barrier", "about to fault"); }
+TEST(SignalDefault, NullWriteKillsBeforeBarrier) {
+  expectKilledAfter("null_before_barrier", "about to fault");
+}
+TEST(SignalDefault, NullWriteKillsAfterBarrier) {
+  expectKilledAfter("null_after_barrier", "about to fault");
+}
 TEST(SignalDefault, NullWriteKillsAfterHandlerRemoved) {
   expectKilledAfter("null_after_handler_removed", "about to fault");
 }
-TEST(SignalDefault, KillSigsegvKillsAfterBarrier) { expectKilledAfter("kill_after_barrier", "about to kill"); }
+TEST(SignalDefault, KillSigsegvKillsAfterBarrier) {
+  expectKilledAfter("kill_after_barrier", "about to kill");
+}
 
-TEST(SignalApi, SignalHandlerAfterBarrierStaysInstalled) { expectSuccess("signal_after_barrier"); }
+TEST(SignalApi, SignalHandlerAfterBarrierStaysInstalled) {
+  expectSuccess("signal_after_barrier");
+}
 TEST(SignalApi, ResetHandAfterBarrierFiresOnce) {
   expectKilledAfter("resethand_after_barrier", "first fault handled");
 }
@@ -911,7 +953,9 @@ TEST(SignalApi, IgnoredSigsegvStillKillsOnGenuineFaultBeforeBarrier) {
   expectKilledAfter("ignore_before_barrier", "about to fault");
 }
 
-TEST(SignalMask, NoDeferHandlerWithoutBarrierControl) { expectSuccess("nodefer_without_barrier"); }
+TEST(SignalMask, NoDeferHandlerWithoutBarrierControl) {
+  expectSuccess("nodefer_without_barrier");
+}
 TEST(SignalMask, NoDeferHandlerInstalledBeforeBarrierCanLongjmpAndFaultAgain) {
   expectSuccess("nodefer_handler_before_barrier");
 }
@@ -919,9 +963,15 @@ TEST(SignalMask, NoDeferHandlerInstalledAfterBarrierCanLongjmpAndFaultAgain) {
   expectSuccess("nodefer_after_barrier");
 }
 
-TEST(SignalAltStack, HandlerInstalledAfterBarrierRunsOnAltStack) { expectSuccess("altstack_after_barrier"); }
-TEST(SignalAltStack, HandlerInstalledBeforeBarrierRunsOnAltStack) { expectSuccess("altstack_before_barrier"); }
-TEST(SignalAltStack, StackOverflowReachesHandlerOnAltStack) { expectSuccess("stack_overflow_after_barrier"); }
+TEST(SignalAltStack, HandlerInstalledAfterBarrierRunsOnAltStack) {
+  expectSuccess("altstack_after_barrier");
+}
+TEST(SignalAltStack, HandlerInstalledBeforeBarrierRunsOnAltStack) {
+  expectSuccess("altstack_before_barrier");
+}
+TEST(SignalAltStack, StackOverflowReachesHandlerOnAltStack) {
+  expectSuccess("stack_overflow_after_barrier");
+}
 
 TEST(SignalHeapFault, ApplicationProtectedHeapPageReachesItsHandler) {
   expectSuccess("heap_page_protected_by_application");
@@ -936,7 +986,8 @@ TEST(SignalMeshing, NoWriteLostWhileMeshing) {
   // The child's summary line (meshes, passes, barrier faults), for the log.
   size_t at = r.stderrText.find("meshes=");
   if (at != std::string::npos) {
-    std::cout << "[ mesh     ] " << r.stderrText.substr(at, r.stderrText.find('\n', at) - at) << "\n";
+    std::cout << "[ mesh     ] " << r.stderrText.substr(at, r.stderrText.find('\n', at) - at)
+              << "\n";
   }
 }
 

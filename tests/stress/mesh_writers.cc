@@ -37,8 +37,8 @@ struct Options {
 std::atomic<bool> gFailed{false};
 
 void failure(const char* what, const void* where, uint64_t expected, uint64_t found) {
-  fprintf(stderr, "mesh_writers: %s at %p: expected %016" PRIx64 " found %016" PRIx64 "\n", what, where, expected,
-          found);
+  fprintf(stderr, "mesh_writers: %s at %p: expected %016" PRIx64 " found %016" PRIx64 "\n", what,
+          where, expected, found);
   gFailed = true;
 }
 
@@ -73,9 +73,12 @@ uint64_t writeAndCheck(std::vector<Owned>& objects, unsigned passes) {
 int main(int argc, char** argv) {
   Options options;
   for (int i = 1; i + 1 < argc; i += 2) {
-    if (!strcmp(argv[i], "--writers")) options.writers = static_cast<unsigned>(atoi(argv[i + 1]));
-    else if (!strcmp(argv[i], "--writes")) options.targetWrites = strtoull(argv[i + 1], nullptr, 10);
-    else if (!strcmp(argv[i], "--objects")) options.objectsPerRound = strtoull(argv[i + 1], nullptr, 10);
+    if (!strcmp(argv[i], "--writers"))
+      options.writers = static_cast<unsigned>(atoi(argv[i + 1]));
+    else if (!strcmp(argv[i], "--writes"))
+      options.targetWrites = strtoull(argv[i + 1], nullptr, 10);
+    else if (!strcmp(argv[i], "--objects"))
+      options.objectsPerRound = strtoull(argv[i + 1], nullptr, 10);
     else {
       fprintf(stderr, "mesh_writers: unknown option %s\n", argv[i]);
       return 2;
@@ -97,14 +100,17 @@ int main(int argc, char** argv) {
         for (size_t w = 0; w < words; w++) p[w] = valueFor(p, 0, w);
       }
       for (auto* p : all) {
-        if (rng() % 4 == 0) survivors.push_back(p);
-        else free(p);
+        if (rng() % 4 == 0)
+          survivors.push_back(p);
+        else
+          free(p);
       }
     });
     populate.join();
 
     std::vector<std::vector<Owned>> shares(options.writers + 1);
-    for (size_t i = 0; i < survivors.size(); i++) shares[i % shares.size()].push_back({survivors[i], words, 0});
+    for (size_t i = 0; i < survivors.size(); i++)
+      shares[i % shares.size()].push_back({survivors[i], words, 0});
     std::vector<Owned>& readerShare = shares.back();
 
     std::atomic<bool> stop{false};
@@ -127,14 +133,15 @@ int main(int argc, char** argv) {
         Owned& o = readerShare[i % readerShare.size()];
         ssize_t n = read(fds[0], o.object, size);
         if (n != static_cast<ssize_t>(size)) {
-          fprintf(stderr, "mesh_writers: read into %p returned %zd (%s)\n", static_cast<void*>(o.object), n,
-                  n < 0 ? strerror(errno) : "short read");
+          fprintf(stderr, "mesh_writers: read into %p returned %zd (%s)\n",
+                  static_cast<void*>(o.object), n, n < 0 ? strerror(errno) : "short read");
           gFailed = true;
           break;
         }
         uint64_t expected;
         memset(&expected, static_cast<int>(i & 0xff), sizeof(expected));
-        if (o.object[words - 1] != expected) failure("read() data", o.object, expected, o.object[words - 1]);
+        if (o.object[words - 1] != expected)
+          failure("read() data", o.object, expected, o.object[words - 1]);
         readsDone++;
       }
       // Leave the reader's objects in the writers' format again.
@@ -144,7 +151,8 @@ int main(int argc, char** argv) {
     });
     std::vector<std::thread> writers;
     for (unsigned t = 0; t < options.writers; t++) {
-      writers.emplace_back([&, t] { totalChecked += writeAndCheck(shares[t], options.passesPerRound); });
+      writers.emplace_back(
+          [&, t] { totalChecked += writeAndCheck(shares[t], options.passesPerRound); });
     }
     for (auto& w : writers) w.join();
     reader.join();
@@ -166,7 +174,8 @@ int main(int argc, char** argv) {
   meshalloc_mallctl("mesh.barrier_faults", &faults, &length, nullptr, 0);
   printf("mesh_writers: %u rounds, %" PRIu64 " checked writes, %" PRIu64 " reads, %" PRIu64
          " meshes, %" PRIu64 " writes waited on the barrier, %s\n",
-         round, totalChecked.load(), readsDone, meshes, faults, gFailed ? "FAILED" : "no write lost");
+         round, totalChecked.load(), readsDone, meshes, faults,
+         gFailed ? "FAILED" : "no write lost");
   if (!gFailed && meshes == 0) {
     fprintf(stderr, "mesh_writers: nothing was meshed; the test did not test anything\n");
     return 1;

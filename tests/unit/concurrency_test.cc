@@ -38,7 +38,9 @@ bool intactFrom(const void* block, size_t size, const void* origin) {
   return true;
 }
 
-bool intact(const void* block, size_t size) { return intactFrom(block, size, block); }
+bool intact(const void* block, size_t size) {
+  return intactFrom(block, size, block);
+}
 
 // A handed-off block records its own size in its first word, so pointer and size travel
 // together through one atomic exchange.
@@ -63,7 +65,9 @@ TEST(Concurrency, CrossThreadFreesKeepEveryObjectIntact) {
       std::vector<std::pair<void*, size_t>> mine;
       for (int op = 0; op < kOperationsPerThread; op++) {
         uint32_t roll = rng.below(100);
-        size_t size = roll < 90 ? 8 + rng.below(512) : roll < 99 ? 512 + rng.below(16000) : 20000 + rng.below(200000);
+        size_t size = roll < 90   ? 8 + rng.below(512)
+                      : roll < 99 ? 512 + rng.below(16000)
+                                  : 20000 + rng.below(200000);
         void* block = api::mallocImpl(size);
         ASSERT_NE(block, nullptr);
         if (rng.below(2)) {
@@ -73,7 +77,8 @@ TEST(Concurrency, CrossThreadFreesKeepEveryObjectIntact) {
           memcpy(block, &size, sizeof(size));
           if (void* old = slot.block.exchange(block)) {
             size_t oldSize = sizeOf(old);
-            if (!intact(static_cast<char*>(old) + sizeof(size_t), oldSize - sizeof(size_t))) corrupted++;
+            if (!intact(static_cast<char*>(old) + sizeof(size_t), oldSize - sizeof(size_t)))
+              corrupted++;
             api::freeImpl(old);
           }
         } else {
@@ -104,7 +109,8 @@ TEST(Concurrency, CrossThreadFreesKeepEveryObjectIntact) {
   for (auto& thread : threads) thread.join();
   for (Handoff& slot : slots) {
     if (void* block = slot.block.exchange(nullptr)) {
-      if (!intact(static_cast<char*>(block) + sizeof(size_t), sizeOf(block) - sizeof(size_t))) corrupted++;
+      if (!intact(static_cast<char*>(block) + sizeof(size_t), sizeOf(block) - sizeof(size_t)))
+        corrupted++;
       api::freeImpl(block);
     }
   }

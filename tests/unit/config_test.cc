@@ -13,8 +13,8 @@ class ConfigTest : public ::testing::Test {
  protected:
   void SetUp() override { saved_ = gHeapConfig; }
   void TearDown() override {
-    for (const char* name : {"MESHALLOC_CONFIG", "MESHALLOC_CONF", "MESHALLOC_MESH", "MESHALLOC_RANDOMIZE",
-                             "MESHALLOC_DIRTY_CACHE", "MESHALLOC_STATS"}) {
+    for (const char* name : {"MESHALLOC_CONFIG", "MESHALLOC_CONF", "MESHALLOC_MESH",
+                             "MESHALLOC_RANDOMIZE", "MESHALLOC_DIRTY_CACHE", "MESHALLOC_STATS"}) {
       unsetenv(name);
     }
     gHeapConfig = saved_;

@@ -93,7 +93,8 @@ TEST_F(HeapTest, ShuffleIsRoughlyUniform) {
       void* p = heap::allocate(kSize);
       uintptr_t address = reinterpret_cast<uintptr_t>(p);
       uint64_t entry = Arena::entryFor(address);
-      uintptr_t spanStart = (address & ~(Arena::pageSize() - 1)) - PageEntry::pageIndex(entry) * Arena::pageSize();
+      uintptr_t spanStart =
+          (address & ~(Arena::pageSize() - 1)) - PageEntry::pageIndex(entry) * Arena::pageSize();
       firstSlots.insert((address - spanStart) / kSize);
       heap::deallocate(p);
     });

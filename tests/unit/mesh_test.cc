@@ -50,7 +50,9 @@ uintptr_t spanStartOf(const void* p) {
   return (address & ~(Arena::pageSize() - 1)) - (PageEntry::pageIndex(entry) << Arena::pageShift());
 }
 
-MiniHeap* ownerOf(uintptr_t address) { return PageEntry::miniHeap(Arena::entryFor(address)); }
+MiniHeap* ownerOf(uintptr_t address) {
+  return PageEntry::miniHeap(Arena::entryFor(address));
+}
 
 struct Survivor {
   void* pointer;
@@ -79,7 +81,8 @@ std::vector<Survivor> makeDisjointSpans(size_t size, size_t spanCount) {
     for (auto& [start, objects] : bySpan) {
       bool chosen = k < spanCount && objects.size() == perSpan;
       for (void* p : objects) {
-        size_t slot = (reinterpret_cast<uintptr_t>(p) - start) / SizeClasses::plan(SizeClasses::classOf(size)).objectSize;
+        size_t slot = (reinterpret_cast<uintptr_t>(p) - start) /
+                      SizeClasses::plan(SizeClasses::classOf(size)).objectSize;
         if (chosen && slot % spanCount == k) {
           fill(p, size, 1);
           survivors.push_back({p, start, slot});
@@ -130,13 +133,15 @@ TEST_F(MeshTest, TwoSpansShareOnePhysicalSpan) {
     EXPECT_TRUE(holds(s.pointer, kSize, 1, reinterpret_cast<uintptr_t>(s.pointer)));
     // The same object is visible at the same offset of the other virtual span.
     uintptr_t other = (s.spanStart == first ? second : first) + s.slot * objectSize;
-    EXPECT_TRUE(holds(reinterpret_cast<void*>(other), kSize, 1, reinterpret_cast<uintptr_t>(s.pointer)));
+    EXPECT_TRUE(
+        holds(reinterpret_cast<void*>(other), kSize, 1, reinterpret_cast<uintptr_t>(s.pointer)));
   }
   // Writes through an object's own address are seen through the alias.
   const Survivor& s = survivors.front();
   fill(s.pointer, kSize, 2);
   uintptr_t alias = second + s.slot * objectSize;
-  EXPECT_TRUE(holds(reinterpret_cast<void*>(alias), kSize, 2, reinterpret_cast<uintptr_t>(s.pointer)));
+  EXPECT_TRUE(
+      holds(reinterpret_cast<void*>(alias), kSize, 2, reinterpret_cast<uintptr_t>(s.pointer)));
   fill(s.pointer, kSize, 1);
 
   // Free through both virtual spans; the last free restores plain memory.
@@ -208,10 +213,12 @@ TEST_F(MeshTest, PolicyMeshesFromTheSlowPathOnlyWhenMeshingIsOn) {
   EXPECT_NE(ownerOf(survivors.front().spanStart), ownerOf(survivors.back().spanStart));
   gHeapConfig.meshing = true;
   // A pass scheduled by earlier tests may still be pending (the period was 100 ms then).
-  for (int attempt = 0; attempt < 40 && ownerOf(survivors.front().spanStart) != ownerOf(survivors.back().spanStart);
+  for (int attempt = 0;
+       attempt < 40 && ownerOf(survivors.front().spanStart) != ownerOf(survivors.back().spanStart);
        attempt++) {
     churnRefills();
-    if (ownerOf(survivors.front().spanStart) != ownerOf(survivors.back().spanStart)) os::sleepNanos(50000000);
+    if (ownerOf(survivors.front().spanStart) != ownerOf(survivors.back().spanStart))
+      os::sleepNanos(50000000);
   }
   EXPECT_EQ(ownerOf(survivors.front().spanStart), ownerOf(survivors.back().spanStart))
       << "no background thread: a refill must run the pass";
@@ -237,7 +244,8 @@ TEST_F(MeshTest, MappingFailureUndoesTheMesh) {
   SpanBacking::injectMapFailures(0);
   MeshPolicy::compactNow();
   EXPECT_EQ(ownerOf(survivors.front().spanStart), ownerOf(survivors.back().spanStart));
-  for (const Survivor& s : survivors) EXPECT_TRUE(holds(s.pointer, kSize, 1, reinterpret_cast<uintptr_t>(s.pointer)));
+  for (const Survivor& s : survivors)
+    EXPECT_TRUE(holds(s.pointer, kSize, 1, reinterpret_cast<uintptr_t>(s.pointer)));
   for (const Survivor& s : survivors) heap::deallocate(s.pointer);
 }
 
@@ -255,7 +263,8 @@ TEST_F(MeshTest, MappingsAreAccountedAndGivenBack) {
   EXPECT_LE(during, before + 2 * static_cast<long>(aliases + 1) + 2);
   // The pass's count is read from /proc or estimated upwards from the last reading.
   EXPECT_GT(Mesher::stats().lastMappingCount, 0u);
-  EXPECT_LE(static_cast<long>(Mesher::stats().lastMappingCount), during + 2 * static_cast<long>(aliases + 1) + 2);
+  EXPECT_LE(static_cast<long>(Mesher::stats().lastMappingCount),
+            during + 2 * static_cast<long>(aliases + 1) + 2);
   EXPECT_GT(Mesher::stats().mappingLimit, 0u);
   for (const Survivor& s : survivors) heap::deallocate(s.pointer);
   EXPECT_LE(os::countMappings(), before + 2);
@@ -274,11 +283,13 @@ TEST_F(MeshTest, ForkedChildGetsAPrivateSnapshotOfMeshedPages) {
   if (pid == 0) {
     char byte;
     bool ok = true;
-    for (const Survivor& s : survivors) ok &= holds(s.pointer, kSize, 1, reinterpret_cast<uintptr_t>(s.pointer));
+    for (const Survivor& s : survivors)
+      ok &= holds(s.pointer, kSize, 1, reinterpret_cast<uintptr_t>(s.pointer));
     for (const Survivor& s : survivors) fill(s.pointer, kSize, 7);  // the child's own values
     if (write(toParent[1], "c", 1) != 1) _exit(3);
     if (read(toChild[0], &byte, 1) != 1) _exit(3);  // the parent has written its values
-    for (const Survivor& s : survivors) ok &= holds(s.pointer, kSize, 7, reinterpret_cast<uintptr_t>(s.pointer));
+    for (const Survivor& s : survivors)
+      ok &= holds(s.pointer, kSize, 7, reinterpret_cast<uintptr_t>(s.pointer));
     // The child can still allocate and free, meshed spans included.
     for (const Survivor& s : survivors) heap::deallocate(s.pointer);
     void* p = heap::allocate(kSize);
@@ -289,7 +300,8 @@ TEST_F(MeshTest, ForkedChildGetsAPrivateSnapshotOfMeshedPages) {
   char byte;
   ASSERT_EQ(read(toParent[0], &byte, 1), 1);
   for (const Survivor& s : survivors) {
-    EXPECT_TRUE(holds(s.pointer, kSize, 1, reinterpret_cast<uintptr_t>(s.pointer))) << "child's write seen by parent";
+    EXPECT_TRUE(holds(s.pointer, kSize, 1, reinterpret_cast<uintptr_t>(s.pointer)))
+        << "child's write seen by parent";
   }
   for (const Survivor& s : survivors) fill(s.pointer, kSize, 8);
   ASSERT_EQ(write(toChild[1], "p", 1), 1);
@@ -297,7 +309,8 @@ TEST_F(MeshTest, ForkedChildGetsAPrivateSnapshotOfMeshedPages) {
   ASSERT_EQ(waitpid(pid, &status, 0), pid);
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 0) << "child saw the parent's writes or lost its own";
-  for (const Survivor& s : survivors) EXPECT_TRUE(holds(s.pointer, kSize, 8, reinterpret_cast<uintptr_t>(s.pointer)));
+  for (const Survivor& s : survivors)
+    EXPECT_TRUE(holds(s.pointer, kSize, 8, reinterpret_cast<uintptr_t>(s.pointer)));
   for (const Survivor& s : survivors) heap::deallocate(s.pointer);
   close(toChild[0]);
   close(toChild[1]);

@@ -31,7 +31,8 @@ TEST_P(SizeClassesForPage, SpansHoldEnoughObjectsWithSmallTailWaste) {
     EXPECT_GE(bytes, kMinSpanBytes);
     EXPECT_EQ(plan.objectCount, bytes / plan.objectSize);
     // Tail waste: within 1/32 of the span, except where no span up to 4x the minimum does better.
-    EXPECT_LE((bytes % plan.objectSize) * 8, bytes) << "class " << plan.objectSize << " page " << page;
+    EXPECT_LE((bytes % plan.objectSize) * 8, bytes)
+        << "class " << plan.objectSize << " page " << page;
     EXPECT_LE(plan.objectCount, 65535u) << "slots must fit the 16-bit slot field";
   }
 }

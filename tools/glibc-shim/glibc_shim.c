@@ -54,14 +54,14 @@ static void shim_die(const char* message) {
 
 /* What we need from one loaded object's dynamic section to look a name up in it. */
 struct elf_object {
-  const char* soname;       /* which object to find, e.g. "libc.so.6" */
+  const char* soname; /* which object to find, e.g. "libc.so.6" */
   int found;
   ElfW(Addr) base;
-  const ElfW(Sym)* symbols;
+  const ElfW(Sym) * symbols;
   const char* strings;
-  const uint32_t* gnu_hash;  /* DT_GNU_HASH table, preferred */
-  const ElfW(Word)* sysv_hash; /* DT_HASH table, the fallback */
-  const ElfW(Half)* versions;  /* DT_VERSYM, to skip non-default symbol versions */
+  const uint32_t* gnu_hash;     /* DT_GNU_HASH table, preferred */
+  const ElfW(Word) * sysv_hash; /* DT_HASH table, the fallback */
+  const ElfW(Half) * versions;  /* DT_VERSYM, to skip non-default symbol versions */
 };
 
 /* Bit 15 of a DT_VERSYM entry marks a hidden (non-default, name@VERSION) definition. */
@@ -98,12 +98,23 @@ static int find_object(struct dl_phdr_info* info, size_t info_size, void* data) 
     for (; dyn->d_tag != DT_NULL; dyn++) {
       const void* pointer = dynamic_pointer(info->dlpi_addr, dyn->d_un.d_ptr);
       switch (dyn->d_tag) {
-        case DT_SYMTAB: object->symbols = pointer; break;
-        case DT_STRTAB: object->strings = pointer; break;
-        case DT_GNU_HASH: object->gnu_hash = pointer; break;
-        case DT_HASH: object->sysv_hash = pointer; break;
-        case DT_VERSYM: object->versions = pointer; break;
-        default: break;
+        case DT_SYMTAB:
+          object->symbols = pointer;
+          break;
+        case DT_STRTAB:
+          object->strings = pointer;
+          break;
+        case DT_GNU_HASH:
+          object->gnu_hash = pointer;
+          break;
+        case DT_HASH:
+          object->sysv_hash = pointer;
+          break;
+        case DT_VERSYM:
+          object->versions = pointer;
+          break;
+        default:
+          break;
       }
     }
     object->found = object->symbols && object->strings && (object->gnu_hash || object->sysv_hash);
@@ -132,13 +143,15 @@ static void* lookup_symbol(const struct elf_object* object, const char* name) {
     const uint32_t* buckets = (const uint32_t*)(bloom + bloom_words);
     const uint32_t* chain = buckets + bucket_count;
     uint32_t hash = GNU_HASH_SEED;
-    for (const unsigned char* c = (const unsigned char*)name; *c; c++) hash = hash * GNU_HASH_MULTIPLIER + *c;
+    for (const unsigned char* c = (const unsigned char*)name; *c; c++)
+      hash = hash * GNU_HASH_MULTIPLIER + *c;
     uint32_t index = buckets[hash % bucket_count];
     if (index < first_symbol) return NULL;
     /* Chain entries hold the hash with bit 0 replaced by an end-of-chain flag. */
     for (;; index++) {
       uint32_t entry = chain[index - first_symbol];
-      if ((entry | 1u) == (hash | 1u) && symbol_matches(object, index, name)) return symbol_address(object, index);
+      if ((entry | 1u) == (hash | 1u) && symbol_matches(object, index, name))
+        return symbol_address(object, index);
       if (entry & 1u) return NULL;
     }
   }
@@ -221,25 +234,44 @@ static void resolve_glibc(void) {
 }
 
 static inline const struct glibc_functions* glibc(void) {
-  if (__builtin_expect(!atomic_load_explicit(&g_glibc_ready, memory_order_acquire), 0)) resolve_glibc();
+  if (__builtin_expect(!atomic_load_explicit(&g_glibc_ready, memory_order_acquire), 0))
+    resolve_glibc();
   return &g_glibc;
 }
 
 /* Resolving in a constructor as well keeps the first lookup out of any later, possibly
  * multi-threaded, malloc; calls made before it (by the loader or earlier constructors)
  * resolve lazily above. */
-__attribute__((constructor)) static void shim_init(void) { (void)glibc(); }
+__attribute__((constructor)) static void shim_init(void) {
+  (void)glibc();
+}
 
 /* ---------------------------------------------------------------- C allocation API */
 
-SHIM_EXPORT void* malloc(size_t size) { return glibc()->malloc(size); }
-SHIM_EXPORT void free(void* ptr) { glibc()->free(ptr); }
-SHIM_EXPORT void* calloc(size_t count, size_t size) { return glibc()->calloc(count, size); }
-SHIM_EXPORT void* realloc(void* ptr, size_t size) { return glibc()->realloc(ptr, size); }
-SHIM_EXPORT void* memalign(size_t alignment, size_t size) { return glibc()->memalign(alignment, size); }
-SHIM_EXPORT void* valloc(size_t size) { return glibc()->valloc(size); }
-SHIM_EXPORT void* pvalloc(size_t size) { return glibc()->pvalloc(size); }
-SHIM_EXPORT void* aligned_alloc(size_t alignment, size_t size) { return glibc()->aligned_alloc(alignment, size); }
+SHIM_EXPORT void* malloc(size_t size) {
+  return glibc()->malloc(size);
+}
+SHIM_EXPORT void free(void* ptr) {
+  glibc()->free(ptr);
+}
+SHIM_EXPORT void* calloc(size_t count, size_t size) {
+  return glibc()->calloc(count, size);
+}
+SHIM_EXPORT void* realloc(void* ptr, size_t size) {
+  return glibc()->realloc(ptr, size);
+}
+SHIM_EXPORT void* memalign(size_t alignment, size_t size) {
+  return glibc()->memalign(alignment, size);
+}
+SHIM_EXPORT void* valloc(size_t size) {
+  return glibc()->valloc(size);
+}
+SHIM_EXPORT void* pvalloc(size_t size) {
+  return glibc()->pvalloc(size);
+}
+SHIM_EXPORT void* aligned_alloc(size_t alignment, size_t size) {
+  return glibc()->aligned_alloc(alignment, size);
+}
 SHIM_EXPORT int posix_memalign(void** result, size_t alignment, size_t size) {
   return glibc()->posix_memalign(result, alignment, size);
 }
@@ -258,7 +290,9 @@ SHIM_EXPORT void* reallocarray(void* ptr, size_t count, size_t size) {
 
 /* ---------------------------------------------- introspection, glibc's own copies */
 
-SHIM_EXPORT size_t malloc_usable_size(void* ptr) { return glibc()->malloc_usable_size(ptr); }
+SHIM_EXPORT size_t malloc_usable_size(void* ptr) {
+  return glibc()->malloc_usable_size(ptr);
+}
 
 SHIM_EXPORT struct mallinfo mallinfo(void) {
   struct mallinfo empty = {0};
@@ -270,8 +304,12 @@ SHIM_EXPORT struct mallinfo2 mallinfo2(void) {
   return glibc()->mallinfo2 ? glibc()->mallinfo2() : empty;
 }
 
-SHIM_EXPORT int mallopt(int param, int value) { return glibc()->mallopt ? glibc()->mallopt(param, value) : 0; }
-SHIM_EXPORT int malloc_trim(size_t pad) { return glibc()->malloc_trim ? glibc()->malloc_trim(pad) : 0; }
+SHIM_EXPORT int mallopt(int param, int value) {
+  return glibc()->mallopt ? glibc()->mallopt(param, value) : 0;
+}
+SHIM_EXPORT int malloc_trim(size_t pad) {
+  return glibc()->malloc_trim ? glibc()->malloc_trim(pad) : 0;
+}
 
 SHIM_EXPORT void malloc_stats(void) {
   if (glibc()->malloc_stats) glibc()->malloc_stats();
@@ -307,8 +345,10 @@ static void* cached_libstdcxx(_Atomic(void*)* slot, const char* name) {
  * nothrow `new` returns NULL as it should). */
 static void* new_without_libstdcxx(size_t size, size_t align, int nothrow) {
   const size_t kSmallestObject = 1; /* `new` of zero bytes still returns a unique pointer */
-  void* ptr = align ? glibc()->memalign(align, size) : glibc()->malloc(size ? size : kSmallestObject);
-  if (!ptr && !nothrow) shim_die("out of memory in operator new (libstdc++ not loaded, cannot throw)");
+  void* ptr =
+      align ? glibc()->memalign(align, size) : glibc()->malloc(size ? size : kSmallestObject);
+  if (!ptr && !nothrow)
+    shim_die("out of memory in operator new (libstdc++ not loaded, cannot throw)");
   return ptr;
 }
 
@@ -317,19 +357,21 @@ static const size_t kNoAlignment = 0;
 enum { kThrows = 0, kNothrow = 1 };
 
 /* Each `new` variant forwards to libstdc++'s definition of the same mangled symbol. */
-#define FORWARD_NEW(symbol, params, args, size, align, nothrow)                   \
-  static _Atomic(void*) g_##symbol;                                               \
-  SHIM_EXPORT void* symbol params {                                              \
-    typedef void* (*fn_t) params;                                                 \
-    fn_t fn = (fn_t)cached_libstdcxx(&g_##symbol, #symbol);                       \
-    if (!fn) return new_without_libstdcxx((size), (align), (nothrow));            \
-    return fn args;                                                               \
+#define FORWARD_NEW(symbol, params, args, size, align, nothrow)        \
+  static _Atomic(void*) g_##symbol;                                    \
+  SHIM_EXPORT void* symbol params {                                    \
+    typedef void*(*fn_t)params;                                        \
+    fn_t fn = (fn_t)cached_libstdcxx(&g_##symbol, #symbol);            \
+    if (!fn) return new_without_libstdcxx((size), (align), (nothrow)); \
+    return fn args;                                                    \
   }
 
 FORWARD_NEW(_Znwm, (size_t size), (size), size, kNoAlignment, kThrows)
 FORWARD_NEW(_Znam, (size_t size), (size), size, kNoAlignment, kThrows)
-FORWARD_NEW(_ZnwmRKSt9nothrow_t, (size_t size, const nothrow_tag* tag), (size, tag), size, kNoAlignment, kNothrow)
-FORWARD_NEW(_ZnamRKSt9nothrow_t, (size_t size, const nothrow_tag* tag), (size, tag), size, kNoAlignment, kNothrow)
+FORWARD_NEW(_ZnwmRKSt9nothrow_t, (size_t size, const nothrow_tag* tag), (size, tag), size,
+            kNoAlignment, kNothrow)
+FORWARD_NEW(_ZnamRKSt9nothrow_t, (size_t size, const nothrow_tag* tag), (size, tag), size,
+            kNoAlignment, kNothrow)
 FORWARD_NEW(_ZnwmSt11align_val_t, (size_t size, size_t align), (size, align), size, align, kThrows)
 FORWARD_NEW(_ZnamSt11align_val_t, (size_t size, size_t align), (size, align), size, align, kThrows)
 FORWARD_NEW(_ZnwmSt11align_val_tRKSt9nothrow_t, (size_t size, size_t align, const nothrow_tag* tag),
@@ -339,8 +381,10 @@ FORWARD_NEW(_ZnamSt11align_val_tRKSt9nothrow_t, (size_t size, size_t align, cons
 
 /* Every delete releases memory that came from glibc (through the news above). The size,
  * alignment and nothrow arguments only matter to allocators that use them as hints. */
-#define FORWARD_DELETE(symbol, params)           \
-  SHIM_EXPORT void symbol params { glibc()->free(ptr); }
+#define FORWARD_DELETE(symbol, params) \
+  SHIM_EXPORT void symbol params {     \
+    glibc()->free(ptr);                \
+  }
 
 FORWARD_DELETE(_ZdlPv, (void* ptr))
 FORWARD_DELETE(_ZdaPv, (void* ptr))
@@ -350,11 +394,13 @@ FORWARD_DELETE(_ZdlPvRKSt9nothrow_t, (void* ptr, const nothrow_tag* tag __attrib
 FORWARD_DELETE(_ZdaPvRKSt9nothrow_t, (void* ptr, const nothrow_tag* tag __attribute__((unused))))
 FORWARD_DELETE(_ZdlPvSt11align_val_t, (void* ptr, size_t align __attribute__((unused))))
 FORWARD_DELETE(_ZdaPvSt11align_val_t, (void* ptr, size_t align __attribute__((unused))))
-FORWARD_DELETE(_ZdlPvmSt11align_val_t,
-               (void* ptr, size_t size __attribute__((unused)), size_t align __attribute__((unused))))
-FORWARD_DELETE(_ZdaPvmSt11align_val_t,
-               (void* ptr, size_t size __attribute__((unused)), size_t align __attribute__((unused))))
+FORWARD_DELETE(_ZdlPvmSt11align_val_t, (void* ptr, size_t size __attribute__((unused)),
+                                        size_t align __attribute__((unused))))
+FORWARD_DELETE(_ZdaPvmSt11align_val_t, (void* ptr, size_t size __attribute__((unused)),
+                                        size_t align __attribute__((unused))))
 FORWARD_DELETE(_ZdlPvSt11align_val_tRKSt9nothrow_t,
-               (void* ptr, size_t align __attribute__((unused)), const nothrow_tag* tag __attribute__((unused))))
+               (void* ptr, size_t align __attribute__((unused)),
+                const nothrow_tag* tag __attribute__((unused))))
 FORWARD_DELETE(_ZdaPvSt11align_val_tRKSt9nothrow_t,
-               (void* ptr, size_t align __attribute__((unused)), const nothrow_tag* tag __attribute__((unused))))
+               (void* ptr, size_t align __attribute__((unused)),
+                const nothrow_tag* tag __attribute__((unused))))

@@ -18,7 +18,8 @@ int main(int argc, char** argv) {
   long millis = strtol(argv[2], NULL, 10);
   volatile char* block = malloc(bytes);
   if (!block) return 1;
-  for (size_t offset = 0; offset < bytes; offset += (size_t)sysconf(_SC_PAGESIZE)) block[offset] = 1;
+  for (size_t offset = 0; offset < bytes; offset += (size_t)sysconf(_SC_PAGESIZE))
+    block[offset] = 1;
   struct timespec pause = {millis / kMillisPerSecond, (millis % kMillisPerSecond) * kNanosPerMilli};
   nanosleep(&pause, NULL);
   /* No core file: the test is about the signal, and a core dump would only slow it. */

@@ -13,13 +13,19 @@
 #include <time.h>
 #include <unistd.h>
 
-enum { kBytesPerMib = 1 << 20, kFilePollMicroseconds = 1000, kMillisPerSecond = 1000, kNanosPerMilli = 1000000 };
+enum {
+  kBytesPerMib = 1 << 20,
+  kFilePollMicroseconds = 1000,
+  kMillisPerSecond = 1000,
+  kNanosPerMilli = 1000000
+};
 
 static void hold(const char* how) {
   char* end = NULL;
   long millis = strtol(how, &end, 10);
   if (end && *end == '\0') {
-    struct timespec pause = {millis / kMillisPerSecond, (millis % kMillisPerSecond) * kNanosPerMilli};
+    struct timespec pause = {millis / kMillisPerSecond,
+                             (millis % kMillisPerSecond) * kNanosPerMilli};
     while (nanosleep(&pause, &pause) != 0 && errno == EINTR) {
     }
     return;
