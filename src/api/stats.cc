@@ -18,45 +18,6 @@ namespace {
 constexpr size_t kReportCapacity = 32 << 10;
 constexpr char kVersion[] = "0.1.0";
 
-void writeOptionValue(TextWriter& out, const OptionView& option, bool json) {
-  switch (option.kind) {
-    case OptionView::kBool:
-      out.boolean(*static_cast<bool*>(option.field));
-      break;
-    case OptionView::kUnsigned:
-      out.unsignedValue(*static_cast<uint64_t*>(option.field));
-      break;
-    case OptionView::kSize:
-      out.unsignedValue(*static_cast<size_t*>(option.field));
-      break;
-    case OptionView::kRandomization:
-      out.unsignedValue(static_cast<unsigned>(*static_cast<Randomization*>(option.field)));
-      break;
-    case OptionView::kStatsFormat: {
-      StatsFormat format = *static_cast<StatsFormat*>(option.field);
-      if (json) out.put('"');
-      out.text(format == StatsFormat::kJson   ? "json"
-               : format == StatsFormat::kText ? "text"
-                                              : "off");
-      if (json) out.put('"');
-      break;
-    }
-    case OptionView::kString: {
-      const char* value = *static_cast<const char**>(option.field);
-      if (!value) {
-        out.text(json ? "null" : "(unset)");
-        break;
-      }
-      if (json) out.put('"');
-      for (const char* c = value; *c; c++) {
-        if (json && (*c == '"' || *c == '\\')) out.put('\\');
-        if (static_cast<unsigned char>(*c) >= 0x20) out.put(*c);
-      }
-      if (json) out.put('"');
-      break;
-    }
-  }
-}
 }  // namespace
 
 HeapStats collectStats() {

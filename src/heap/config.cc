@@ -226,38 +226,53 @@ const OptionView* optionsEnd() {
   return kOptions + sizeof(kOptions) / sizeof(kOptions[0]);
 }
 
+void writeOptionValue(TextWriter& out, const OptionView& option, bool json) {
+  switch (option.kind) {
+    case OptionView::kBool:
+      out.boolean(*static_cast<bool*>(option.field));
+      break;
+    case OptionView::kUnsigned:
+      out.unsignedValue(*static_cast<uint64_t*>(option.field));
+      break;
+    case OptionView::kSize:
+      out.unsignedValue(*static_cast<size_t*>(option.field));
+      break;
+    case OptionView::kRandomization:
+      out.unsignedValue(static_cast<unsigned>(*static_cast<Randomization*>(option.field)));
+      break;
+    case OptionView::kStatsFormat: {
+      StatsFormat format = *static_cast<StatsFormat*>(option.field);
+      if (json) out.put('"');
+      out.text(format == StatsFormat::kJson   ? "json"
+               : format == StatsFormat::kText ? "text"
+                                              : "off");
+      if (json) out.put('"');
+      break;
+    }
+    case OptionView::kString: {
+      const char* value = *static_cast<const char**>(option.field);
+      if (!value) {
+        out.text(json ? "null" : "(unset)");
+        break;
+      }
+      if (json) out.put('"');
+      for (const char* c = value; *c; c++) {
+        if (json && (*c == '"' || *c == '\\')) out.put('\\');
+        if (static_cast<unsigned char>(*c) >= 0x20) out.put(*c);
+      }
+      if (json) out.put('"');
+      break;
+    }
+  }
+}
+
 void printConfig(int fd) {
   char buffer[2048];
   TextWriter out(buffer, sizeof(buffer));
   out.text("meshalloc options:\n");
   for (const OptionView& option : kOptions) {
     out.text("  ").text(option.name).text(" = ");
-    switch (option.kind) {
-      case OptionView::kBool:
-        out.boolean(*static_cast<bool*>(option.field));
-        break;
-      case OptionView::kUnsigned:
-        out.unsignedValue(*static_cast<uint64_t*>(option.field));
-        break;
-      case OptionView::kSize:
-        out.unsignedValue(*static_cast<size_t*>(option.field));
-        break;
-      case OptionView::kRandomization:
-        out.unsignedValue(static_cast<unsigned>(*static_cast<Randomization*>(option.field)));
-        break;
-      case OptionView::kStatsFormat: {
-        StatsFormat format = *static_cast<StatsFormat*>(option.field);
-        out.text(format == StatsFormat::kJson   ? "json"
-                 : format == StatsFormat::kText ? "text"
-                                                : "0");
-        break;
-      }
-      case OptionView::kString: {
-        const char* value = *static_cast<const char**>(option.field);
-        out.text(value ? value : "(unset)");
-        break;
-      }
-    }
+    writeOptionValue(out, option, false);
     out.text("\n");
   }
   os::writeFd(fd, out.data(), out.length());

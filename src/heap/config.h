@@ -41,7 +41,7 @@ inline HeapConfig gHeapConfig;
 
 // Fills gHeapConfig from the environment; warns on stderr about values it cannot parse.
 void loadConfigFromEnvironment();
-// Writes every option's name, value and source variable to `fd`.
+// Writes every option's name and value to `fd` (MESHALLOC_SHOW_OPTIONS).
 void printConfig(int fd);
 
 // Visits every option as (name, value rendered as text); used by mallctl "opt.*" and printing.
@@ -53,5 +53,9 @@ struct OptionView {
 const OptionView* findOption(const char* name);
 const OptionView* optionsBegin();
 const OptionView* optionsEnd();
+
+class TextWriter;
+// An option's value as text (JSON-quoted where `json`), for the options printout and reports.
+void writeOptionValue(TextWriter& out, const OptionView& option, bool json);
 
 }  // namespace meshalloc
