@@ -63,35 +63,10 @@ for t in $THREAD_LIST; do [[ $t =~ ^[1-9][0-9]*$ ]] || die "SCALING_THREADS: '$t
 
 # ---------------------------------------------------------------------------------------------
 # Allocators: name, preload library, extra environment.
-find_lib() {  # find_lib <override> <file name>...: first existing library
-  local override=$1; shift
-  if [[ -n $override ]]; then
-    [[ -f $override ]] && echo "$override"
-    return
-  fi
-  local multiarch dir name
-  multiarch=$(gcc -print-multiarch 2>/dev/null || echo "$(uname -m)-linux-gnu")
-  for name in "$@"; do
-    for dir in "/usr/lib/$multiarch" /usr/lib64 /usr/lib /usr/local/lib; do
-      [[ -f $dir/$name ]] && { echo "$dir/$name"; return; }
-    done
-  done
-}
-
-ALLOC_NAMES=() ALLOC_LIBS=() ALLOC_ENVS=() SKIPPED=()
-add_alloc() { ALLOC_NAMES+=("$1"); ALLOC_LIBS+=("$2"); ALLOC_ENVS+=("$3"); }
+# shellcheck source=bench/allocators.sh
+source "$(dirname "${BASH_SOURCE[0]}")/allocators.sh"
 wanted() { [[ -z ${SCALING_ALLOCATORS:-} || " $SCALING_ALLOCATORS " == *" $1 "* ]]; }
-
-wanted glibc && add_alloc glibc "" ""
-for spec in "jemalloc|${JEMALLOC_LIB:-}|libjemalloc.so.2 libjemalloc.so" \
-            "mimalloc|${MIMALLOC_LIB:-}|libmimalloc.so.2 libmimalloc.so" \
-            "tcmalloc|${TCMALLOC_LIB:-}|libtcmalloc_minimal.so.4 libtcmalloc.so.4"; do
-  IFS='|' read -r name override files <<<"$spec"
-  wanted "$name" || continue
-  # shellcheck disable=SC2086  # $files is a list of names
-  lib=$(find_lib "$override" $files)
-  if [[ -n $lib ]]; then add_alloc "$name" "$lib" ""; else SKIPPED+=("$name (not installed)"); fi
-done
+add_comparison_allocators wanted
 SNAPSHOT_DIR=$(mktemp -d)
 trap 'rm -rf "$SNAPSHOT_DIR"' EXIT
 if [[ -f $MESHALLOC_LIB ]]; then
