@@ -2,6 +2,8 @@
 
 #include <string.h>
 
+#include <atomic>
+
 #include "heap/arena.h"
 #include "heap/config.h"
 #include "heap/global_heap.h"
@@ -17,6 +19,7 @@ namespace {
 
 Mutex gPassLock;   // one pass at a time (background thread, meshalloc_compact)
 Mutex gBatchLock;  // held across each batch; fork takes it first
+std::atomic<bool> gForkPending{false};
 MeshStats gStats = {};
 Rng gRng;
 bool gRngSeeded = false;
@@ -193,7 +196,7 @@ size_t Mesher::compactClassRound(unsigned sizeClass, long* mappingBudget, size_t
   size_t groupCount =
       SplitMesher::find(gSearchOrder, count, gHeapConfig.meshProbes, gRng, gGroups, maxGroups);
   size_t released = 0;
-  for (size_t g = 0; g < groupCount;) {
+  for (size_t g = 0; g < groupCount && !gForkPending.load(std::memory_order_relaxed);) {
     size_t n = 0, sources = 0;
     while (g + n < groupCount &&
            (n == 0 || sources + gGroups[g + n].sourceCount <= kSourcesPerBatch)) {
@@ -222,7 +225,8 @@ size_t Mesher::compactClassRound(unsigned sizeClass, long* mappingBudget, size_t
 size_t Mesher::compactClass(unsigned sizeClass, long* mappingBudget) {
   size_t released = 0;
   for (unsigned round = 0; round < kMaxRoundsPerClass; round++) {
-    if (*mappingBudget < kMappingsPerMesh * 2) break;
+    if (*mappingBudget < kMappingsPerMesh * 2 || gForkPending.load(std::memory_order_relaxed))
+      break;
     size_t meshed = 0;
     released += compactClassRound(sizeClass, mappingBudget, &meshed);
     if (meshed == 0) break;
@@ -264,7 +268,7 @@ size_t Mesher::compact() {
     }
     order[at] = c;
   }
-  for (unsigned i = 0; i < classes; i++) {
+  for (unsigned i = 0; i < classes && !gForkPending.load(std::memory_order_relaxed); i++) {
     if (budget < kMappingsPerMesh * 2) {
       gStats.vmaLimitedPasses++;
       break;
@@ -280,15 +284,20 @@ MeshStats Mesher::stats() {
   return gStats;
 }
 
+// A pass in progress stops at its next batch boundary (handing its candidates back) instead
+// of making fork wait for the whole pass.
 void Mesher::lockForFork() {
+  gForkPending.store(true, std::memory_order_relaxed);
   gPassLock.lock();
   gBatchLock.lock();
 }
 void Mesher::unlockAfterFork() {
+  gForkPending.store(false, std::memory_order_relaxed);
   gBatchLock.unlock();
   gPassLock.unlock();
 }
 void Mesher::resetAfterFork() {
+  gForkPending.store(false, std::memory_order_relaxed);
   gCountedMappings = -1;
   gBatchLock.resetAfterFork();
   gPassLock.resetAfterFork();
