@@ -28,6 +28,9 @@ bool gRngSeeded = false;
 MiniHeap* gCandidates[Mesher::kMaxCandidatesPerClass];
 MiniHeap* gSearchOrder[Mesher::kMaxCandidatesPerClass];
 MeshGroup gGroups[Mesher::kMaxCandidatesPerClass / 2];
+// Groups cut into batch-sized pieces: at most one piece per source, and a group has at least
+// one source for every piece, so the candidates bound both arrays.
+MeshGroup gPieces[Mesher::kMaxCandidatesPerClass / 2];
 bool gMerged[Mesher::kMaxCandidatesPerClass / 2][kMaxVirtualSpans];
 
 bool overlaps(uintptr_t start, size_t bytes, uintptr_t ioStart, uintptr_t ioEnd) {
@@ -195,15 +198,28 @@ size_t Mesher::compactClassRound(unsigned sizeClass, long* mappingBudget, size_t
   if (maxGroups > count / 2) maxGroups = count / 2;
   size_t groupCount =
       SplitMesher::find(gSearchOrder, count, gHeapConfig.meshProbes, gRng, gGroups, maxGroups);
+  // A long chain is meshed over several batches (its destination stays shared in between), so
+  // that no batch covers more than kSourcesPerBatch sources.
+  size_t pieces = 0;
+  for (size_t g = 0; g < groupCount; g++) {
+    for (uint32_t first = 0; first < gGroups[g].sourceCount; first += kSourcesPerBatch) {
+      MeshGroup& piece = gPieces[pieces++];
+      piece.destination = gGroups[g].destination;
+      piece.sourceCount = 0;
+      for (uint32_t i = first; i < gGroups[g].sourceCount && piece.sourceCount < kSourcesPerBatch;
+           i++) {
+        piece.sources[piece.sourceCount++] = gGroups[g].sources[i];
+      }
+    }
+  }
   size_t released = 0;
-  for (size_t g = 0; g < groupCount && !gForkPending.load(std::memory_order_relaxed);) {
+  for (size_t g = 0; g < pieces && !gForkPending.load(std::memory_order_relaxed);) {
     size_t n = 0, sources = 0;
-    while (g + n < groupCount &&
-           (n == 0 || sources + gGroups[g + n].sourceCount <= kSourcesPerBatch)) {
-      sources += gGroups[g + n].sourceCount;
+    while (g + n < pieces && (n == 0 || sources + gPieces[g + n].sourceCount <= kSourcesPerBatch)) {
+      sources += gPieces[g + n].sourceCount;
       n++;
     }
-    released += meshBatch(sizeClass, gGroups + g, n, &gMerged[g][0]);
+    released += meshBatch(sizeClass, gPieces + g, n, &gMerged[g][0]);
     g += n;
   }
   // Sources meshed away are forgotten; everything else goes back to the lists.

@@ -30,9 +30,9 @@ class Mesher {
   static constexpr size_t kMaxCandidatesPerClass = 4096;
   // Rounds per class and pass: each takes a fresh random split of the (remaining) candidates.
   static constexpr unsigned kMaxRoundsPerClass = 8;
-  // Source spans meshed per batch (whole groups, at least one): bounds a pause to a few
-  // copies and mapping calls.
-  static constexpr size_t kSourcesPerBatch = 8;
+  // Source spans meshed per batch (long chains are split across batches): bounds a pause to a
+  // few copies and mapping calls.
+  static constexpr size_t kSourcesPerBatch = 4;
   // Mapping budget: stay this far under vm.max_map_count (the larger of the two).
   static constexpr long kMappingMarginMin = 1024;
   static constexpr long kMappingMarginDivisor = 8;
