@@ -23,6 +23,8 @@ constexpr uint64_t kPermille = 1000;
 
 std::atomic<bool> gInitialized{false};
 std::atomic<bool> gThreadStarted{false};
+// pthread_create failed (thread limits, seccomp): never retry, run the policy inline instead.
+std::atomic<bool> gThreadFailed{false};
 std::atomic<unsigned> gRefills{0};
 std::atomic<uint64_t> gNextPassNs{0};
 int gForkPipe[2] = {-1, -1};
@@ -93,7 +95,8 @@ size_t MeshPolicy::compactNow() {
 }
 
 bool MeshPolicy::backgroundThreadRunning() {
-  return gThreadStarted.load(std::memory_order_relaxed);
+  return gThreadStarted.load(std::memory_order_relaxed) &&
+         !gThreadFailed.load(std::memory_order_relaxed);
 }
 
 void MeshPolicy::runPassWithinBudget() {
@@ -135,14 +138,16 @@ void MeshPolicy::startBackgroundThread() {
   pthread_attr_init(&attr);
   pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
   pthread_t thread;
-  if (pthread_create(&thread, &attr, backgroundMain, nullptr) != 0) gThreadStarted.store(false);
+  if (pthread_create(&thread, &attr, backgroundMain, nullptr) != 0) {
+    gThreadFailed.store(true, std::memory_order_relaxed);
+  }
   pthread_attr_destroy(&attr);
   pthread_sigmask(SIG_SETMASK, &saved, nullptr);
 }
 
 void MeshPolicy::onRefill() {
   // The background thread also decays the dirty cache, so it runs with meshing off too.
-  if (gHeapConfig.meshBackgroundThread) {
+  if (gHeapConfig.meshBackgroundThread && !gThreadFailed.load(std::memory_order_relaxed)) {
     if (gThreadStarted.load(std::memory_order_relaxed)) return;
     if (gRefills.fetch_add(1, std::memory_order_relaxed) + 1 < kRefillsBeforeThread) return;
     startBackgroundThread();
