@@ -85,44 +85,47 @@ void Arena::destroySegment(Segment* segment) {
   InternalHeap::free(segment, sizeof(Segment));
 }
 
-void Arena::clearEntry(Segment* segment, uintptr_t address) {
-  entryRef(segment, address).store(0, std::memory_order_release);
+void Arena::markRunEnds(Segment* segment, uintptr_t start, size_t pages, uint64_t value) {
+  entryRef(segment, start).store(value, std::memory_order_release);
+  entryRef(segment, start + ((pages - 1) << pageShift_)).store(value, std::memory_order_release);
+}
+
+uintptr_t Arena::taggedRunBefore(Segment* segment, uintptr_t start, uint64_t tag) {
+  if (start <= segment->base) return 0;
+  uint64_t entry = entryRef(segment, start - pageSize_).load(std::memory_order_relaxed);
+  return (entry & PageEntry::kTagMask) == tag ? entry & ~PageEntry::kTagMask : 0;
+}
+
+uintptr_t Arena::taggedRunAt(Segment* segment, uintptr_t address, uint64_t tag) {
+  if (address >= segment->base + (segment->pages << pageShift_)) return 0;
+  uint64_t entry = entryRef(segment, address).load(std::memory_order_relaxed);
+  return (entry & PageEntry::kTagMask) == tag ? entry & ~PageEntry::kTagMask : 0;
 }
 
 void Arena::markFreeRun(FreeRun* run) {
-  uint64_t tagged = reinterpret_cast<uintptr_t>(run) | PageEntry::kFreeRunTag;
-  entryRef(run->segment, run->start).store(tagged, std::memory_order_release);
-  entryRef(run->segment, run->start + ((run->pages - 1) << pageShift_))
-      .store(tagged, std::memory_order_release);
+  markRunEnds(run->segment, run->start, run->pages,
+              reinterpret_cast<uintptr_t>(run) | PageEntry::kFreeRunTag);
 }
 
 void Arena::removeFreeRun(FreeRun* run) {
   freeBins_[binFor(run->pages)].remove(run);
-  clearEntry(run->segment, run->start);
-  clearEntry(run->segment, run->start + ((run->pages - 1) << pageShift_));
+  markRunEnds(run->segment, run->start, run->pages, 0);
 }
 
 // Inserts a clean run, merging it with free neighbours in the same segment.
 void Arena::insertFreeRun(Segment* segment, uintptr_t start, size_t pages) {
   uintptr_t end = start + (pages << pageShift_);
-  if (start > segment->base) {
-    uint64_t before = entryRef(segment, start - pageSize_).load(std::memory_order_relaxed);
-    if (before & PageEntry::kFreeRunTag) {
-      FreeRun* left = reinterpret_cast<FreeRun*>(before & ~PageEntry::kFreeRunTag);
-      removeFreeRun(left);
-      start = left->start;
-      pages += left->pages;
-      InternalHeap::free(left, sizeof(FreeRun));
-    }
+  if (auto* left =
+          reinterpret_cast<FreeRun*>(taggedRunBefore(segment, start, PageEntry::kFreeRunTag))) {
+    removeFreeRun(left);
+    start = left->start;
+    pages += left->pages;
+    InternalHeap::free(left, sizeof(FreeRun));
   }
-  if (end < segment->base + (segment->pages << pageShift_)) {
-    uint64_t after = entryRef(segment, end).load(std::memory_order_relaxed);
-    if (after & PageEntry::kFreeRunTag) {
-      FreeRun* right = reinterpret_cast<FreeRun*>(after & ~PageEntry::kFreeRunTag);
-      removeFreeRun(right);
-      pages += right->pages;
-      InternalHeap::free(right, sizeof(FreeRun));
-    }
+  if (auto* right = reinterpret_cast<FreeRun*>(taggedRunAt(segment, end, PageEntry::kFreeRunTag))) {
+    removeFreeRun(right);
+    pages += right->pages;
+    InternalHeap::free(right, sizeof(FreeRun));
   }
   FreeRun* run = static_cast<FreeRun*>(InternalHeap::allocate(sizeof(FreeRun)));
   if (!run) return;  // metadata exhausted: the pages are leaked rather than corrupted
@@ -160,15 +163,14 @@ uintptr_t Arena::takeFromFreeRuns(size_t pages, size_t alignment) {
   return 0;
 }
 
-void Arena::markDirty(DirtyRun* run, uint64_t value) {
-  entryRef(run->segment, run->start).store(value, std::memory_order_release);
-  entryRef(run->segment, run->start + ((run->pages - 1) << pageShift_))
-      .store(value, std::memory_order_release);
+void Arena::markDirty(DirtyRun* run) {
+  markRunEnds(run->segment, run->start, run->pages,
+              reinterpret_cast<uintptr_t>(run) | PageEntry::kDirtyRunTag);
 }
 
 void Arena::removeDirty(DirtyRun* run) {
   dirtyBins_[binFor(run->pages)].remove(run);
-  markDirty(run, 0);
+  markRunEnds(run->segment, run->start, run->pages, 0);
   stats_.dirtyBytes -= run->pages << pageShift_;
 }
 
@@ -187,7 +189,7 @@ uintptr_t Arena::takeDirty(size_t pages) {
         run->start = start + (pages << pageShift_);
         run->pages = rest;
         dirtyBins_[binFor(rest)].pushFront(run);
-        markDirty(run, reinterpret_cast<uintptr_t>(run) | PageEntry::kDirtyRunTag);
+        markDirty(run);
         stats_.dirtyBytes += rest << pageShift_;
       } else {
         InternalHeap::free(run, sizeof(DirtyRun));
@@ -203,24 +205,18 @@ uintptr_t Arena::takeDirty(size_t pages) {
 void Arena::insertDirty(uintptr_t start, size_t pages, uint64_t freedAtNs) {
   Segment* segment = segmentOf(start);
   uintptr_t end = start + (pages << pageShift_);
-  if (start > segment->base) {
-    uint64_t before = entryRef(segment, start - pageSize_).load(std::memory_order_relaxed);
-    if ((before & PageEntry::kTagMask) == PageEntry::kDirtyRunTag) {
-      DirtyRun* left = reinterpret_cast<DirtyRun*>(before & ~PageEntry::kTagMask);
-      removeDirty(left);
-      start = left->start;
-      pages += left->pages;
-      InternalHeap::free(left, sizeof(DirtyRun));
-    }
+  if (auto* left =
+          reinterpret_cast<DirtyRun*>(taggedRunBefore(segment, start, PageEntry::kDirtyRunTag))) {
+    removeDirty(left);
+    start = left->start;
+    pages += left->pages;
+    InternalHeap::free(left, sizeof(DirtyRun));
   }
-  if (end < segment->base + (segment->pages << pageShift_)) {
-    uint64_t after = entryRef(segment, end).load(std::memory_order_relaxed);
-    if ((after & PageEntry::kTagMask) == PageEntry::kDirtyRunTag) {
-      DirtyRun* right = reinterpret_cast<DirtyRun*>(after & ~PageEntry::kTagMask);
-      removeDirty(right);
-      pages += right->pages;
-      InternalHeap::free(right, sizeof(DirtyRun));
-    }
+  if (auto* right =
+          reinterpret_cast<DirtyRun*>(taggedRunAt(segment, end, PageEntry::kDirtyRunTag))) {
+    removeDirty(right);
+    pages += right->pages;
+    InternalHeap::free(right, sizeof(DirtyRun));
   }
   DirtyRun* run = static_cast<DirtyRun*>(InternalHeap::allocate(sizeof(DirtyRun)));
   if (!run) {
@@ -234,7 +230,7 @@ void Arena::insertDirty(uintptr_t start, size_t pages, uint64_t freedAtNs) {
   run->freedAtNs = freedAtNs;
   run->segment = segment;
   dirtyBins_[binFor(pages)].pushFront(run);
-  markDirty(run, reinterpret_cast<uintptr_t>(run) | PageEntry::kDirtyRunTag);
+  markDirty(run);
   stats_.dirtyBytes += pages << pageShift_;
 }
 
@@ -343,10 +339,8 @@ bool Arena::tryGrow(uintptr_t start, size_t pages, size_t newPages) {
   Segment* segment = segmentOf(start);
   if (!segment || segment->dedicated) return false;
   uintptr_t end = start + (pages << pageShift_);
-  if (end >= segment->base + (segment->pages << pageShift_)) return false;
-  uint64_t after = entryRef(segment, end).load(std::memory_order_relaxed);
-  if (!(after & PageEntry::kFreeRunTag)) return false;
-  FreeRun* run = reinterpret_cast<FreeRun*>(after & ~PageEntry::kFreeRunTag);
+  auto* run = reinterpret_cast<FreeRun*>(taggedRunAt(segment, end, PageEntry::kFreeRunTag));
+  if (!run) return false;
   size_t extra = newPages - pages;
   if (run->start != end || run->pages < extra) return false;
   splitAndTake(run, end, extra);

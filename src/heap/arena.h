@@ -150,12 +150,18 @@ class Arena {
   static uintptr_t takeFromFreeRuns(size_t pages, size_t alignment);
   static void insertFreeRun(Segment* segment, uintptr_t start, size_t pages);
   static void removeFreeRun(FreeRun* run);
+  // Free and dirty runs are marked on their first and last page, so a run being inserted
+  // finds its neighbours in constant time.
+  static void markRunEnds(Segment* segment, uintptr_t start, size_t pages, uint64_t value);
+  // The record of the run just below `start` / starting at `address`, if that page carries
+  // `tag`; 0 otherwise (also at the segment's edges).
+  static uintptr_t taggedRunBefore(Segment* segment, uintptr_t start, uint64_t tag);
+  static uintptr_t taggedRunAt(Segment* segment, uintptr_t address, uint64_t tag);
   static void markFreeRun(FreeRun* run);
-  static void clearEntry(Segment* segment, uintptr_t address);
   static void releaseClean(uintptr_t start, size_t pages);
   static uintptr_t takeDirty(size_t pages);
   static void insertDirty(uintptr_t start, size_t pages, uint64_t freedAtNs);
-  static void markDirty(DirtyRun* run, uint64_t value);
+  static void markDirty(DirtyRun* run);
   static void removeDirty(DirtyRun* run);
   static size_t purgeLocked(bool everything, uint64_t nowNs);
   static void splitAndTake(FreeRun* run, uintptr_t start, size_t pages);
