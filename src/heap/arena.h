@@ -100,6 +100,11 @@ class Arena {
                                                                        sizeof(uint64_t))
         ->load(std::memory_order_acquire);
   }
+  // Start of the virtual span holding `address`, from its page-map entry (each virtual span,
+  // meshed aliases included, records its pages' indices, so this finds the alias's own start).
+  static uintptr_t spanStartOf(uintptr_t address, uint64_t entry) {
+    return (address & ~(pageSize_ - 1)) - (PageEntry::pageIndex(entry) << pageShift_);
+  }
   static bool contains(uintptr_t address) {
     size_t granule = address >> kGranuleShift;
     return granule < kTopEntries && pageMaps_[granule].load(std::memory_order_relaxed) != 0;

@@ -92,10 +92,6 @@ ThreadHeap* threadHeap() {
   return heap;
 }
 
-uintptr_t spanStartFor(uintptr_t address, uint64_t entry) {
-  return (address & ~(Arena::pageSize() - 1)) - (PageEntry::pageIndex(entry) << Arena::pageShift());
-}
-
 // Resolves a pointer the program passed back to us, reporting every kind of misuse. Returns
 // nullptr for a pointer glibc owns.
 MiniHeap* resolve(const void* pointer, uint64_t entry, const char* operation, int64_t* slot) {
@@ -124,7 +120,7 @@ MiniHeap* resolve(const void* pointer, uint64_t entry, const char* operation, in
     *slot = 0;
     return mini;
   }
-  uintptr_t spanStart = spanStartFor(address, entry);
+  uintptr_t spanStart = Arena::spanStartOf(address, entry);
   *slot = mini->slotOf(address - spanStart);
   if (*slot < 0) {
     uintptr_t objectStart = spanStart + (address - spanStart) / mini->objectSize * mini->objectSize;
@@ -221,7 +217,7 @@ void deallocateSlow(void* pointer) {
   if (__builtin_expect(PageEntry::isMiniHeap(entry), 1)) {
     unsigned sizeClass = PageEntry::sizeClass(entry);
     if (sizeClass < kNumSizeClasses) {
-      int64_t slot = SizeClasses::slotOf(sizeClass, address - spanStartFor(address, entry));
+      int64_t slot = SizeClasses::slotOf(sizeClass, address - Arena::spanStartOf(address, entry));
       MiniHeap* mini = PageEntry::miniHeap(entry);
       ThreadHeap* heap = tlsThreadHeap;
       if (slot >= 0 && (heap == nullptr || mini->owner.load(std::memory_order_relaxed) != heap)) {
@@ -313,12 +309,13 @@ size_t usableSize(const void* pointer) {
   if (__builtin_expect(PageEntry::isMiniHeap(small), 1)) {
     unsigned sizeClass = PageEntry::sizeClass(small);
     if (sizeClass < kNumSizeClasses &&
-        SizeClasses::slotOf(sizeClass, address - spanStartFor(address, small)) >= 0) {
+        SizeClasses::slotOf(sizeClass, address - Arena::spanStartOf(address, small)) >= 0) {
       return kSizeClassSizes[sizeClass];
     }
   }
+  // Everything else resolves the MiniHeap, so the entry is read again under the guard.
   OperationGuard guard;
-  uint64_t entry = Arena::entryFor(reinterpret_cast<uintptr_t>(pointer));
+  uint64_t entry = Arena::entryFor(address);
   int64_t slot;
   MiniHeap* mini = resolve(pointer, entry, "malloc_usable_size", &slot);
   if (!mini)

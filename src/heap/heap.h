@@ -54,8 +54,7 @@ inline void deallocate(void* pointer) {
     ThreadHeap* heap = tlsThreadHeap;
     if (__builtin_expect(heap != nullptr && mini->owner.load(std::memory_order_relaxed) == heap,
                          1)) {
-      uintptr_t spanStart = (address & ~(Arena::pageSize() - 1)) -
-                            (PageEntry::pageIndex(entry) << Arena::pageShift());
+      uintptr_t spanStart = Arena::spanStartOf(address, entry);
       ShuffleVector& v = heap->vector(mini->sizeClass);
       unsigned span = mini->attachIndex;
       // This path takes no guard, so it trusts the entry only if the span really is one this

@@ -46,8 +46,7 @@ bool holds(const void* p, size_t size, uint64_t generation, uintptr_t identity) 
 
 uintptr_t spanStartOf(const void* p) {
   uintptr_t address = reinterpret_cast<uintptr_t>(p);
-  uint64_t entry = Arena::entryFor(address);
-  return (address & ~(Arena::pageSize() - 1)) - (PageEntry::pageIndex(entry) << Arena::pageShift());
+  return Arena::spanStartOf(address, Arena::entryFor(address));
 }
 
 MiniHeap* ownerOf(uintptr_t address) {
