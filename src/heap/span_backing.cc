@@ -144,25 +144,24 @@ bool SpanBacking::anyShared() {
   return !shared_.empty();
 }
 
-// Called with lock_ held (fork prepare).
-void SpanBacking::protectAllForFork() {
+// With lock_ held (fork): every virtual span of every shared span, primary and aliases.
+void SpanBacking::setProtectionOfAll(bool (*protect)(void*, size_t)) {
   size_t pageSize = Arena::pageSize();
   for (MeshInfo* info = shared_.front(); info; info = shared_.next(info)) {
     size_t bytes = info->owner->spanBytes(pageSize);
-    os::protectReadOnly(reinterpret_cast<void*>(info->owner->spanStart), bytes);
-    for (uint32_t i = 0; i < info->aliasCount; i++)
-      os::protectReadOnly(reinterpret_cast<void*>(info->aliases[i]), bytes);
+    protect(reinterpret_cast<void*>(info->owner->spanStart), bytes);
+    for (uint32_t i = 0; i < info->aliasCount; i++) {
+      protect(reinterpret_cast<void*>(info->aliases[i]), bytes);
+    }
   }
 }
 
+void SpanBacking::protectAllForFork() {
+  setProtectionOfAll(os::protectReadOnly);
+}
+
 void SpanBacking::unprotectAllAfterFork() {
-  size_t pageSize = Arena::pageSize();
-  for (MeshInfo* info = shared_.front(); info; info = shared_.next(info)) {
-    size_t bytes = info->owner->spanBytes(pageSize);
-    os::protectReadWrite(reinterpret_cast<void*>(info->owner->spanStart), bytes);
-    for (uint32_t i = 0; i < info->aliasCount; i++)
-      os::protectReadWrite(reinterpret_cast<void*>(info->aliases[i]), bytes);
-  }
+  setProtectionOfAll(os::protectReadWrite);
 }
 
 // In the child, single-threaded, with lock_ held by the fork. Every shared span gets the same

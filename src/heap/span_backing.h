@@ -69,6 +69,7 @@ class SpanBacking {
 
  private:
   static bool ensureFile();
+  static void setProtectionOfAll(bool (*protect)(void*, size_t));
   static bool allocateFileRange(size_t bytes, size_t* offset);
   static void freeFileRangeLocked(size_t offset, size_t bytes);
 

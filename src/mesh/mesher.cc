@@ -250,9 +250,31 @@ size_t Mesher::compactClass(unsigned sizeClass, long* mappingBudget) {
   return released;
 }
 
-size_t Mesher::compact() {
+size_t Mesher::compact(size_t minGainBytes) {
   LockGuard pass(gPassLock);
   uint64_t cpuStart = os::threadCpuNanos();
+  // Classes with the most free memory in sparse spans first: the CPU budget and the mapping
+  // budget go where they release the most. A class with less than one span's worth of free
+  // slots cannot release a span. The same walk tells whether the pass is worth it at all.
+  unsigned order[kNumSizeClasses];
+  size_t gain[kNumSizeClasses];
+  unsigned classes = 0;
+  size_t totalGain = 0;
+  for (unsigned c = 0; c < kNumSizeClasses; c++) {
+    size_t spans, freeSlots;
+    GlobalHeap::partialOccupancy(c, &spans, &freeSlots);
+    if (spans < 2) continue;
+    gain[c] = freeSlots * kSizeClassSizes[c];
+    totalGain += gain[c];
+    if (freeSlots < static_cast<size_t>(SizeClasses::plan(c).objectCount)) continue;
+    size_t at = classes++;
+    while (at > 0 && gain[order[at - 1]] < gain[c]) {
+      order[at] = order[at - 1];
+      at--;
+    }
+    order[at] = c;
+  }
+  if (totalGain < minGainBytes) return 0;
   if (!gRngSeeded) {
     gRng.reseed(os::entropy64());
     gRngSeeded = true;
@@ -266,24 +288,6 @@ size_t Mesher::compact() {
   gStats.mappingLimit = static_cast<uint64_t>(limit - margin > 0 ? limit - margin : 0);
   long budget = mappings < 0 ? 0 : limit - margin - mappings;
   size_t released = 0;
-  // Classes with the most free memory in sparse spans first: the CPU budget and the mapping
-  // budget go where they release the most. A class with less than one span's worth of free
-  // slots cannot release a span.
-  unsigned order[kNumSizeClasses];
-  size_t gain[kNumSizeClasses];
-  unsigned classes = 0;
-  for (unsigned c = 0; c < kNumSizeClasses; c++) {
-    size_t spans, freeSlots;
-    GlobalHeap::partialOccupancy(c, &spans, &freeSlots);
-    if (spans < 2 || freeSlots < static_cast<size_t>(SizeClasses::plan(c).objectCount)) continue;
-    gain[c] = freeSlots * kSizeClassSizes[c];
-    size_t at = classes++;
-    while (at > 0 && gain[order[at - 1]] < gain[c]) {
-      order[at] = order[at - 1];
-      at--;
-    }
-    order[at] = c;
-  }
   for (unsigned i = 0; i < classes && !gForkPending.load(std::memory_order_relaxed); i++) {
     if (budget < kMappingsPerMesh * 2) {
       gStats.vmaLimitedPasses++;

@@ -39,8 +39,10 @@ class Mesher {
   // Worst case of new mappings one mesh can add (a remap splits its neighbour in two).
   static constexpr long kMappingsPerMesh = 2;
 
-  // One full pass over every size class. Returns the physical bytes released.
-  static size_t compact();
+  // One full pass over every size class, unless the detached spans hold less than
+  // `minGainBytes` of free slots (then nothing is done and 0 returned). Returns the physical
+  // bytes released.
+  static size_t compact(size_t minGainBytes = 0);
   static MeshStats stats();
 
   // fork: no batch may be half done while the process is copied.

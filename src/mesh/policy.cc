@@ -79,16 +79,6 @@ void MeshPolicy::init() {
   heap::setRefillHook(onRefill);
 }
 
-size_t MeshPolicy::potentialGain() {
-  size_t gain = 0;
-  for (unsigned c = 0; c < kNumSizeClasses; c++) {
-    size_t spans, freeSlots;
-    GlobalHeap::partialOccupancy(c, &spans, &freeSlots);
-    if (spans >= 2) gain += freeSlots * kSizeClassSizes[c];
-  }
-  return gain;
-}
-
 size_t MeshPolicy::compactNow() {
   if (!heap::ensureInitialized()) return 0;
   return Mesher::compact();
@@ -103,7 +93,7 @@ void MeshPolicy::runPassWithinBudget() {
   // The budget is CPU time: waiting for a preempted thread to leave a guarded section
   // (likely with many threads on few cores) costs the program nothing.
   uint64_t start = os::threadCpuNanos();
-  if (potentialGain() >= gHeapConfig.meshMinGainBytes) Mesher::compact();
+  Mesher::compact(gHeapConfig.meshMinGainBytes);
   uint64_t spent = os::threadCpuNanos() - start;
   // Sleep so that spent / (spent + sleep) stays within the budget.
   uint64_t budget = gHeapConfig.meshBudgetPermille ? gHeapConfig.meshBudgetPermille : 1;

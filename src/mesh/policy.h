@@ -19,8 +19,6 @@ class MeshPolicy {
   static void init();
   // A full pass now, whatever the policy says. Returns the bytes released.
   static size_t compactNow();
-  // Free bytes sitting in partial spans: what a pass could at best give back.
-  static size_t potentialGain();
   static bool backgroundThreadRunning();
 
  private:
