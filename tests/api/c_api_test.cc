@@ -18,6 +18,7 @@
 #include "meshalloc.h"
 #include "test_support.h"
 
+using meshtest::allocatedBytes;
 using meshtest::GlibcReference;
 using meshtest::isAligned;
 using meshtest::launder;
@@ -60,17 +61,6 @@ std::vector<size_t> representativeSizes() {
 size_t requiredAlignment(size_t size) {
   if (size == 0) return 1;
   return std::min(alignof(max_align_t), std::bit_floor(size));
-}
-
-// Reads the live-bytes statistic through meshalloc's control interface.
-size_t allocatedBytes() {
-  uint64_t epoch = 1;
-  size_t len = sizeof epoch;
-  EXPECT_EQ(meshalloc_mallctl("epoch", &epoch, &len, &epoch, sizeof epoch), 0);
-  size_t value = 0;
-  len = sizeof value;
-  EXPECT_EQ(meshalloc_mallctl("stats.allocated", &value, &len, nullptr, 0), 0);
-  return value;
 }
 
 TEST(Malloc, ZeroBytesGivesUniqueNonNullPointers) {

@@ -11,21 +11,12 @@
 #include "meshalloc.h"
 #include "test_support.h"
 
+using meshtest::allocatedBytes;
 using meshtest::escape;
 using meshtest::isAligned;
 using meshtest::launder;
 
 namespace {
-
-size_t allocatedBytes() {
-  uint64_t epoch = 1;
-  size_t len = sizeof epoch;
-  EXPECT_EQ(meshalloc_mallctl("epoch", &epoch, &len, &epoch, sizeof epoch), 0);
-  size_t value = 0;
-  len = sizeof value;
-  EXPECT_EQ(meshalloc_mallctl("stats.allocated", &value, &len, nullptr, 0), 0);
-  return value;
-}
 
 const size_t kHugeSizes[] = {SIZE_MAX, SIZE_MAX - 4096, SIZE_MAX / 2 + 1,
                              static_cast<size_t>(PTRDIFF_MAX)};

@@ -20,6 +20,8 @@
 
 #include <gtest/gtest.h>
 
+#include "meshalloc.h"
+
 // glibc exports its allocator under these names as well, so the test can ask glibc itself how
 // an edge case behaves and hold meshalloc to the same answer.
 extern "C" {
@@ -83,6 +85,18 @@ inline T* launder(T* p) {
 }
 inline void escape(const void* p) {
   asm volatile("" : : "r"(p) : "memory");
+}
+
+// The live-bytes statistic ("stats.allocated") through meshalloc's control interface, after
+// refreshing the snapshot with "epoch".
+inline size_t allocatedBytes() {
+  uint64_t epoch = 1;
+  size_t len = sizeof epoch;
+  EXPECT_EQ(meshalloc_mallctl("epoch", &epoch, &len, &epoch, sizeof epoch), 0);
+  size_t value = 0;
+  len = sizeof value;
+  EXPECT_EQ(meshalloc_mallctl("stats.allocated", &value, &len, nullptr, 0), 0);
+  return value;
 }
 
 inline bool isAligned(const void* p, size_t alignment) {
