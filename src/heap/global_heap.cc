@@ -58,36 +58,12 @@ void GlobalHeap::destroySpan(ClassState& state, MiniHeap* heap) {
   InternalHeap::free(heap, MiniHeap::bytesFor(heap->objectCount));
 }
 
-void GlobalHeap::rescanFull(ClassState& state) {
-  size_t pending = state.fullSpansFreedInto.exchange(0, std::memory_order_acq_rel);
-  if (pending == 0) return;
-  size_t found = 0;
-  // Bounded work per refill, whatever the backlog: the lock is held.
-  for (size_t i = 0; i < kFullRescanPerRefill && found < pending; i++) {
-    MiniHeap* heap = state.full.popFront();
-    if (!heap) break;
-    uint32_t live = heap->liveCount.load(std::memory_order_seq_cst);
-    if (live >= heap->objectCount) {
-      state.full.pushBack(heap);  // still full: to the back, so the next rescan sees others
-      continue;
-    }
-    heap->state = SpanState::kUnlisted;
-    placeDetached(state, heap);
-    found++;
-  }
-  // What this scan did not reach is left for the next one.
-  if (found < pending && !state.full.empty()) {
-    state.fullSpansFreedInto.fetch_add(pending - found, std::memory_order_relaxed);
-  }
-}
-
 unsigned GlobalHeap::exchangeSpans(unsigned sizeClass, ThreadHeap* owner, MiniHeap* const* release,
                                    unsigned releaseCount, MiniHeap** acquired, unsigned maxAcquire,
                                    uint32_t wantSlots) {
   ClassState& state = classes_[sizeClass];
   LockGuard guard(state.lock);
   for (unsigned i = 0; i < releaseCount; i++) detachLocked(state, release[i]);
-  rescanFull(state);
   unsigned count = 0;
   uint32_t covered = 0;
   for (size_t bin = kOccupancyBins; bin-- > 0 && count < maxAcquire && covered < wantSlots;) {
@@ -150,29 +126,29 @@ void GlobalHeap::freeRemote(MiniHeap* heap, size_t slot, uintptr_t address) {
   // Read while our object still keeps the span alive: once the count drops, it may vanish.
   uint32_t objectCount = heap->objectCount;
   uint32_t before = heap->liveCount.fetch_sub(1, std::memory_order_seq_cst);
-  // Attached spans are the owner's business; a detached span needs attention when it leaves
-  // the full list's criterion (counted, found by the next refill) or becomes empty. With
-  // before > 1 the span still holds an object, so it cannot have been freed meanwhile.
-  if (before == objectCount && before != 1) {
-    if (heap->owner.load(std::memory_order_relaxed) == nullptr &&
-        heap->sizeClass < kNumSizeClasses) {
-      classes_[heap->sizeClass].fullSpansFreedInto.fetch_add(1, std::memory_order_relaxed);
-    }
-    return;
-  }
-  if (before != 1) return;
+  // Attached spans are their owner's business. A detached span needs the lock twice in its
+  // life as a full span: when its first slot comes free (off the full list, into a bin refills
+  // draw from; once per N objects, not per free) and when its last object goes (freed).
+  // With 1 < before < objectCount the span keeps an object and stays where it is.
+  if (before != objectCount && before != 1) return;
   if (heap->owner.load(std::memory_order_seq_cst) != nullptr) return;
   unsigned sizeClass = heap->sizeClass;
   if (sizeClass >= kNumSizeClasses) return;
-  // A full span that gained a free slot is not moved here (that would take the lock on most
-  // remote frees); rescanFull finds it on a later refill.
   ClassState& state = classes_[sizeClass];
   LockGuard guard(state.lock);
-  // Re-check under the lock: another thread may have attached, moved or freed it meanwhile.
+  // Re-check under the lock: another thread may have attached, moved or freed it meanwhile
+  // (seq_cst pairs with detachLocked: it saw our decrement or we see its owner == nullptr).
   if (heap->sizeClass != sizeClass ||
       (heap->state != SpanState::kPartial && heap->state != SpanState::kFull))
     return;
-  if (heap->liveCount.load(std::memory_order_seq_cst) == 0) destroySpan(state, heap);
+  uint32_t live = heap->liveCount.load(std::memory_order_seq_cst);
+  if (live == 0) {
+    destroySpan(state, heap);
+  } else if (heap->state == SpanState::kFull && live < heap->objectCount) {
+    state.full.remove(heap);
+    heap->state = SpanState::kUnlisted;
+    placeDetached(state, heap);
+  }
 }
 
 void* GlobalHeap::allocateLarge(size_t bytes, size_t alignment, bool* zeroed) {
@@ -260,19 +236,6 @@ size_t GlobalHeap::takeMeshCandidates(unsigned sizeClass, uint32_t maxLive, Mini
       heap = next;
     }
   }
-  // Spans that filled up and were later freed into stay on the full list until a refill
-  // rescans it; look there too, a bounded number per call, rotating the list.
-  for (size_t scanned = 0; scanned < kFullScanPerMeshPass && count < max; scanned++) {
-    MiniHeap* heap = state.full.popFront();
-    if (!heap) break;
-    uint32_t live = heap->liveCount.load(std::memory_order_acquire);
-    if (live > 0 && live <= maxLive) {
-      heap->state = SpanState::kMeshing;
-      out[count++] = heap;
-    } else {
-      state.full.pushBack(heap);
-    }
-  }
   return count;
 }
 
@@ -311,8 +274,6 @@ void GlobalHeap::partialOccupancy(unsigned sizeClass, size_t* spans, size_t* fre
     }
   };
   for (auto& bin : state.partial) count(bin);
-  // Spans freed into after they filled up stay on the full list until a refill looks.
-  count(state.full);
 }
 
 SizeClassStats GlobalHeap::classStats(unsigned sizeClass) {

@@ -27,11 +27,6 @@ struct SizeClassStats {
 class GlobalHeap {
  public:
   static constexpr size_t kOccupancyBins = 4;
-  // Remote frees never lock to move a span out of the full list; each refill instead checks
-  // this many full spans (rotating through the list) and refiles those with free slots.
-  static constexpr size_t kFullRescanPerRefill = 16;
-  // Full-list spans the mesher examines per class and pass (bounds its time under the lock).
-  static constexpr size_t kFullScanPerMeshPass = 4096;
 
   // One trip to the global heap for a refill, under one lock: takes back `releaseCount` spans
   // from `owner`, then hands it up to `maxAcquire` spans, fullest first, until about
@@ -60,8 +55,8 @@ class GlobalHeap {
   static void returnMeshCandidates(unsigned sizeClass, MiniHeap* const* spans, size_t count);
   // Forgets a span whose objects and virtual span now belong to another (meshed into it).
   static void retireMeshedSource(unsigned sizeClass, MiniHeap* source);
-  // Detached spans with free slots in `sizeClass` (partial, and full-listed but freed into)
-  // and those slots: what meshing could gain.
+  // Detached spans with free slots in `sizeClass` (the partial bins) and those slots: what
+  // meshing could gain.
   static void partialOccupancy(unsigned sizeClass, size_t* spans, size_t* freeSlots);
 
   static SizeClassStats classStats(unsigned sizeClass);
@@ -78,16 +73,12 @@ class GlobalHeap {
     IntrusiveList<MiniHeap> partial[kOccupancyBins];
     IntrusiveList<MiniHeap> full;
     size_t spans = 0;
-    // Frees that took a detached span off "full" since the last rescan: refills rescan the
-    // full list only when there is something to find.
-    std::atomic<size_t> fullSpansFreedInto{0};
   };
 
   static MiniHeap* createSpan(unsigned sizeClass);
   static void destroySpan(ClassState& state, MiniHeap* heap);
   static void placeDetached(ClassState& state, MiniHeap* heap);
   static void detachLocked(ClassState& state, MiniHeap* heap);
-  static void rescanFull(ClassState& state);
   static void unlink(ClassState& state, MiniHeap* heap);
   static size_t binFor(const MiniHeap* heap, uint32_t live);
 

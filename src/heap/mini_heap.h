@@ -31,12 +31,13 @@ enum class SpanState : uint8_t {
 
 struct MeshInfo;
 
+// MiniHeaps start on a cache line (InternalHeap's granule).
+constexpr size_t kCacheLine = 64;
+
 struct MiniHeap : ListNode {
   // The thread heap this span is attached to, or nullptr. Only the owning thread sets it to
   // itself, so `owner == me` is a safe test for a local free without locks.
   std::atomic<ThreadHeap*> owner{nullptr};
-  // Slots currently owned (allocated to the program or held in the owner's shuffle vector).
-  std::atomic<uint32_t> liveCount{0};
   uint32_t objectSize = 0;
   uint32_t reciprocal = 0;
   uint32_t objectCount = 0;
@@ -47,11 +48,15 @@ struct MiniHeap : ListNode {
   uint8_t attachIndex = 0;  // position in the owner's shuffle vector while attached
   bool zeroed = false;      // large objects: the pages were fresh from the OS
   uintptr_t spanStart = 0;
-  size_t requestedBytes = 0;  // large objects only, for statistics
   // Set once the span's physical memory lives in the shared file (it has been meshed): which
   // file range, and the other virtual spans that map it. See heap/span_backing.h.
   MeshInfo* mesh = nullptr;
-  // Trailing storage: AtomicBitmap words (objectCount bits).
+  // --- second cache line: what remote frees write, kept off the line the owner's lock-free
+  // free path reads (the fields above), so a remote free does not evict that line. ---
+  // Slots currently owned (allocated to the program or held in the owner's shuffle vector).
+  std::atomic<uint32_t> liveCount{0};
+  size_t requestedBytes = 0;  // large objects only, for statistics
+  // Trailing storage: AtomicBitmap words (objectCount bits), on the same line as liveCount.
 
   static size_t bytesFor(size_t objectCount) {
     return sizeof(MiniHeap) + AtomicBitmap::wordsFor(objectCount) * sizeof(std::atomic<uint64_t>);
@@ -71,5 +76,6 @@ struct MiniHeap : ListNode {
 };
 
 static_assert(sizeof(MiniHeap) % alignof(std::atomic<uint64_t>) == 0);
+// (tests/unit/mini_heap_test.cc checks that liveCount starts the second line.)
 
 }  // namespace meshalloc

@@ -159,16 +159,30 @@ bool ThreadHeap::refill(unsigned sizeClass) {
   if (v.length) return true;
   uint32_t objectsPerSpan = SizeClasses::plan(sizeClass).objectCount;
   uint32_t wanted = objectsPerSpan < v.capacity ? objectsPerSpan : v.capacity;
-  // Spans still full go back; those other threads freed into are reclaimed in place.
+  // A full span stays attached while the table has room: programs free most objects on the
+  // thread that allocated them, and while the span is attached those frees are local pushes;
+  // detached, each would be a remote free and the span a trip through the full list. Full
+  // spans go back only when the attached spans' free slots fall short and the table needs
+  // room for spans that have some. (The vector is empty: no entry refers to a span index.)
+  uint32_t reclaimable = 0;
+  for (unsigned span = 0; span < v.attachedCount; span++) {
+    uint32_t live = v.spans[span]->liveCount.load(std::memory_order_acquire);
+    reclaimable += live < v.spans[span]->objectCount ? v.spans[span]->objectCount - live : 0;
+  }
   MiniHeap* released[kMaxSpansPerVector];
   unsigned releasedCount = 0;
-  for (unsigned span = v.attachedCount; span-- > 0;) {
-    MiniHeap* heap = v.spans[span];
-    if (heap->liveCount.load(std::memory_order_acquire) >= heap->objectCount) {
-      released[releasedCount++] = heap;
-      removeSpan(v, span);
+  if (reclaimable < wanted) {
+    for (unsigned span = v.attachedCount;
+         span-- > 0 && kMaxSpansPerVector - v.attachedCount < kRefillMinRoom;) {
+      MiniHeap* heap = v.spans[span];
+      if (heap->liveCount.load(std::memory_order_acquire) >= heap->objectCount) {
+        released[releasedCount++] = heap;
+        removeSpan(v, span);
+      }
     }
   }
+  // Slots freed into attached spans through their bitmaps (by other threads, or by this one
+  // while the vector was full) are reclaimed in place.
   for (unsigned span = 0; span < v.attachedCount; span++) claimFreeSlots(v, span);
   unsigned room = v.length < wanted ? kMaxSpansPerVector - v.attachedCount : 0;
   if (releasedCount || room) {

@@ -12,6 +12,7 @@
 #include "api/stats.h"
 #include "heap/config.h"
 #include "heap/global_heap.h"
+#include "heap/internal_heap.h"
 
 namespace meshalloc {
 namespace {
@@ -206,6 +207,21 @@ TEST_F(HeapDeathTest, MisuseIsReportedWithTheAddress) {
         api::freeImpl(p + 8192);
       },
       "meshalloc: free of interior pointer");
+}
+
+// Remote frees write liveCount and the bitmap; the owner's lock-free free path reads the
+// fields before them. Each group must have a cache line of its own.
+TEST(MiniHeapLayout, RemoteFreeFieldsStartTheSecondCacheLine) {
+  MiniHeap mini;
+  auto offset = [&](const void* field) {
+    return static_cast<size_t>(reinterpret_cast<const char*>(field) -
+                               reinterpret_cast<const char*>(&mini));
+  };
+  EXPECT_EQ(offset(&mini.liveCount), kCacheLine);
+  EXPECT_LT(offset(&mini.mesh), kCacheLine);
+  EXPECT_LT(offset(&mini.attachIndex), kCacheLine);
+  EXPECT_LE(sizeof(MiniHeap), kCacheLine + 2 * sizeof(uint64_t));
+  EXPECT_EQ(InternalHeap::kGranule % kCacheLine, 0u);
 }
 
 }  // namespace
