@@ -3,7 +3,9 @@
 // thread-scaling study's question, asked of a plain malloc workload).
 //
 // T threads start together on a barrier. In each of `rounds` rounds every thread allocates
-// `objects` objects of a uniformly random size in [min, max], writes a pattern into every byte,
+// `objects` objects of a random size in [min, max] (uniform, or with --log-sizes log-uniform:
+// every doubling equally likely, so a range such as 16 B..16 KiB puts objects in every small
+// size class, as the thread-scaling study's workload did), writes a pattern into every byte,
 // keeps a random `keep-percent` of them (exactly that many, chosen by selection sampling) until
 // the end of the run and frees the rest. Threads stay alive until every thread has finished,
 // then exit and are joined. The main thread then adds up the live bytes (requested sizes of the
@@ -19,6 +21,9 @@
 // the part of pss_bytes no allocator can avoid. `seconds` is the wall time of the threaded
 // part. The bookkeeping (the retained objects' addresses) lives in private mmap()ed memory and
 // is subtracted from the measured PSS; it never passes through the allocator under test.
+//
+// --time-limit S ends the process with SIGALRM after S seconds, so a harness that runs it under
+// an allocator that deadlocks gets a failed run instead of a hang.
 //
 // Only plain malloc/free are called, so any allocator can be put underneath with LD_PRELOAD.
 #include <dlfcn.h>
@@ -48,7 +53,9 @@ struct Options {
   uint64_t maxSize = 1024;
   uint64_t seed = 1;
   uint64_t settleMs = 300;
+  uint64_t timeLimitS = 0;  // 0: no limit
   bool compact = false;
+  bool logSizes = false;
 };
 
 [[noreturn]] void usage(const char* program, const char* why) {
@@ -56,8 +63,11 @@ struct Options {
   fprintf(
       stderr,
       "usage: %s [--threads T] [--rounds 5] [--objects 10000] [--keep-percent 10] [--min 16]\n"
-      "          [--max 1024] [--seed S] [--settle-ms 300] [--compact]\n"
-      "Options take `--name value` or `--name=value`; --compact calls meshalloc_compact() (if the\n"
+      "          [--max 1024] [--log-sizes] [--seed S] [--settle-ms 300] [--time-limit S]\n"
+      "          [--compact]\n"
+      "Options take `--name value` or `--name=value`. --log-sizes draws sizes log-uniformly\n"
+      "(every doubling of [min, max] equally likely) instead of uniformly; --time-limit ends the\n"
+      "run with SIGALRM after S seconds (0: never); --compact calls meshalloc_compact() (if the\n"
       "allocator exports it) after the threads are joined.\n",
       program);
   exit(2);
@@ -68,10 +78,19 @@ Options parseArguments(int argc, char** argv) {
   struct Numeric {
     const char* name;
     uint64_t* value;
-  } numeric[] = {{"threads", &o.threads}, {"rounds", &o.rounds},
-                 {"objects", &o.objects}, {"keep-percent", &o.keepPercent},
-                 {"min", &o.minSize},     {"max", &o.maxSize},
-                 {"seed", &o.seed},       {"settle-ms", &o.settleMs}};
+  } numeric[] = {{"threads", &o.threads},
+                 {"rounds", &o.rounds},
+                 {"objects", &o.objects},
+                 {"keep-percent", &o.keepPercent},
+                 {"min", &o.minSize},
+                 {"max", &o.maxSize},
+                 {"seed", &o.seed},
+                 {"settle-ms", &o.settleMs},
+                 {"time-limit", &o.timeLimitS}};
+  struct Flag {
+    const char* name;
+    bool* value;
+  } flags[] = {{"compact", &o.compact}, {"log-sizes", &o.logSizes}};
   for (int i = 1; i < argc; i++) {
     const char* arg = argv[i];
     if (!strcmp(arg, "-h") || !strcmp(arg, "--help")) usage(argv[0], nullptr);
@@ -79,11 +98,15 @@ Options parseArguments(int argc, char** argv) {
     arg += 2;
     const char* equals = strchr(arg, '=');
     size_t nameLength = equals ? static_cast<size_t>(equals - arg) : strlen(arg);
-    if (nameLength == 7 && !strncmp(arg, "compact", 7)) {
-      // A flag; `--compact=0` / `--compact=1` are accepted too.
-      o.compact = !equals || strcmp(equals + 1, "0") != 0;
-      continue;
+    // Flags; `--compact=0` / `--compact=1` are accepted too.
+    bool isFlag = false;
+    for (const Flag& f : flags) {
+      if (strlen(f.name) == nameLength && !strncmp(f.name, arg, nameLength)) {
+        *f.value = !equals || strcmp(equals + 1, "0") != 0;
+        isFlag = true;
+      }
     }
+    if (isFlag) continue;
     uint64_t* target = nullptr;
     for (const Numeric& n : numeric) {
       if (strlen(n.name) == nameLength && !strncmp(n.name, arg, nameLength)) target = n.value;
@@ -95,6 +118,8 @@ Options parseArguments(int argc, char** argv) {
   if (o.threads < 1 || o.threads > 4096) usage(argv[0], "--threads must be in 1..4096");
   if (o.rounds < 1 || o.objects < 1) usage(argv[0], "--rounds and --objects must be positive");
   if (o.keepPercent > 100) usage(argv[0], "--keep-percent must be in 0..100");
+  // alarm() takes seconds as an unsigned int.
+  if (o.timeLimitS > UINT32_MAX) usage(argv[0], "--time-limit is too large");
   if (o.minSize < 1 || o.minSize > o.maxSize || o.maxSize > (uint64_t{1} << 30)) {
     usage(argv[0], "need 1 <= --min <= --max <= 1G");
   }
@@ -182,7 +207,8 @@ void work(const Options& o, unsigned index, Worker* worker, bench::Barrier* star
   start->wait();
   for (uint64_t r = 0; r < o.rounds; r++) {
     for (size_t i = 0; i < perRound; i++) {
-      size_t size = rng.between(o.minSize, o.maxSize);
+      size_t size =
+          o.logSizes ? rng.logUniform(o.minSize, o.maxSize) : rng.between(o.minSize, o.maxSize);
       void* p = bench::mustMalloc(size);
       fill(p, size, o.seed);
       round[i] = {p, size};
@@ -255,6 +281,8 @@ long long mappingCount() {
 
 int main(int argc, char** argv) {
   const Options o = parseArguments(argc, argv);
+  // SIGALRM's default action ends the process: a deadlocked allocator cannot hang the caller.
+  if (o.timeLimitS) alarm(static_cast<unsigned>(o.timeLimitS));
   const unsigned threads = static_cast<unsigned>(o.threads);
   const size_t capacity = static_cast<size_t>(o.rounds) * (o.objects * o.keepPercent / 100);
 

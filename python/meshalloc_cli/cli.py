@@ -1,4 +1,4 @@
-"""The `meshalloc` command line: run, compare, allocators.
+"""The `meshalloc` command line: run, compare, allocators, bench.
 
 Everything the commands do lives in the library modules (measure, compare, output,
 plotting); this file only parses arguments and prints.
@@ -31,6 +31,7 @@ PROGRAM = "meshalloc"
 COMMAND_SEPARATOR = "--"
 MS_PER_S = 1000.0
 DEFAULT_OUT_ROOT = Path("out")
+DEFAULT_BENCH_OUT = Path("results")
 TIMESTAMP_FORMAT = "%Y%m%d-%H%M%S"
 # The allocators `compare` uses when --allocators is not given (those that are present).
 DEFAULT_COMPARE_ALLOCATORS = ("glibc", "jemalloc", "mimalloc", "tcmalloc", "meshalloc")
@@ -117,6 +118,27 @@ def build_parser() -> argparse.ArgumentParser:
                                   "which library it loads.")
     listing.add_argument("--install", action="store_true",
                          help="apt-get install the comparison allocators first (needs root)")
+
+    bench = commands.add_parser("bench", help="reproduce the paper's experiments; results/SUMMARY.md",
+                                description="Run the paper's experiments (all, or those named), each into "
+                                "DIR/<experiment>/, and rebuild DIR/SUMMARY.md, which sets every claim of the "
+                                "paper beside what this machine measured. See docs/bench.md.",
+                                epilog="exit status: 0 when every experiment ran (claims that do not hold are "
+                                "reported, not errors), 1 when one failed or an experiment named on the command "
+                                "line was skipped, 2 for bad usage.")
+    size = bench.add_mutually_exclusive_group()
+    size.add_argument("--quick", dest="mode", action="store_const", const="quick",
+                      help="a reduced version of every experiment (the whole run in under 10 minutes)")
+    size.add_argument("--smoke", dest="mode", action="store_const", const="smoke",
+                      help="tiny parameters, seconds per experiment: checks that everything runs")
+    bench.set_defaults(mode="full")
+    bench.add_argument("--repeat", type=_positive_int, metavar="N",
+                       help="repetitions of every configuration (default: the mode's)")
+    bench.add_argument("--out", type=Path, default=DEFAULT_BENCH_OUT, metavar="DIR",
+                       help="results directory (default %(default)s)")
+    bench.add_argument("--list", action="store_true", help="list the experiments and exit")
+    bench.add_argument("experiments", nargs="*", metavar="EXPERIMENT",
+                       help="experiments to run (default: all, in the order --list shows)")
     return parser
 
 
@@ -340,6 +362,32 @@ def cmd_allocators(args, out_console: Console, err: Console) -> int:
     return EXIT_OK
 
 
+def cmd_bench(args, out_console: Console) -> int:
+    from .bench import runner
+
+    runner.check_names(args.experiments)
+    if args.list:
+        table = Table(box=box.SIMPLE_HEAD, show_edge=False)
+        for header in ("experiment", "title", "reproduces"):
+            table.add_column(header, overflow="fold")
+        for row in runner.list_experiments():
+            title = row.title if row.available else f"(not available: {row.note})"
+            table.add_row(*(Text(cell) for cell in (row.name, title, row.paper)))
+        out_console.print(table)
+        return EXIT_OK
+
+    def progress(line: str) -> None:
+        # Plain lines, flushed at once: a long run is followed with `tail -f` or in CI logs.
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+    report = runner.run_bench(args.experiments, args.mode, args.out, repeat=args.repeat, log=progress)
+    counts = ", ".join(f"{count} {status}" for status, count in report.counts.items())
+    out_console.print(f"summary: {report.summary} — {report.tally.text()} ({counts})", highlight=False,
+                      markup=False, soft_wrap=True)
+    return report.exit_code
+
+
 def _console(stderr: bool) -> Console:
     """Rich wraps at 80 columns when it is not writing to a terminal; tables in logs and
     captured output read better unwrapped, unless COLUMNS says otherwise."""
@@ -361,6 +409,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if command:
                 raise MeshallocError("`meshalloc allocators` takes no command")
             return cmd_allocators(args, out_console, err)
+        if args.subcommand == "bench":
+            if command:
+                raise MeshallocError("`meshalloc bench` takes no command")
+            return cmd_bench(args, out_console)
         command = _command_or_error(command, args.command)
         if args.subcommand == "run":
             return cmd_run(args, command, err)

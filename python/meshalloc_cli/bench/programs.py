@@ -1,0 +1,466 @@
+"""Real programs from Debian for `meshalloc bench speed` and `meshalloc bench real-apps`, and how
+one command is run for its time or for its memory (both experiments run them the same way).
+
+Each program is a small dataclass: the Debian program it needs, what it models, its size in each
+mode, and a `prepare` step that builds its inputs in a scratch directory (a generated git
+repository, a SQL file) and returns the command. Inputs are built once, without any allocator
+preloaded, and never changed by a run, so every allocator and every repetition does exactly the
+same work. The scripts the interpreters run live in bench/programs/. Every program prints one
+line that depends only on its input; a run whose line differs from the reference (the same
+program without LD_PRELOAD) computed something else and is counted as failed. See
+docs/speed.md and docs/real-apps.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import math
+import os
+import random
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+from ..allocators import Allocator
+from ..measure import RunResult, measure
+from .framework import Context
+
+SCRIPTS = Path("bench") / "programs"  # relative to the repository root
+# Debian's interpreter, not a pyenv or virtualenv shim (a shim is a shell script that would be
+# preloaded and timed too, and the issue asks for Debian's programs).
+DEBIAN_PYTHON = Path("/usr/bin/python3")
+STDERR_TAIL_CHARACTERS = 300  # of a failed run's stderr, kept for the failure line
+SEED = 2019
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A program ready to run: the same command, directory and variables for every allocator."""
+
+    command: List[str]
+    cwd: Path
+    env: Dict[str, str] = field(default_factory=dict)  # added to the inherited environment
+
+
+@dataclass(frozen=True)
+class Program:
+    name: str  # the row name: "sqlite3"
+    executable: str  # the program that must be installed
+    package: str  # the Debian package that installs it
+    models: str  # what the run does, in one line (for tables and docs)
+    scales: Tuple[int, int, int]  # the size parameter in smoke, quick, full
+    prepare: Callable[[Path, Path, int], Prepared]  # (repository root, scratch directory, scale)
+
+    def available(self) -> bool:
+        return shutil.which(self.executable) is not None
+
+    def scale(self, context: Context) -> int:
+        return context.pick(*self.scales)
+
+
+def _python_interpreter() -> str:
+    if DEBIAN_PYTHON.is_file():
+        return str(DEBIAN_PYTHON)
+    found = shutil.which("python3") or "python3"
+    try:  # see through launcher shims to the interpreter itself
+        return subprocess.run([found, "-c", "import sys; print(sys.executable)"], capture_output=True, text=True,
+                              check=True).stdout.strip() or found
+    except (OSError, subprocess.CalledProcessError):
+        return found
+
+
+def _prepare_python(root: Path, work: Path, scale: int) -> Prepared:
+    # pymalloc stays on (the interpreter as users run it); the script leans on objects above
+    # its 512-byte limit, which come from malloc.
+    return Prepared([_python_interpreter(), str(root / SCRIPTS / "alloc_heavy.py"), str(scale)], work,
+                    {"PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1"})
+
+
+def _prepare_ruby(root: Path, work: Path, scale: int) -> Prepared:
+    return Prepared(["ruby", str(root / SCRIPTS / "alloc_heavy.rb"), str(scale)], work)
+
+
+def _prepare_perl(root: Path, work: Path, scale: int) -> Prepared:
+    return Prepared(["perl", str(root / SCRIPTS / "alloc_heavy.pl"), str(scale)], work)
+
+
+# -- sqlite3: a bulk load through many INSERT statements, then queries ---------------------
+
+SQL_CUSTOMERS_PER_SCALE = 1500
+SQL_ORDERS_PER_SCALE = 15000
+SQL_ROWS_PER_INSERT = 200  # rows per INSERT statement, as a dump or a batching client writes them
+SQL_CITIES = ("Amherst", "Boston", "Chicago", "Denver", "Eugene", "Fresno", "Gary", "Houston", "Irvine", "Juneau")
+SQL_ITEMS = 400
+
+
+def _sql_text(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+def _insert_statements(table: str, rows: Iterable[Sequence[str]]) -> Iterable[str]:
+    batch: List[str] = []
+    for row in rows:
+        batch.append("(" + ",".join(row) + ")")
+        if len(batch) == SQL_ROWS_PER_INSERT:
+            yield f"INSERT INTO {table} VALUES {','.join(batch)};\n"
+            batch = []
+    if batch:
+        yield f"INSERT INTO {table} VALUES {','.join(batch)};\n"
+
+
+def write_sql(path: Path, scale: int) -> None:
+    """The whole session: schema, a bulk load of generated rows in one transaction, indexes,
+    joins and aggregates (sqlite's sorter and hash tables), deletes and updates, a check."""
+    rng = random.Random(SEED)
+    customers = SQL_CUSTOMERS_PER_SCALE * scale
+    orders = SQL_ORDERS_PER_SCALE * scale
+    customer_rows = ((str(i), _sql_text(f"customer-{rng.randrange(10 ** 9):09d}-{i}"),
+                      _sql_text(rng.choice(SQL_CITIES)), str(rng.randrange(20000))) for i in range(1, customers + 1))
+    order_rows = ((str(i), str(rng.randrange(1, customers + 1)), _sql_text(f"item-{rng.randrange(SQL_ITEMS):04d}"),
+                   str(rng.randrange(1, 20)), f"{rng.randrange(100, 100000) / 100:.2f}",
+                   _sql_text("note " * rng.randrange(1, 60))) for i in range(1, orders + 1))
+    with open(path, "w") as sql:
+        sql.write("CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT, city TEXT, joined INTEGER);\n"
+                  "CREATE TABLE orders (id INTEGER PRIMARY KEY, customer INTEGER, item TEXT, quantity INTEGER,"
+                  " price REAL, note TEXT);\nBEGIN;\n")
+        sql.writelines(_insert_statements("customers", customer_rows))
+        sql.writelines(_insert_statements("orders", order_rows))
+        sql.write("""COMMIT;
+CREATE INDEX orders_customer ON orders (customer);
+CREATE INDEX orders_item ON orders (item, price);
+SELECT count(*), sum(quantity), round(sum(price * quantity), 2) FROM orders;
+SELECT c.city, count(*), round(sum(o.price * o.quantity), 2) FROM orders o JOIN customers c ON c.id = o.customer
+  GROUP BY c.city ORDER BY 3 DESC, 1;
+SELECT item, count(DISTINCT customer), max(price) FROM orders GROUP BY item ORDER BY 2 DESC, 1 LIMIT 5;
+SELECT c.name, count(*) AS n FROM customers c JOIN orders o ON o.customer = c.id GROUP BY c.id
+  ORDER BY n DESC, c.name LIMIT 3;
+SELECT length(group_concat(name, ',')) FROM (SELECT name FROM customers ORDER BY name DESC);
+DELETE FROM orders WHERE quantity % 3 = 0;
+UPDATE orders SET note = note || 'updated ' WHERE id % 5 = 0;
+SELECT count(*), sum(length(note)) FROM orders;
+PRAGMA integrity_check;
+""")
+
+
+def _prepare_sqlite(root: Path, work: Path, scale: int) -> Prepared:
+    script = work / "bulk.sql"
+    write_sql(script, scale)
+    # An in-memory database: every page lives in sqlite's malloc'ed page cache, and no run
+    # waits for the disk (fsync latency would be the file system's time, not the allocator's).
+    return Prepared(["sqlite3", "-batch", "-bail", ":memory:", f".read {script}"], work)
+
+
+# -- git: a generated repository -------------------------------------------------------------
+
+GIT_FILES_PER_SCALE = 12
+GIT_COMMITS_PER_SCALE = 40
+GIT_LINES_PER_FILE = 300
+GIT_EPOCH = 1_700_000_000  # fixed dates: the same commit hashes on every run and machine
+GIT_IDENTITY = "Tester <tester@example.invalid>"
+# The file every commit touches, so that blame has a long history to walk.
+GIT_HOT_FILE = "src/core.c"
+GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_TERMINAL_PROMPT": "0",
+           "LC_ALL": "C"}
+
+
+def _source_line(rng: random.Random, number: int) -> str:
+    return f"static int f{number}_{rng.randrange(10 ** 6)}(int x) {{ return x * {rng.randrange(97)} + {number}; }}\n"
+
+
+def fast_import_stream(scale: int) -> bytes:
+    """A history for `git fast-import`: files of C-like lines, and commits that each change a
+    few of them (lines inserted, deleted and rewritten) plus the hot file."""
+    rng = random.Random(SEED)
+    paths = [GIT_HOT_FILE] + [f"src/module{index:03d}.c" for index in range(GIT_FILES_PER_SCALE * scale)]
+    files = {path: [_source_line(rng, line) for line in range(GIT_LINES_PER_FILE)] for path in paths}
+    chunks: List[bytes] = []
+
+    def data(payload: bytes) -> None:
+        chunks.append(b"data %d\n" % len(payload) + payload + b"\n")
+
+    for commit in range(1, GIT_COMMITS_PER_SCALE * scale + 1):
+        changed = [GIT_HOT_FILE] + rng.sample(paths[1:], min(len(paths) - 1, rng.randrange(1, 6)))
+        stamp = GIT_EPOCH + commit * 3600
+        chunks.append(b"commit refs/heads/main\nmark :%d\nauthor %s %d +0000\ncommitter %s %d +0000\n"
+                      % (commit, GIT_IDENTITY.encode(), stamp, GIT_IDENTITY.encode(), stamp))
+        data(f"change {commit}: {len(changed)} files".encode())
+        if commit > 1:
+            chunks.append(b"from :%d\n" % (commit - 1))
+        for path in changed:
+            lines = files[path]
+            for _ in range(rng.randrange(1, 12)):
+                at = rng.randrange(len(lines))
+                action = rng.randrange(3)
+                if action == 0:
+                    lines.insert(at, _source_line(rng, commit))
+                elif action == 1 and len(lines) > 10:
+                    del lines[at]
+                else:
+                    lines[at] = _source_line(rng, commit)
+            chunks.append(f"M 100644 inline {path}\n".encode())
+            data("".join(lines).encode())
+    return b"".join(chunks)
+
+
+def _prepare_git(root: Path, work: Path, scale: int) -> Prepared:
+    repository = work / "repository.git"
+    env = dict(os.environ, HOME=str(work), **GIT_ENV)
+    env.pop("LD_PRELOAD", None)  # the inputs are built by git as it is, never under a test allocator
+    subprocess.run(["git", "init", "-q", "--bare", "-b", "main", str(repository)], env=env, check=True)
+    subprocess.run(["git", "-C", str(repository), "fast-import", "--quiet"], input=fast_import_stream(scale),
+                   env=env, check=True)
+    return Prepared(["sh", str(root / SCRIPTS / "git_history.sh"), str(repository), GIT_HOT_FILE], work,
+                    {"HOME": str(work), **GIT_ENV})
+
+
+# The programs, in table order. Scales: smoke about 0.1-0.3 s a run, quick about 0.5 s, full
+# 1.5-2 s under glibc on the 2-CPU development machine.
+PROGRAMS: Tuple[Program, ...] = (
+    Program("python3", "python3", "python3",
+            "a service's caches thinned at random, JSON round trips, growing buffers, 2 threads",
+            (1, 2, 8), _prepare_python),
+    Program("ruby", "ruby", "ruby", "a session store with expiry and GC, templates by concatenation, 2 threads",
+            (1, 2, 6), _prepare_ruby),
+    Program("perl", "perl", "perl", "mail filtering in the manner of SPEC's 400.perlbench: tokenise, count, sort",
+            (1, 2, 6), _prepare_perl),
+    Program("sqlite3", "sqlite3", "sqlite3", "bulk INSERT of generated rows into an in-memory database, "
+            "indexes, joins, aggregates, deletes", (1, 3, 10), _prepare_sqlite),
+    Program("git", "git", "git", "log -p, blame, full repack and fsck of a generated repository",
+            (1, 3, 8), _prepare_git),
+)
+
+
+def available_programs() -> Tuple[List[Program], List[str]]:
+    """The installed programs, and a note for each missing one."""
+    found, missing = [], []
+    for program in PROGRAMS:
+        if program.available():
+            found.append(program)
+        else:
+            missing.append(f"{program.name}: not installed (apt-get install {program.package})")
+    return found, missing
+
+
+# ---------------------------------------------------------------------------------------------
+# Running a command once for its time
+
+@dataclass
+class TimedRun:
+    seconds: Optional[float]  # wall time from start to exit; None when it did not finish
+    status: str  # "ok", or why the run failed: "exit 1", "killed by SIGSEGV", "timeout"
+    stdout: str
+    stderr_tail: str
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+def _status(returncode: int) -> str:
+    if returncode == 0:
+        return "ok"
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exit {returncode}"
+
+
+def timed_run(command: Sequence[str], allocator: Allocator, cwd: Optional[Path], env: Mapping[str, str],
+              timeout: float) -> TimedRun:
+    """Run once, without any sampling or cgroup, and time it from fork to exit. The command
+    gets its own process group, so a timeout (or a Ctrl-C here) kills all it started."""
+    child_env = allocator.environment(dict(os.environ, **env))
+    start = time.monotonic()
+    try:
+        process = subprocess.Popen(list(command), cwd=cwd, env=child_env, stdin=subprocess.DEVNULL,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    except OSError as error:
+        return TimedRun(None, f"cannot start: {error.strerror or error}", "", "")
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+        elapsed = time.monotonic() - start
+        status = _status(process.returncode)
+    except subprocess.TimeoutExpired:
+        _kill_group(process)
+        stdout, stderr = process.communicate()
+        elapsed, status = None, "timeout"
+    except BaseException:
+        _kill_group(process)
+        process.wait()
+        raise
+    text = stderr.decode(errors="replace").strip()
+    return TimedRun(elapsed if status == "ok" else None, status, stdout.decode(errors="replace"),
+                    text[-STDERR_TAIL_CHARACTERS:])
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    with contextlib.suppress(OSError):
+        os.killpg(process.pid, signal.SIGKILL)
+
+
+# ---------------------------------------------------------------------------------------------
+# Running a command once for its memory
+
+def memory_run(command: Sequence[str], allocator: Allocator, cwd: Optional[Path], env: Mapping[str, str],
+               interval: float, timeout: float, stdout: Path, stderr: Path) -> RunResult:
+    """measure() with a time limit: PSS of the process tree every `interval` seconds, in a
+    memory cgroup where one can be made (its kernel high-water mark catches a peak between two
+    samples). After `timeout` seconds a watchdog kills the processes this one started (only
+    the measured tree runs at that moment), and the run comes back as killed."""
+    def expire() -> None:
+        import psutil
+
+        with contextlib.suppress(psutil.Error):
+            for child in psutil.Process().children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    child.kill()
+
+    watchdog = threading.Timer(timeout, expire)
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        with open(stdout, "wb") as output, open(stderr, "wb") as errors:
+            return measure(list(command), allocator, interval, use_cgroup=True, env=dict(os.environ, **env), cwd=cwd,
+                           stdin=subprocess.DEVNULL, stdout=output, stderr=errors)
+    finally:
+        watchdog.cancel()
+
+
+# ---------------------------------------------------------------------------------------------
+# Numbers, files and figures both experiments share
+
+def geomean(values: Iterable[Optional[float]]) -> Optional[float]:
+    present = [value for value in values if value is not None and value > 0]
+    if not present:
+        return None
+    return math.exp(sum(math.log(value) for value in present) / len(present))
+
+
+def number(value: Optional[float]) -> str:
+    """A TSV cell: integers as integers, others with 6 significant digits, missing as empty."""
+    if value is None:
+        return ""
+    return str(int(value)) if float(value).is_integer() else f"{value:.6g}"
+
+
+def write_tsv(path: Path, header: Sequence[str], rows: Iterable[Sequence[str]]) -> Path:
+    with open(path, "w", newline="") as handle:
+        writer = csv.writer(handle, delimiter="\t", lineterminator="\n")
+        writer.writerow(header)
+        writer.writerows(rows)
+    return path
+
+
+def markdown_table(header: Sequence[str], rows: Iterable[Sequence[str]], left: int = 1) -> str:
+    """The first `left` columns are text (left-aligned), the others numbers (right-aligned)."""
+    lines = ["| " + " | ".join(header) + " |",
+             "|" + "|".join("---" if index < left else "---:" for index in range(len(header))) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+@dataclass
+class BarPanel:
+    """One panel of a grouped bar chart of ratios: a group of bars per row (workload), one
+    bar per series (allocator), whiskers from `low` to `high` where known."""
+
+    title: str
+    groups: List[str]
+    series: Dict[str, List[Optional[float]]]
+    low: Dict[str, List[Optional[float]]] = field(default_factory=dict)
+    high: Dict[str, List[Optional[float]]] = field(default_factory=dict)
+
+
+BAR_GROUP_WIDTH = 0.8  # of the space between two groups
+FIGURE_WIDTH_PER_GROUP_IN = 0.75
+FIGURE_MIN_WIDTH_IN = 7.0
+PANEL_HEIGHT_IN = 3.6
+PNG_DPI = 120
+RATIO_MARGIN = 1.15  # head room above the largest ratio (and below the smallest)
+# Tick sets from fine to coarse; a panel uses the finest that puts at most MAX_TICKS in its range.
+RATIO_TICK_SETS = (
+    (0.8, 0.85, 0.9, 0.95, 1, 1.05, 1.1, 1.15, 1.2, 1.25),
+    (0.5, 0.67, 0.8, 0.9, 1, 1.1, 1.25, 1.5, 2),
+    (0.25, 0.5, 0.67, 0.8, 1, 1.25, 1.5, 2, 3, 4),
+    (0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50),
+)
+MAX_TICKS = 8
+LEGEND_ROOM = 0.06  # of the figure's height, below the panels
+
+
+def ratio_bar_chart(panels: Sequence[BarPanel], ylabel: str, title: str, stem: Path) -> List[Path]:
+    """PNG and SVG of grouped ratio bars on a log scale (a 2× and a 0.5× are equally far from
+    the line at 1). Returns the files written."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: works without a display
+    import matplotlib.pyplot as pyplot
+    from matplotlib import ticker
+
+    widest = max((len(panel.groups) for panel in panels), default=1)
+    width = max(FIGURE_MIN_WIDTH_IN, FIGURE_WIDTH_PER_GROUP_IN * widest + 2)
+    figure, axes = pyplot.subplots(len(panels), 1, figsize=(width, PANEL_HEIGHT_IN * len(panels) + 0.6),
+                                   squeeze=False)
+    colours = pyplot.rcParams["axes.prop_cycle"].by_key()["color"]
+    for axis, panel in zip(axes[:, 0], panels):
+        count = max(len(panel.series), 1)
+        extremes: List[float] = [1.0]
+        bar = BAR_GROUP_WIDTH / count
+        for index, (name, values) in enumerate(panel.series.items()):
+            positions = [group + (index - (count - 1) / 2) * bar for group in range(len(panel.groups))]
+            lows = panel.low.get(name, [None] * len(values))
+            highs = panel.high.get(name, [None] * len(values))
+            shown = [(x, v, lo, hi) for x, v, lo, hi in zip(positions, values, lows, highs) if v is not None and v > 0]
+            if not shown:
+                continue
+            xs = [x for x, _, _, _ in shown]
+            heights = [v for _, v, _, _ in shown]
+            # Each bar runs from the line at 1 to its ratio: up for slower/larger, down for
+            # faster/smaller (bars standing on the axis floor would make 0.5 look like "some").
+            axis.bar(xs, [height - 1.0 for height in heights], bottom=1.0, width=bar,
+                     color=colours[index % len(colours)], label=name)
+            extremes += heights + [hi for _, _, _, hi in shown if hi] + [lo for _, _, lo, _ in shown if lo]
+            whiskers = [(x, v, lo, hi) for x, v, lo, hi in shown if lo is not None and hi is not None and lo != hi]
+            if whiskers:
+                axis.errorbar([x for x, _, _, _ in whiskers], [v for _, v, _, _ in whiskers],
+                              yerr=[[max(v - lo, 0) for _, v, lo, _ in whiskers],
+                                    [max(hi - v, 0) for _, v, _, hi in whiskers]],
+                              fmt="none", ecolor="black", elinewidth=0.7, capsize=1.5)
+        axis.axhline(1.0, color="black", linewidth=0.8)
+        axis.set_yscale("log")
+        # Symmetric about 1 on the log scale, labelled with plain ratios.
+        low, high = min(extremes) / RATIO_MARGIN, max(extremes) * RATIO_MARGIN
+        axis.set_ylim(low, high)
+        for ticks in RATIO_TICK_SETS:
+            inside = [tick for tick in ticks if low <= tick <= high]
+            if min(ticks) <= low and max(ticks) >= high and len(inside) <= MAX_TICKS:
+                break
+        axis.yaxis.set_major_locator(ticker.FixedLocator(inside))
+        axis.yaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
+        axis.yaxis.set_minor_locator(ticker.NullLocator())
+        axis.set_xticks(range(len(panel.groups)))
+        axis.set_xticklabels(panel.groups, rotation=20, ha="right")
+        axis.set_ylabel(ylabel)
+        axis.set_title(panel.title, fontsize=10)
+        axis.grid(axis="y", which="both", alpha=0.3)
+        handles, labels = axis.get_legend_handles_labels()
+    # One legend for all panels, below them, where no bar can hide behind it.
+    figure.legend(handles, labels, loc="lower center", ncol=min(len(labels), 6), fontsize=8, frameon=False)
+    figure.suptitle(title, fontsize=11)
+    figure.tight_layout(rect=(0, LEGEND_ROOM, 1, 1))
+    written = []
+    for extension in ("png", "svg"):
+        path = stem.with_suffix("." + extension)
+        # No date in the SVG: identical data gives identical files.
+        figure.savefig(path, dpi=PNG_DPI, metadata={"Date": None} if extension == "svg" else None)
+        written.append(path)
+    pyplot.close(figure)
+    return written

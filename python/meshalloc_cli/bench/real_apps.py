@@ -1,0 +1,401 @@
+"""`meshalloc bench real-apps`: mean and peak memory of real programs under every allocator,
+and their geometric mean against glibc -- the Mesh paper's §6.2 in spirit.
+
+The paper measured Firefox (Speedometer), Redis and SPECint2006; Firefox needs a build without
+its own allocator and SPEC a licence, so neither can run here. This experiment takes the five
+Debian programs of the speed experiment (programs.py: python3, ruby, perl, sqlite3, git), runs
+each under glibc, jemalloc, mimalloc, tcmalloc and meshalloc with meshing off (0n) and on (2y),
+interleaved, and samples the PSS of the whole process tree every 10 ms (the paper's mstat rate).
+The claims set the paper's memory figures beside ours and are judged only on their direction:
+does meshalloc 2y use less memory than the reference allocator? See docs/real-apps.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+from ..compare import Stat
+from ..measure import MIB
+from .framework import FULL, QUICK, SMOKE, Claim, Context, ExperimentUnavailable, Outcome
+from .programs import BarPanel, available_programs, geomean, markdown_table, number, ratio_bar_chart, write_tsv
+from .speed import (Geomean, MemoryRecord, Workload, _load, _names_from, choose_allocators, machine_notes,
+                    memory_pass, private_meshalloc_copy, program_workloads, stat_text)
+
+NAME = "real-apps"
+BASELINE = "glibc"  # the paper's reference for SPEC (and perlbench)
+JEMALLOC = "jemalloc"  # the paper's reference for Firefox and Redis
+MESH_ON = "meshalloc:2y"
+MESH_OFF = "meshalloc:0n"  # meshing and randomisation off: what meshing itself saves is 2y against this
+ALLOCATORS = (BASELINE, JEMALLOC, "mimalloc", "tcmalloc", MESH_OFF, MESH_ON)
+SMOKE_ALLOCATORS = (BASELINE, MESH_ON)
+
+PROGRAMS_VARIABLE = "REAL_APPS_PROGRAMS"
+ALLOCATORS_VARIABLE = "REAL_APPS_ALLOCATORS"
+
+# The paper ran each allocator three times (Firefox, §6.2.1); full runs five, since our programs
+# are short and a shared machine is noisy; quick keeps two, so that a spread can still be shown.
+REPETITIONS = {SMOKE: 1, QUICK: 2, FULL: 5}
+TIMEOUT_S = {SMOKE: 60.0, QUICK: 300.0, FULL: 300.0}
+
+# The paper's memory figures (§6.2.1 and §6.2.3; the artifact's README repeats them).
+PAPER_SPEC_MEAN = 0.976  # SPECint2006 geomean of average memory, Mesh vs glibc: -2.4 %
+PAPER_PERLBENCH_PEAK = 564 / 664  # 400.perlbench peak RSS, Mesh vs glibc: -15 %
+PAPER_FIREFOX_MEAN = 530 / 632  # Firefox mean heap during Speedometer, Mesh vs mozjemalloc: -16 %
+METRICS = ("mean_pss", "peak_pss")
+METRIC_TITLES = {"mean_pss": "mean PSS", "peak_pss": "peak PSS"}
+
+
+@dataclass
+class AppCell:
+    """One (program, allocator): mean and peak PSS over its successful runs, per repetition
+    too, and the ratios to the baseline's medians."""
+
+    stats: Dict[str, Optional[Stat]] = field(default_factory=dict)
+    by_repetition: Dict[str, Dict[int, float]] = field(default_factory=dict)
+    ratios: Dict[str, Optional[float]] = field(default_factory=dict)
+    runs: int = 0
+    succeeded: int = 0
+
+
+Table = Dict[str, Dict[str, AppCell]]  # program -> allocator -> cell
+
+
+def build_table(programs: Sequence[str], allocators: Sequence[str], records: Sequence[MemoryRecord]) -> Table:
+    table: Table = {}
+    for program in programs:
+        row: Dict[str, AppCell] = {}
+        for name in allocators:
+            mine = [record for record in records if record.workload == program and record.allocator == name]
+            good = [record for record in mine if record.ok]
+            cell = AppCell(runs=len(mine), succeeded=len(good))
+            for metric in METRICS:
+                cell.stats[metric] = Stat.of([record.metric(metric) for record in good])
+                cell.by_repetition[metric] = {record.repetition: record.metric(metric) for record in good
+                                              if record.metric(metric)}
+            row[name] = cell
+        base = row.get(BASELINE)
+        for cell in row.values():
+            for metric in METRICS:
+                cell.ratios[metric] = _ratio(cell.stats.get(metric), base.stats.get(metric) if base else None)
+        table[program] = row
+    return table
+
+
+def _ratio(mine: Optional[Stat], theirs: Optional[Stat]) -> Optional[float]:
+    if mine is None or theirs is None or theirs.median <= 0:
+        return None
+    return mine.median / theirs.median
+
+
+def between(table: Table, programs: Sequence[str], mine: str, theirs: str, metric: str) -> Geomean:
+    """Geometric mean over the programs of mine's median over theirs; low/high are the
+    extremes of the per-repetition geomeans (rep r against rep r, every program)."""
+    ratios, paired = [], []
+    for program in programs:
+        a, b = table.get(program, {}).get(mine), table.get(program, {}).get(theirs)
+        ratio = _ratio(a.stats.get(metric), b.stats.get(metric)) if a and b else None
+        if ratio is None:
+            continue
+        ratios.append(ratio)
+        paired.append({repetition: value / b.by_repetition[metric][repetition]
+                       for repetition, value in a.by_repetition[metric].items()
+                       if b.by_repetition[metric].get(repetition)})
+    result = Geomean(geomean(ratios), rows=len(ratios))
+    if paired and len(ratios) == len(programs):
+        common = set.intersection(*(set(ratios_by_rep) for ratios_by_rep in paired))
+        per_repetition = [geomean(ratios_by_rep[repetition] for ratios_by_rep in paired)
+                          for repetition in sorted(common)]
+        per_repetition = [value for value in per_repetition if value is not None]
+        if len(per_repetition) > 1:
+            result.low, result.high = min(per_repetition), max(per_repetition)
+    return result
+
+
+def _geomean_text(value: Geomean, decimals: int = 2) -> str:
+    if value.value is None:
+        return "—"
+    text = f"{value.value:.{decimals}f}"
+    if (value.low is not None and value.high is not None
+            and f"{value.low:.{decimals}f}" != f"{value.high:.{decimals}f}"):
+        text += f" ({value.low:.{decimals}f}–{value.high:.{decimals}f})"
+    return text
+
+
+# ---------------------------------------------------------------------------------------------
+# Tables
+
+def ratio_table(programs: Sequence[str], names: Sequence[str], table: Table, metric: str) -> str:
+    """One metric: the baseline's MiB, every other allocator over it, meshing's own effect
+    (2y over 0n), geometric means with the range of the per-repetition geomeans."""
+    others = [name for name in names if name != BASELINE]
+    with_meshing = MESH_ON in names and MESH_OFF in names
+    header = ["program", f"{BASELINE} MiB" if BASELINE in names else "MiB"] + [f"{name} ×" for name in others]
+    if with_meshing:
+        header.append("2y ÷ 0n")
+    rows = []
+    for program in programs:
+        cells = table[program]
+        base = cells.get(BASELINE)
+        row = [program, stat_text(base.stats.get(metric), MIB, 1) if base else "—"]
+        for name in others:
+            row.append(_ratio_cell(cells.get(name), metric, base))
+        if with_meshing:
+            row.append(_geomean_text(between(table, [program], MESH_ON, MESH_OFF, metric)))
+        rows.append(row)
+    geomean_row = ["**geomean**", ""] + [_geomean_text(between(table, programs, name, BASELINE, metric))
+                                         for name in others]
+    if with_meshing:
+        geomean_row.append(_geomean_text(between(table, programs, MESH_ON, MESH_OFF, metric)))
+    rows.append(geomean_row)
+    return markdown_table(header, rows)
+
+
+def _ratio_cell(cell: Optional[AppCell], metric: str, base: Optional[AppCell]) -> str:
+    if cell is None:
+        return "—"
+    if cell.ratios.get(metric) is None:
+        return "failed" if cell.runs and not cell.succeeded else "—"
+    text = f"{cell.ratios[metric]:.2f}"
+    if base is not None:
+        paired = [value / base.by_repetition[metric][repetition]
+                  for repetition, value in cell.by_repetition[metric].items()
+                  if base.by_repetition[metric].get(repetition)]
+        if len(paired) > 1 and f"{min(paired):.2f}" != f"{max(paired):.2f}":
+            text += f" ({min(paired):.2f}–{max(paired):.2f})"
+    return text
+
+
+def absolute_table(programs: Sequence[str], names: Sequence[str], table: Table, metric: str) -> str:
+    header = ["program"] + [f"{name} MiB" for name in names]
+    rows = []
+    for program in programs:
+        row = [program]
+        for name in names:
+            cell = table[program].get(name)
+            text = stat_text(cell.stats.get(metric), MIB, 1) if cell else "—"
+            if cell and cell.runs > cell.succeeded:
+                text += f" ({cell.runs - cell.succeeded} failed)"
+            row.append(text)
+        rows.append(row)
+    return markdown_table(header, rows)
+
+
+# ---------------------------------------------------------------------------------------------
+# Claims
+
+def claims(programs: Sequence[str], table: Table, checked: bool) -> List[Claim]:
+    result: List[Claim] = []
+    direction = "in spirit ({}): holds when meshalloc 2y uses less than {} (the direction, not the size)"
+
+    def add(claim: str, paper: str, value: Geomean, rows: int, note: str) -> None:
+        holds = value.value < 1.0 if value.value is not None else None
+        ours = "—"
+        if value.value is not None:
+            ours = f"{value.value:.3f}×"
+            details = []
+            if value.low is not None and value.high is not None:
+                details.append(f"per repetition {value.low:.3f}–{value.high:.3f}")
+            if rows > 1:
+                details.append(f"geomean over {value.rows} of {rows} programs")
+            if details:
+                ours += f" ({'; '.join(details)})"
+        if not checked:
+            holds, note = None, "smoke run (tiny parameters): not checked; " + note
+        elif value.value is None:
+            note = "not measured here (an allocator is missing or failed); " + note
+        result.append(Claim(claim, paper, ours, holds, note))
+
+    add("meshalloc 2y mean memory vs glibc, geomean of the real programs",
+        f"{PAPER_SPEC_MEAN:.3f}× (SPECint2006 geomean, −2.4 %)",
+        between(table, programs, MESH_ON, BASELINE, "mean_pss"),
+        len(programs), direction.format("Debian programs, not SPECint2006; PSS, not RSS", "glibc"))
+    if "perl" in programs:
+        add("meshalloc 2y peak memory vs glibc, perl", f"{PAPER_PERLBENCH_PEAK:.2f}× (400.perlbench peak RSS, "
+            "564 vs 664 MB)", between(table, ["perl"], MESH_ON, BASELINE, "peak_pss"), 1,
+            direction.format("our mail-filtering script, not perlbench; peak PSS", "glibc"))
+    add("meshalloc 2y mean memory vs jemalloc, geomean of the real programs",
+        f"{PAPER_FIREFOX_MEAN:.2f}× (Firefox, Speedometer: 530 vs 632 MB)",
+        between(table, programs, MESH_ON, JEMALLOC, "mean_pss"), len(programs),
+        direction.format("Debian programs, not Firefox", "jemalloc"))
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# Files
+
+def write_runs(out: Path, records: Sequence[MemoryRecord]) -> Path:
+    return write_tsv(out / "runs.tsv", ["program", "allocator", "repetition", "order", "status", "mean_pss_bytes",
+                                        "peak_pss_bytes", "cgroup_peak_bytes", "wall_s", "samples", "hz",
+                                        "samples_tsv"],
+                     ([record.workload, record.allocator, str(record.repetition), str(record.order), record.status,
+                       number(record.metric("mean_pss")), number(record.metric("peak_pss")),
+                       number(record.metric("cgroup_peak")),
+                       number(record.result.wall_time if record.result else None),
+                       str(len(record.result.samples)) if record.result else "", number(record.metric("hz")),
+                       str((record.directory / "samples.tsv").relative_to(out)) if record.result else ""]
+                      for record in records))
+
+
+def write_table_tsv(out: Path, programs: Sequence[str], names: Sequence[str], table: Table) -> Path:
+    rows = []
+    for program in programs:
+        for name in names:
+            cell = table[program].get(name)
+            if cell is None:
+                continue
+            row = [program, name, str(cell.runs), str(cell.succeeded)]
+            for metric in METRICS:
+                stat = cell.stats.get(metric)
+                row += [number(stat.median), number(stat.low), number(stat.high)] if stat else ["", "", ""]
+                row.append(number(cell.ratios.get(metric)))
+            rows.append(row)
+    header = ["program", "allocator", "runs", "succeeded"]
+    for metric in METRICS:
+        header += [f"{metric}_bytes", f"{metric}_min", f"{metric}_max", f"{metric}_ratio_to_{BASELINE}"]
+    return write_tsv(out / "table.tsv", header, rows)
+
+
+def figure(out: Path, programs: Sequence[str], names: Sequence[str], table: Table, repetitions: int) -> List[Path]:
+    """The paper's "memory vs glibc" bars for our set: each allocator's mean and peak PSS over
+    glibc's per program, and their geometric mean."""
+    if BASELINE not in names:
+        return []
+    shown = [name for name in names if name != BASELINE]
+    panels = []
+    for metric in METRICS:
+        panel = BarPanel(f"{METRIC_TITLES[metric]} ÷ {BASELINE}", list(programs) + ["geomean"], {})
+        for name in shown:
+            values, lows, highs = [], [], []
+            for rows in [[program] for program in programs] + [list(programs)]:
+                value = between(table, rows, name, BASELINE, metric)
+                values.append(value.value)
+                lows.append(value.low)
+                highs.append(value.high)
+            panel.series[name], panel.low[name], panel.high[name] = values, lows, highs
+        panels.append(panel)
+    title = (f"Memory of real programs relative to {BASELINE} (lower is less)\nmedian of {repetitions} "
+             "interleaved run(s), whiskers = per-repetition range")
+    return ratio_bar_chart(panels, f"÷ {BASELINE}", title, out / "memory")
+
+
+def write_summary(out: Path, context: Context, workloads: Sequence[Workload], allocator_rows: Sequence[dict],
+                  repetitions: int, found: Sequence[Claim]) -> Path:
+    path = out / "summary.json"
+    path.write_text(json.dumps({
+        "experiment": NAME,
+        "mode": context.mode,
+        "repetitions": repetitions,
+        "machine": {"kernel": platform.release(), "machine": platform.machine(), "cpus": os.cpu_count()},
+        "allocators": list(allocator_rows),
+        "programs": [{"name": workload.name, "command": workload.command, "models": workload.pattern,
+                      "reference_output": workload.reference} for workload in workloads],
+        "claims": [dataclasses.asdict(claim) for claim in found],
+    }, indent=2, ensure_ascii=False) + "\n")
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# The experiment
+
+@dataclass(frozen=True)
+class RealApps:
+    name: str = NAME
+    title: str = "Real programs' memory"
+    paper: str = "Mesh §6.2.3 in spirit (SPEC and Firefox replaced by Debian programs)"
+
+    def run(self, context: Context) -> Outcome:
+        repetitions = context.repetitions(**REPETITIONS)
+        if repetitions < 1:
+            raise ExperimentUnavailable("the repetition count must be at least 1")
+        timeout = TIMEOUT_S[context.mode]
+        load_start = _load()
+        programs, missing = available_programs()
+        wanted = _names_from(PROGRAMS_VARIABLE)
+        if wanted:
+            unknown = [name for name in wanted if name not in [program.name for program in programs]]
+            if unknown:
+                raise ExperimentUnavailable(f"{PROGRAMS_VARIABLE}: unknown or missing program(s) {', '.join(unknown)}")
+            programs = [program for program in programs if program.name in wanted]
+        if not programs:
+            raise ExperimentUnavailable("none of the programs is installed: " + "; ".join(missing))
+
+        names = _names_from(ALLOCATORS_VARIABLE) or list(SMOKE_ALLOCATORS if context.mode == SMOKE else ALLOCATORS)
+        meshalloc = private_meshalloc_copy(context) if any(name.startswith("meshalloc") for name in names) else None
+        allocators, skipped = choose_allocators(names, meshalloc)
+        if not allocators:
+            raise ExperimentUnavailable("no allocator can run here: " + "; ".join(skipped))
+        allocator_names = [allocator.name for allocator in allocators]
+        notes = [f"Skipped allocator {line}" for line in skipped]
+        notes += [f"Skipped program {line}" for line in missing]
+        if BASELINE not in allocator_names:
+            notes.append(f"{BASELINE} did not run: no ratios, and the claims cannot be checked.")
+
+        with tempfile.TemporaryDirectory(prefix="meshalloc-real-apps-") as scratch:
+            workloads, failures = program_workloads(context, programs, Path(scratch), timeout)
+            if not workloads:
+                raise ExperimentUnavailable("no program runs here: " + "; ".join(failures))
+            context.log(f"{len(workloads)} programs × {len(allocators)} allocators × {repetitions} repetition(s)")
+            records = memory_pass(context, workloads, allocators, repetitions, timeout)
+        failures += [f"{record.workload} under {record.allocator} (repetition {record.repetition}): {record.status}"
+                     for record in records if not record.ok]
+
+        rows = [workload.name for workload in workloads]
+        table = build_table(rows, allocator_names, records)
+        found = claims(rows, table, checked=context.mode != SMOKE)
+
+        rates = [record.metric("hz") for record in records if record.metric("hz")]
+        caption = (f"Each allocator's PSS over {BASELINE}'s (median of {repetitions} interleaved repetition(s); in "
+                   "brackets the range of the per-repetition ratios); lower is less memory. PSS of the whole process "
+                   "tree sampled every 10 ms; mean = time-weighted over the run. 2y ÷ 0n: what meshing (with "
+                   "randomisation) saves over meshalloc without it.")
+        main = "\n".join([f"**Mean PSS** (× {BASELINE})", "", ratio_table(rows, allocator_names, table, "mean_pss"),
+                          f"**Peak PSS** (× {BASELINE})", "", ratio_table(rows, allocator_names, table, "peak_pss")])
+        if context.mode == SMOKE:
+            notes.append("Smoke mode: tiny inputs, one repetition — a check that everything runs, not a measurement.")
+        elif context.mode == QUICK:
+            notes.append("Quick mode: inputs a quarter to a third of the full size, so the programs' fixed start-up "
+                         "memory (interpreter, libraries, each allocator's own metadata) weighs more than in a full run, "
+                         "and runs of about half a second leave a background mesher little time to act.")
+        if rates:
+            notes.append(f"Samples achieved {min(rates):.0f}–{max(rates):.0f} Hz.")
+        notes += machine_notes(allocators, None, load_start)
+
+        out = context.out
+        files = [write_runs(out, records), write_table_tsv(out, rows, allocator_names, table)]
+        markdown = "\n".join([
+            f"# Real programs' memory ({context.mode} mode)", "", caption, "", main,
+            f"## Mean PSS, MiB (median, min–max over {repetitions} run(s))", "",
+            absolute_table(rows, allocator_names, table, "mean_pss"),
+            f"## Peak PSS, MiB (median, min–max over {repetitions} run(s))", "",
+            absolute_table(rows, allocator_names, table, "peak_pss"),
+            "## Claims", "",
+            markdown_table(["claim", "paper", "ours", "holds", "note"],
+                           ([claim.claim, claim.paper, claim.ours, {True: "yes", False: "no", None: "—"}[claim.holds],
+                             claim.note] for claim in found), left=5),
+            "## Programs", "",
+            markdown_table(["program", "models", "command"],
+                           ([workload.name, workload.pattern, f"`{workload.shown}`"] for workload in workloads),
+                           left=3),
+            "## Notes", "", *[f"- {note}" for note in notes + [f"failed: {line}" for line in failures]], "",
+        ])
+        table_md = out / "table.md"
+        table_md.write_text(markdown)
+        files.append(table_md)
+        files += figure(out, rows, allocator_names, table, repetitions)
+        files.append(write_summary(out, context, workloads,
+                                   [{"name": allocator.name, "library": str(allocator.library or ""),
+                                     "environment": dict(allocator.set_env)} for allocator in allocators],
+                                   repetitions, found))
+        files.append(out / "memory")
+        return Outcome(repetitions=repetitions, claims=found, table_md=caption + "\n\n" + main, files=files,
+                       failures=failures, notes=notes)
+
+
+EXPERIMENT = RealApps()

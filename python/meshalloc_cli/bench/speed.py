@@ -1,0 +1,934 @@
+"""`meshalloc bench speed`: how fast is meshalloc next to the allocators people would otherwise
+use? Ten microbenchmarks (bench/*.cc), each modelled on a well-known allocator stress pattern,
+and five real programs from Debian (programs.py), under glibc, jemalloc, mimalloc, tcmalloc and
+meshalloc with meshing off (1n, the configuration issue 2's speed targets are about) and on (2y,
+the default). The paper's §6.2 runtime-overhead statements are set beside the real programs'
+numbers. See docs/speed.md.
+
+Time and memory come from separate passes. The timing pass runs every workload under every
+allocator, interleaved (A B C ..., A B C ...), with nothing else watching: the microbenchmarks
+report the wall time of their own measured work, the programs are timed from fork to exit. The
+memory pass then runs each (workload, allocator) again under measure() for peak PSS. Sampling
+during the timing pass would read /proc/PID/smaps_rollup, which takes the program's mmap lock
+against the very mmap/munmap/madvise calls that distinguish allocators, and on a 2-CPU machine
+the sampler also takes CPU from the two-thread workloads: the slowdown would differ by
+allocator, a bias rather than noise, on runs of a tenth of a second.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from .. import allocators as allocator_registry
+from ..allocators import Allocator
+from ..compare import Stat
+from ..errors import MeshallocError
+from ..measure import MIB, RunResult
+from ..output import write_run
+from .framework import FULL, QUICK, SMOKE, Claim, Context, ExperimentUnavailable, Outcome
+from .programs import (BarPanel, Program, available_programs, geomean, markdown_table, memory_run, number,
+                       ratio_bar_chart, timed_run, write_tsv)
+
+NAME = "speed"
+ST, MT, PROGRAM = "st", "mt", "program"
+KIND_TITLES = {ST: "single-threaded microbenchmarks", MT: "multi-threaded microbenchmarks", PROGRAM: "real programs"}
+
+BASELINE = "mimalloc"
+MESH_OFF = "meshalloc:1n"  # issue 2's speed targets are about this configuration
+MESH_ON = "meshalloc:2y"  # the defaults: what a user gets
+GLIBC, JEMALLOC = "glibc", "jemalloc"
+ALLOCATORS = (GLIBC, JEMALLOC, BASELINE, "tcmalloc", MESH_OFF, MESH_ON)
+SMOKE_ALLOCATORS = (BASELINE, MESH_OFF)
+SHORT_NAMES = {MESH_OFF: "1n", MESH_ON: "2y"}
+
+# Environment variables that narrow a run (comma- or space-separated names).
+WORKLOADS_VARIABLE = "SPEED_WORKLOADS"
+ALLOCATORS_VARIABLE = "SPEED_ALLOCATORS"
+THREADS_VARIABLE = "SPEED_THREADS"
+
+# Multi-threaded workloads use one thread per CPU, at least 2 (else nothing is shared) and at
+# most 8 (beyond that a small machine measures its scheduler).
+MIN_THREADS, MAX_THREADS = 2, 8
+
+# The real programs' times spread by 10-50 % between runs on a shared 2-CPU machine, so even
+# quick mode takes five.
+TIME_REPETITIONS = {SMOKE: 1, QUICK: 5, FULL: 7}
+# The memory pass: peak memory of a deterministic workload varies far less between runs
+# than its time does, so fewer runs suffice.
+MEMORY_REPETITIONS = {SMOKE: 1, QUICK: 1, FULL: 2}
+# Microbenchmarks last 0.05-0.5 s: sample fast enough to see their peak. Programs last
+# 0.5-2 s: the paper's 100 Hz (mstat) is enough.
+MICRO_INTERVAL_S = 0.002
+PROGRAM_INTERVAL_S = 0.010
+TIMEOUT_S = {SMOKE: 60.0, QUICK: 300.0, FULL: 300.0}
+
+# Issue 2's targets for meshalloc 1n against mimalloc.
+TARGETS = {ST: 1.3, MT: 1.5}
+# The paper's runtime overheads (§6.2.1, §6.2.3; the artifact's README repeats them) and what
+# its README expects of Mesh "on different machines": ~10 % slowdown or less.
+PAPER_SPEC_TIME = 1.007  # SPECint2006 geomean, Mesh vs glibc
+PAPER_PERLBENCH_TIME = 1.039  # 400.perlbench, Mesh vs glibc
+PAPER_REDIS_TIME = (1.76, 1.72)  # insertion seconds, Mesh vs jemalloc (§6.2.2)
+OVERHEAD_TOLERANCE = 1.10
+
+LINE_FIELD = re.compile(r"(\w+)=(\S+)")
+
+
+@dataclass(frozen=True)
+class Microbenchmark:
+    name: str
+    kind: str
+    binary: str
+    arguments: Tuple[str, ...]  # "{threads}" and "{pairs}" are filled in
+    work_option: str  # the option that sets how much work a run does
+    work: Tuple[int, int, int]  # its value in smoke, quick, full
+    pattern: str  # the well-known stress pattern it is modelled on
+
+    def command(self, binary_dir: Path, context: Context, threads: int) -> List[str]:
+        pairs = max(2, threads // 2 * 2)
+        arguments = [argument.format(threads=threads, pairs=pairs) for argument in self.arguments]
+        return [str(binary_dir / self.binary), *arguments, f"{self.work_option}={context.pick(*self.work)}"]
+
+
+# Full sizes are the programs' defaults (about 0.15-0.5 s under mimalloc on 2 CPUs; churn-mt
+# halves churn's work per thread); quick does a quarter of the work, smoke 10-50 ms' (long enough
+# for the memory pass to take a few samples).
+MICROBENCHMARKS: Tuple[Microbenchmark, ...] = (
+    Microbenchmark("churn", ST, "churn", (), "--iterations", (40_000, 1_000_000, 4_000_000),
+                   "random-size churn (8 B-16 KiB) over a working set"),
+    Microbenchmark("mixlife", ST, "mixlife", (), "--iterations", (50_000, 250_000, 1_000_000),
+                   "long-lived objects amid short-lived temporaries"),
+    Microbenchmark("bigmix", ST, "bigmix", (), "--iterations", (3_000, 150_000, 600_000),
+                   "small, medium and large blocks in one working set"),
+    Microbenchmark("large", ST, "large", (), "--iterations", (30, 1_250, 5_000), "large blocks, 64 KiB-4 MiB"),
+    Microbenchmark("realloc", ST, "realloc", (), "--iterations", (10_000, 500_000, 2_000_000),
+                   "realloc growth: string builders and doubling arrays"),
+    Microbenchmark("churn-mt", MT, "churn", ("--threads={threads}",), "--iterations", (10_000, 500_000, 2_000_000),
+                   "threadtest: churn on every thread, nothing shared"),
+    Microbenchmark("larson", MT, "larson", ("--threads={threads}", "--iterations=30000"), "--generations",
+                   (5, 30, 100), "Larson & Krishnan: server-style exchange of blocks between threads"),
+    Microbenchmark("prodcons", MT, "prodcons", ("--threads={pairs}",), "--iterations",
+                   (100_000, 1_000_000, 4_000_000), "xmalloc-test: producer/consumer, every free on another thread"),
+    Microbenchmark("cache-scratch", MT, "cachescratch", ("--threads={threads}", "--repetitions=20000"),
+                   "--iterations", (50, 250, 1_000), "Hoard's cache-scratch: passive false sharing"),
+    Microbenchmark("cache-thrash", MT, "cachescratch", ("--threads={threads}", "--repetitions=20000", "--thrash=1"),
+                   "--iterations", (50, 250, 1_000), "Hoard's cache-thrash: active false sharing"),
+)
+
+
+@dataclass
+class Workload:
+    """One row of the table, ready to run under any allocator."""
+
+    name: str
+    kind: str  # ST, MT or PROGRAM
+    command: List[str]
+    cwd: Optional[Path]
+    env: Dict[str, str]
+    pattern: str
+    shown: str  # the command as the docs and tables show it: paths relative to the checkout
+    reference: Optional[str] = None  # a program's output without LD_PRELOAD, which every run must match
+
+    @property
+    def reports_time(self) -> bool:
+        """Microbenchmarks print the wall time of their measured work (start-up excluded)."""
+        return self.kind != PROGRAM
+
+
+@dataclass
+class TimeRecord:
+    workload: str
+    allocator: str
+    repetition: int
+    order: int
+    status: str
+    seconds: Optional[float]
+    maxrss_kb: Optional[float] = None
+    checksum: str = ""
+    detail: str = ""  # the microbenchmark's line, or a failed run's stderr
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+@dataclass
+class MemoryRecord:
+    workload: str
+    allocator: str
+    repetition: int
+    order: int
+    status: str
+    directory: Path
+    result: Optional[RunResult] = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def metric(self, name: str) -> Optional[float]:
+        if self.result is None:
+            return None
+        if name == "cgroup_peak":
+            return float(self.result.cgroup_kernel_peak) if self.result.cgroup_kernel_peak is not None else None
+        if name == "hz":
+            return self.result.achieved_rate
+        summary = self.result.summary("pss")
+        if summary is None:
+            return None
+        return {"peak_pss": float(summary.peak), "mean_pss": summary.mean}.get(name)
+
+
+@dataclass
+class Cell:
+    """One (workload, allocator): time and peak PSS over its successful runs, time over the
+    baseline's, and the per-repetition ratios (rep r against the baseline's rep r: the two
+    ran seconds apart, so a slow phase of the machine hits both)."""
+
+    time: Optional[Stat] = None
+    seconds: Dict[int, float] = field(default_factory=dict)  # repetition -> seconds, successful runs
+    ratio: Optional[float] = None
+    paired: Dict[int, float] = field(default_factory=dict)
+    peak_pss: Optional[Stat] = None
+    peak_ratio: Optional[float] = None
+    runs: int = 0
+    succeeded: int = 0
+
+    @property
+    def ratio_range(self) -> Optional[Tuple[float, float]]:
+        if not self.paired:
+            return None
+        return min(self.paired.values()), max(self.paired.values())
+
+
+Table = Dict[str, Dict[str, Cell]]  # workload -> allocator -> cell
+
+
+# ---------------------------------------------------------------------------------------------
+# What to run
+
+def _names_from(variable: str) -> Optional[List[str]]:
+    text = os.environ.get(variable, "")
+    names = [name for name in re.split(r"[,\s]+", text) if name]
+    return names or None
+
+
+def thread_count() -> int:
+    chosen = os.environ.get(THREADS_VARIABLE)
+    if chosen:
+        try:
+            return max(1, int(chosen))
+        except ValueError:
+            raise ExperimentUnavailable(f"{THREADS_VARIABLE} must be a number, not '{chosen}'") from None
+    return max(MIN_THREADS, min(MAX_THREADS, os.cpu_count() or MIN_THREADS))
+
+
+def private_meshalloc_copy(context: Context) -> Optional[Path]:
+    """A copy of libmeshalloc.so in the output directory, which every meshalloc run preloads:
+    a `make release` elsewhere during the experiment must not mix two builds in one table.
+    meshalloc-version.txt says which build it was."""
+    library = context.meshalloc_lib
+    if not library.is_file():
+        return None
+    copy = context.out / "libmeshalloc.so"
+    shutil.copy2(library, copy)
+    commit = _quiet(["git", "rev-parse", "HEAD"], context.root)
+    changed = len([line for line in _quiet(["git", "status", "--porcelain", "--", "src"], context.root).splitlines()
+                   if line.strip()])
+    built = datetime.fromtimestamp(library.stat().st_mtime).isoformat(sep=" ", timespec="seconds")
+    (context.out / "meshalloc-version.txt").write_text(
+        f"library: {library} ({built})\ncommit: {commit or 'unknown'}\n"
+        f"uncommitted changes under src/: {changed} file(s)\n")
+    return copy
+
+
+def _quiet(command: Sequence[str], cwd: Optional[Path] = None) -> str:
+    try:
+        return subprocess.run(list(command), cwd=cwd, capture_output=True, text=True, check=False).stdout.strip()
+    except OSError:
+        return ""
+
+
+def choose_allocators(names: Sequence[str], meshalloc: Optional[Path]) -> Tuple[List[Allocator], List[str]]:
+    """The allocators that can run here, and a note for each one that cannot."""
+    chosen: List[Allocator] = []
+    skipped: List[str] = []
+    for name in names:
+        try:
+            allocator = allocator_registry.resolve(name)
+        except MeshallocError as error:
+            skipped.append(f"{name}: {error}")
+            continue
+        if name.startswith("meshalloc"):
+            if meshalloc is None:
+                skipped.append(f"{name}: libmeshalloc.so is not built (`make release`)")
+                continue
+            allocator = dataclasses.replace(allocator, library=meshalloc)
+        chosen.append(allocator)
+    return chosen, skipped
+
+
+def check_meshalloc_configs(allocators: Sequence[Allocator], probe: Path) -> List[str]:
+    """Each meshalloc configuration must report the settings its name promises (the library
+    prints them with MESHALLOC_SHOW_OPTIONS); a warning for each one that does not."""
+    warnings = []
+    for allocator in allocators:
+        config = allocator.name.partition(":")[2]
+        if not allocator.name.startswith("meshalloc") or not config:
+            continue
+        env = allocator.environment(dict(os.environ, MESHALLOC_SHOW_OPTIONS="1"))
+        try:
+            shown = subprocess.run([str(probe), "--iterations=1", "--slots=1"], env=env, capture_output=True,
+                                   text=True, timeout=30, check=False).stderr
+        except (OSError, subprocess.TimeoutExpired) as error:
+            warnings.append(f"{allocator.name}: could not check its options ({error})")
+            continue
+        want_mesh = "true" if config[1] == "y" else "false"
+        if f"mesh = {want_mesh}" not in shown or f"randomize = {config[0]}" not in shown:
+            warnings.append(f"warning: {allocator.name} did not report mesh = {want_mesh}, randomize = {config[0]}")
+    return warnings
+
+
+def microbenchmark_workloads(context: Context, threads: int) -> List[Workload]:
+    binaries = context.build_dir / "bench"
+    missing = sorted({bench.binary for bench in MICROBENCHMARKS if not (binaries / bench.binary).is_file()})
+    if missing:
+        raise ExperimentUnavailable(f"the microbenchmarks are not built ({', '.join(missing)} missing in {binaries}; "
+                                    "run `make release`)")
+    workloads = []
+    for bench in MICROBENCHMARKS:
+        command = bench.command(binaries, context, threads)
+        workloads.append(Workload(bench.name, bench.kind, command, None, {}, bench.pattern,
+                                  shown_command(command, context.root, None)))
+    return workloads
+
+
+def shown_command(command: Sequence[str], root: Path, work: Optional[Path]) -> str:
+    """The command with the checkout's path left out and the scratch directory called WORK."""
+    text = " ".join(command)
+    if work is not None:
+        text = text.replace(str(work), "WORK")
+    return text.replace(str(root) + os.sep, "")
+
+
+def program_workloads(context: Context, programs: Sequence[Program], scratch: Path, timeout: float) -> Tuple[
+        List[Workload], List[str]]:
+    """The programs with their inputs built, each with the output of a run without any
+    preload (also a warm-up: binaries and inputs are in the page cache before the first timed
+    run). A program that fails even then is left out, with a failure line."""
+    system = allocator_registry.resolve("system")
+    workloads, failures = [], []
+    for program in programs:
+        work = scratch / program.name
+        work.mkdir()
+        context.log(f"preparing {program.name} (scale {program.scale(context)})")
+        try:
+            prepared = program.prepare(context.root, work, program.scale(context))
+        except (OSError, subprocess.CalledProcessError) as error:
+            failures.append(f"{program.name}: preparing its inputs failed: {error}")
+            continue
+        reference = timed_run(prepared.command, system, prepared.cwd, prepared.env, timeout)
+        if not reference.ok:
+            failures.append(f"{program.name}: fails without any preload ({reference.status}): {reference.stderr_tail}")
+            continue
+        workloads.append(Workload(program.name, PROGRAM, prepared.command, prepared.cwd, prepared.env, program.models,
+                                  shown_command(prepared.command, context.root, work),
+                                  reference=reference.stdout.strip()))
+    return workloads, failures
+
+
+# ---------------------------------------------------------------------------------------------
+# The two passes
+
+def parse_line(text: str) -> Dict[str, str]:
+    """The microbenchmarks' one line: `workload=churn threads=1 seconds=0.22 ... checksum=...`."""
+    for line in text.splitlines():
+        if "seconds=" in line:
+            return dict(LINE_FIELD.findall(line))
+    return {}
+
+
+def time_pass(context: Context, workloads: Sequence[Workload], allocators: Sequence[Allocator], repetitions: int,
+              timeout: float) -> List[TimeRecord]:
+    records: List[TimeRecord] = []
+    order = 0
+    for workload in workloads:
+        checksum_reference: Optional[str] = None
+        for repetition in range(1, repetitions + 1):
+            progress = []
+            for allocator in allocators:
+                order += 1
+                run = timed_run(workload.command, allocator, workload.cwd, workload.env, timeout)
+                record = TimeRecord(workload.name, allocator.name, repetition, order, run.status, None,
+                                    detail=run.stderr_tail)
+                if run.ok and workload.reports_time:
+                    fields = parse_line(run.stdout)
+                    record.detail = " ".join(f"{key}={value}" for key, value in fields.items())
+                    record.checksum = fields.get("checksum", "")
+                    record.maxrss_kb = _float(fields.get("maxrss_kb"))
+                    record.seconds = _float(fields.get("seconds"))
+                    if record.seconds is None:
+                        record.status = "no seconds= in its output"
+                    elif checksum_reference is None:
+                        checksum_reference = record.checksum
+                    elif record.checksum != checksum_reference:
+                        record.status, record.seconds = f"checksum {record.checksum} differs from the first run's", None
+                elif run.ok:
+                    record.seconds = run.seconds
+                    if run.stdout.strip() != workload.reference:
+                        record.status, record.seconds = "output differs from a run without preload", None
+                records.append(record)
+                progress.append(f"{allocator.name}={record.seconds:.3f}" if record.ok else
+                                f"{allocator.name}={record.status}")
+            context.log(f"time {workload.name} [{repetition}/{repetitions}] " + " ".join(progress))
+    return records
+
+
+def memory_pass(context: Context, workloads: Sequence[Workload], allocators: Sequence[Allocator], repetitions: int,
+                timeout: float) -> List[MemoryRecord]:
+    records: List[MemoryRecord] = []
+    order = 0
+    for workload in workloads:
+        interval = PROGRAM_INTERVAL_S if workload.kind == PROGRAM else MICRO_INTERVAL_S
+        for repetition in range(1, repetitions + 1):
+            progress = []
+            for allocator in allocators:
+                order += 1
+                directory = context.out / "memory" / workload.name / f"{_slug(allocator.name)}-r{repetition}"
+                directory.mkdir(parents=True)
+                record = MemoryRecord(workload.name, allocator.name, repetition, order, "ok", directory)
+                try:
+                    record.result = memory_run(workload.command, allocator, workload.cwd, workload.env, interval,
+                                               timeout, directory / "stdout.txt", directory / "stderr.txt")
+                except MeshallocError as error:
+                    record.status = f"cannot start: {error}"
+                else:
+                    write_run(record.result, directory)
+                    if record.result.interrupted:  # Ctrl-C reached the command: stop here, as compare does
+                        raise KeyboardInterrupt
+                    output = (directory / "stdout.txt").read_text(errors="replace").strip()
+                    if not record.result.succeeded:
+                        record.status = record.result.describe_exit()
+                    elif workload.reference is not None and output != workload.reference:
+                        record.status = "output differs from a run without preload"
+                records.append(record)
+                peak = record.metric("peak_pss")
+                progress.append(f"{allocator.name}={peak / MIB:.1f}MiB" if record.ok and peak else
+                                f"{allocator.name}={record.status if not record.ok else 'no sample'}")
+            context.log(f"memory {workload.name} [{repetition}/{repetitions}] " + " ".join(progress))
+    return records
+
+
+def _float(text: Optional[str]) -> Optional[float]:
+    try:
+        return float(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
+
+
+# ---------------------------------------------------------------------------------------------
+# Numbers
+
+def build_table(workloads: Sequence[Workload], allocators: Sequence[str], baseline: Optional[str],
+                times: Sequence[TimeRecord], memory: Sequence[MemoryRecord]) -> Table:
+    table: Table = {}
+    for workload in workloads:
+        row: Dict[str, Cell] = {}
+        for name in allocators:
+            mine = [record for record in times if record.workload == workload.name and record.allocator == name]
+            good = [record for record in mine if record.ok]
+            peaks = [record.metric("peak_pss") for record in memory
+                     if record.workload == workload.name and record.allocator == name and record.ok]
+            row[name] = Cell(time=Stat.of([record.seconds for record in good]),
+                             seconds={record.repetition: record.seconds for record in good},
+                             peak_pss=Stat.of(peaks), runs=len(mine), succeeded=len(good))
+        base = row.get(baseline) if baseline else None
+        for cell in row.values():
+            if base and base.time and cell.time and base.time.median > 0:
+                cell.ratio = cell.time.median / base.time.median
+                cell.paired = paired_ratios(cell, base)
+            if base and base.peak_pss and cell.peak_pss and base.peak_pss.median > 0:
+                cell.peak_ratio = cell.peak_pss.median / base.peak_pss.median
+        table[workload.name] = row
+    return table
+
+
+def paired_ratios(mine: Cell, theirs: Cell) -> Dict[int, float]:
+    return {repetition: seconds / theirs.seconds[repetition] for repetition, seconds in mine.seconds.items()
+            if theirs.seconds.get(repetition)}
+
+
+@dataclass
+class Geomean:
+    value: Optional[float]
+    low: Optional[float] = None  # geomeans of the per-repetition ratios, where every row has one
+    high: Optional[float] = None
+    rows: int = 0
+
+
+def geomean_of(table: Table, rows: Sequence[str], allocator: str, attribute: str = "ratio") -> Geomean:
+    """Geometric mean over rows of an allocator's ratio to the baseline (or of its peak-memory
+    ratio). For time, low/high are the extremes of the per-repetition geomeans."""
+    cells = [table[row][allocator] for row in rows if allocator in table.get(row, {})]
+    values = [getattr(cell, attribute) for cell in cells if getattr(cell, attribute) is not None]
+    result = Geomean(geomean(values), rows=len(values))
+    if attribute == "ratio" and cells and len(values) == len(cells):
+        _spread(result, [cell.paired for cell in cells])
+    return result
+
+
+def _spread(result: Geomean, paired: Sequence[Dict[int, float]]) -> None:
+    """low/high: the geomean over the rows of repetition r's ratios, lowest and highest r
+    (only repetitions every row has)."""
+    if not paired:
+        return
+    repetitions = set.intersection(*(set(ratios) for ratios in paired))
+    per_repetition = [geomean(ratios[repetition] for ratios in paired) for repetition in sorted(repetitions)]
+    per_repetition = [value for value in per_repetition if value is not None]
+    if len(per_repetition) > 1:
+        result.low, result.high = min(per_repetition), max(per_repetition)
+
+
+# ---------------------------------------------------------------------------------------------
+# Text
+
+def stat_text(stat: Optional[Stat], scale: float = 1.0, decimals: int = 3) -> str:
+    if stat is None:
+        return "—"
+    text = f"{stat.median / scale:.{decimals}f}"
+    if round(stat.low / scale, decimals) != round(stat.high / scale, decimals):
+        text += f" ({stat.low / scale:.{decimals}f}–{stat.high / scale:.{decimals}f})"
+    return text
+
+
+def ratio_cell(cell: Optional[Cell], bold_above: Optional[float] = None) -> str:
+    if cell is None or cell.ratio is None:
+        return "—" if cell is None or cell.succeeded else "failed"
+    text = f"{cell.ratio:.2f}"
+    if bold_above is not None and cell.ratio > bold_above:
+        text = f"**{text}**"
+    spread = cell.ratio_range
+    if spread and len(cell.paired) > 1 and f"{spread[0]:.2f}" != f"{spread[1]:.2f}":
+        text += f" ({spread[0]:.2f}–{spread[1]:.2f})"
+    return text
+
+
+def geomean_cell(value: Geomean) -> str:
+    if value.value is None:
+        return "—"
+    text = f"{value.value:.2f}"
+    if value.low is not None and value.high is not None and f"{value.low:.2f}" != f"{value.high:.2f}":
+        text += f" ({value.low:.2f}–{value.high:.2f})"
+    return text
+
+
+def target_verdict(kind: str, cell: Optional[Cell]) -> str:
+    limit = TARGETS.get(kind)
+    if limit is None:
+        return ""
+    if cell is None:
+        return "—"
+    if cell.ratio is None:
+        return "failed" if cell.runs and not cell.succeeded else "—"
+    return f"ok (≤ {limit})" if cell.ratio <= limit else f"MISS (≤ {limit})"
+
+
+def groups_present(workloads: Sequence[Workload]) -> List[Tuple[str, List[str]]]:
+    groups = []
+    for kind in (ST, MT, PROGRAM):
+        rows = [workload.name for workload in workloads if workload.kind == kind]
+        if rows:
+            groups.append((kind, rows))
+    return groups
+
+
+def ratio_table(workloads: Sequence[Workload], names: Sequence[str], baseline: Optional[str], table: Table) -> str:
+    """The main table: each allocator's median time over the baseline's, per workload, with
+    the range of the per-repetition ratios; geometric means per group and overall."""
+    shown = [name for name in names if name != baseline]
+    header = ["workload", "kind", f"{baseline} s" if baseline else "time s"] + [f"{name} ×" for name in shown]
+    if MESH_OFF in shown:
+        header.append("1n target")
+    rows = []
+    for workload in workloads:
+        cells = table[workload.name]
+        base = cells.get(baseline) if baseline else None
+        row = [workload.name, workload.kind, stat_text(base.time) if base else "—"]
+        row += [ratio_cell(cells.get(name), TARGETS.get(workload.kind) if name == MESH_OFF else None) for name in shown]
+        if MESH_OFF in shown:
+            row.append(target_verdict(workload.kind, cells.get(MESH_OFF)))
+        rows.append(row)
+    groups = groups_present(workloads)
+    every = [workload.name for workload in workloads]
+    summaries = [(f"geomean {kind}", members) for kind, members in groups] + [("geomean all", every)]
+    for label, members in summaries:
+        row = [f"**{label}**", "", ""] + [geomean_cell(geomean_of(table, members, name)) for name in shown]
+        if MESH_OFF in shown:
+            row.append("")
+        rows.append(row)
+    return markdown_table(header, rows, left=2)
+
+
+def seconds_table(workloads: Sequence[Workload], names: Sequence[str], table: Table) -> str:
+    header = ["workload", "kind"] + names
+    rows = []
+    for workload in workloads:
+        row = [workload.name, workload.kind]
+        for name in names:
+            cell = table[workload.name].get(name)
+            text = stat_text(cell.time) if cell else "—"
+            if cell and cell.runs > cell.succeeded:
+                text += f" ({cell.runs - cell.succeeded} failed)"
+            row.append(text)
+        rows.append(row)
+    return markdown_table(header, rows, left=2)
+
+
+def memory_table(workloads: Sequence[Workload], names: Sequence[str], baseline: Optional[str], table: Table) -> str:
+    header = ["workload", "kind"] + [f"{name} MiB" for name in names]
+    rows = []
+    for workload in workloads:
+        rows.append([workload.name, workload.kind] + [stat_text(table[workload.name][name].peak_pss, MIB, 1)
+                                                      if name in table[workload.name] else "—" for name in names])
+    every = [workload.name for workload in workloads]
+    if baseline:
+        rows.append([f"**geomean × {baseline}**", ""] + [
+            f"{value:.2f}" if (value := geomean_of(table, every, name, "peak_ratio").value) is not None else "—"
+            for name in names])
+    return markdown_table(header, rows, left=2)
+
+
+def workloads_table(workloads: Sequence[Workload]) -> str:
+    return markdown_table(["workload", "kind", "models", "command"],
+                          ([workload.name, workload.kind, workload.pattern, f"`{workload.shown}`"]
+                           for workload in workloads), left=4)
+
+
+# ---------------------------------------------------------------------------------------------
+# Claims
+
+def claims(workloads: Sequence[Workload], table: Table, baseline: Optional[str], checked: bool) -> List[Claim]:
+    result: List[Claim] = []
+
+    def add(claim: str, paper: str, ours: str, holds: Optional[bool], note: str = "") -> None:
+        if not checked:
+            holds, note = None, "smoke run (tiny parameters): not checked" + (f"; {note}" if note else "")
+        elif holds is None and "—" in ours and not note:
+            note = "not measured here (an allocator is missing or failed)"
+        result.append(Claim(claim, paper, ours, holds, note))
+
+    for kind, rows in groups_present(workloads):
+        if kind not in TARGETS:
+            continue
+        limit = TARGETS[kind]
+        cells = [(row, table[row].get(MESH_OFF)) for row in rows]
+        measured = [(row, cell) for row, cell in cells if cell is not None and cell.ratio is not None]
+        claim = f"meshalloc 1n time vs mimalloc, each {KIND_TITLES[kind][:-1]} ({len(rows)})"
+        paper = f"≤ {limit:.1f}× on every one (issue 2's target)"
+        if baseline != BASELINE or not measured:
+            add(claim, paper, "—", None)
+            continue
+        worst_row, worst = max(measured, key=lambda item: item[1].ratio)
+        spread = worst.ratio_range
+        ours = f"worst {worst.ratio:.2f}× ({worst_row}"
+        ours += f", {spread[0]:.2f}–{spread[1]:.2f} over {len(worst.paired)} runs)" if spread and len(
+            worst.paired) > 1 else ")"
+        misses = [row for row, cell in measured if cell.ratio > limit]
+        ours += f"; {len(misses)} of {len(rows)} over" + (f": {', '.join(misses)}" if misses else "")
+        complete = len(measured) == len(rows)
+        add(claim, paper, ours, (not misses) if complete else (False if misses else None),
+            "" if complete else f"{len(rows) - len(measured)} workload(s) not measured")
+
+    programs = [workload.name for workload in workloads if workload.kind == PROGRAM]
+    if programs:
+        spirit = "in spirit: Debian programs here, SPECint2006 in the paper; holds when within the artifact's " \
+                 f"expected ~10 % (≤ {OVERHEAD_TOLERANCE:.2f}×)"
+        mesh_vs_glibc = _geomean_between(table, programs, MESH_ON, GLIBC)
+        ours = _ratio_claim_text(mesh_vs_glibc, "geomean over", len(programs))
+        add("meshalloc 2y time vs glibc, geomean of the real programs",
+            f"{PAPER_SPEC_TIME:.3f}× (SPECint2006, +0.7 %)", ours,
+            mesh_vs_glibc.value <= OVERHEAD_TOLERANCE if mesh_vs_glibc.value else None, spirit)
+        if "perl" in programs:
+            perl = _geomean_between(table, ["perl"], MESH_ON, GLIBC)
+            add("meshalloc 2y time vs glibc, perl", f"{PAPER_PERLBENCH_TIME:.3f}× (400.perlbench, +3.9 %)",
+                _ratio_claim_text(perl, "", 1), perl.value <= OVERHEAD_TOLERANCE if perl.value else None,
+                f"in spirit: our mail-filtering Perl script, not perlbench; holds when ≤ {OVERHEAD_TOLERANCE:.2f}×")
+        mesh_vs_je = _geomean_between(table, programs, MESH_ON, JEMALLOC)
+        mesh_s, je_s = PAPER_REDIS_TIME
+        add("meshalloc 2y time vs jemalloc, geomean of the real programs",
+            f"≈1.00–1.02× (Firefox: < 1 % Speedometer; Redis insertion {mesh_s} s vs {je_s} s)",
+            _ratio_claim_text(mesh_vs_je, "geomean over", len(programs)),
+            mesh_vs_je.value <= OVERHEAD_TOLERANCE if mesh_vs_je.value else None,
+            f"in spirit: Debian programs, not Firefox or Redis; holds when ≤ {OVERHEAD_TOLERANCE:.2f}×")
+    return result
+
+
+def _geomean_between(table: Table, rows: Sequence[str], mine: str, theirs: str) -> Geomean:
+    """Geometric mean over rows of mine's median time over theirs, with the range of the
+    per-repetition geomeans (rep r against rep r) where every row has both."""
+    ratios, paired = [], []
+    for row in rows:
+        a, b = table.get(row, {}).get(mine), table.get(row, {}).get(theirs)
+        if a and b and a.time and b.time and b.time.median > 0:
+            ratios.append(a.time.median / b.time.median)
+            paired.append(paired_ratios(a, b))
+    result = Geomean(geomean(ratios), rows=len(ratios))
+    if len(ratios) == len(rows):
+        _spread(result, paired)
+    return result
+
+
+def _ratio_claim_text(value: Geomean, what: str, rows: int) -> str:
+    if value.value is None:
+        return "—"
+    text = f"{value.value:.3f}×"
+    details = []
+    if value.low is not None and value.high is not None:
+        details.append(f"per repetition {value.low:.3f}–{value.high:.3f}")
+    if what:
+        details.append(f"{what} {value.rows} of {rows} programs")
+    return text + (f" ({'; '.join(details)})" if details else "")
+
+
+# ---------------------------------------------------------------------------------------------
+# Files
+
+def write_runs(out: Path, times: Sequence[TimeRecord], memory: Sequence[MemoryRecord]) -> List[Path]:
+    time_tsv = write_tsv(out / "runs.tsv", ["workload", "allocator", "repetition", "order", "status", "seconds",
+                                           "maxrss_kb", "checksum", "detail"],
+                         ([record.workload, record.allocator, str(record.repetition), str(record.order),
+                           record.status, number(record.seconds), number(record.maxrss_kb), record.checksum,
+                           " ".join(record.detail.split())] for record in times))
+    memory_tsv = write_tsv(out / "memory-runs.tsv", ["workload", "allocator", "repetition", "order", "status",
+                                                     "peak_pss_bytes", "mean_pss_bytes", "cgroup_peak_bytes",
+                                                     "wall_s", "samples", "hz", "samples_tsv"],
+                           ([record.workload, record.allocator, str(record.repetition), str(record.order),
+                             record.status, number(record.metric("peak_pss")), number(record.metric("mean_pss")),
+                             number(record.metric("cgroup_peak")),
+                             number(record.result.wall_time if record.result else None),
+                             str(len(record.result.samples)) if record.result else "",
+                             number(record.metric("hz")),
+                             str((record.directory / "samples.tsv").relative_to(out)) if record.result else ""]
+                            for record in memory))
+    return [time_tsv, memory_tsv]
+
+
+def write_table_tsv(out: Path, workloads: Sequence[Workload], names: Sequence[str], table: Table) -> Path:
+    rows = []
+    for workload in workloads:
+        for name in names:
+            cell = table[workload.name].get(name)
+            if cell is None:
+                continue
+            spread = cell.ratio_range or (None, None)
+            rows.append([workload.name, workload.kind, name, str(cell.runs), str(cell.succeeded),
+                         *(number(getattr(cell.time, key)) if cell.time else "" for key in ("median", "low", "high")),
+                         number(cell.ratio), number(spread[0]), number(spread[1]),
+                         *(number(getattr(cell.peak_pss, key)) if cell.peak_pss else ""
+                           for key in ("median", "low", "high")), number(cell.peak_ratio)])
+    return write_tsv(out / "table.tsv", ["workload", "kind", "allocator", "runs", "succeeded", "seconds",
+                                         "seconds_min", "seconds_max", "time_ratio", "time_ratio_min",
+                                         "time_ratio_max", "peak_pss_bytes", "peak_pss_min", "peak_pss_max",
+                                         "peak_ratio"], rows)
+
+
+def figure(out: Path, workloads: Sequence[Workload], names: Sequence[str], baseline: Optional[str],
+           table: Table, repetitions: int) -> List[Path]:
+    shown = [name for name in names if name != baseline]
+    panels = []
+    for title, kinds in (("microbenchmarks", (ST, MT)), ("real programs", (PROGRAM,))):
+        rows = [workload.name for workload in workloads if workload.kind in kinds]
+        if not rows:
+            continue
+        panel = BarPanel(title, rows + ["geomean"], {})
+        for name in shown:
+            cells = [table[row].get(name) for row in rows]
+            mean = geomean_of(table, rows, name)
+            panel.series[name] = [cell.ratio if cell else None for cell in cells] + [mean.value]
+            panel.low[name] = [(cell.ratio_range or (None, None))[0] if cell else None for cell in cells] + [mean.low]
+            panel.high[name] = [(cell.ratio_range or (None, None))[1] if cell else None for cell in cells] + [mean.high]
+        panels.append(panel)
+    if not panels or not baseline:
+        return []
+    title = (f"Time relative to {baseline} (lower is faster)\nmedian of {repetitions} interleaved run(s), "
+             "whiskers = per-repetition range")
+    return ratio_bar_chart(panels, f"time ÷ {baseline}", title, out / "speed")
+
+
+def machine_notes(allocators: Sequence[Allocator], threads: Optional[int], load_start: str) -> List[str]:
+    cpu = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.partition(":")[2].strip()
+                break
+    except OSError:
+        pass
+    versions = []
+    for allocator in allocators:
+        package = allocator_registry.SYSTEM_ALLOCATORS.get(allocator.name, (None, None))[1]
+        version = _quiet(["dpkg-query", "-W", "-f", "${Version}", package]) if package else ""
+        if version:
+            versions.append(f"{allocator.name} {version}")
+    text = f"Machine: {cpu or platform.machine()}, {os.cpu_count()} CPUs, Linux {platform.release()}. "
+    if threads is not None:
+        text += (f"{threads} threads for the multi-threaded microbenchmarks "
+                 f"(prodcons: {max(2, threads // 2 * 2)}). ")
+    text += f"Load average at the start {load_start}, at the end {_load()}."
+    return [text + (f" Packages: {', '.join(versions)}." if versions else "")]
+
+
+def _load() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "?"
+
+
+# ---------------------------------------------------------------------------------------------
+# The experiment
+
+@dataclass(frozen=True)
+class Speed:
+    name: str = NAME
+    title: str = "Allocator speed: microbenchmarks and real programs"
+    paper: str = "Mesh §6.2 (runtime overhead); issue 2's speed targets"
+
+    def run(self, context: Context) -> Outcome:
+        repetitions = context.repetitions(**TIME_REPETITIONS)
+        if repetitions < 1:
+            raise ExperimentUnavailable("the repetition count must be at least 1")
+        memory_repetitions = min(repetitions, MEMORY_REPETITIONS[context.mode])
+        timeout = TIMEOUT_S[context.mode]
+        threads = thread_count()
+        load_start = _load()
+
+        workloads = microbenchmark_workloads(context, threads)
+        programs, missing_programs = available_programs()
+        wanted = _names_from(WORKLOADS_VARIABLE)
+        if wanted:
+            known = [bench.name for bench in MICROBENCHMARKS] + [program.name for program in programs]
+            unknown = [name for name in wanted if name not in known]
+            if unknown:
+                raise ExperimentUnavailable(f"{WORKLOADS_VARIABLE}: unknown workload(s) {', '.join(unknown)} "
+                                            f"(known here: {', '.join(known)})")
+            workloads = [workload for workload in workloads if workload.name in wanted]
+            programs = [program for program in programs if program.name in wanted]
+
+        names = _names_from(ALLOCATORS_VARIABLE) or list(SMOKE_ALLOCATORS if context.mode == SMOKE else ALLOCATORS)
+        meshalloc = private_meshalloc_copy(context) if any(name.startswith("meshalloc") for name in names) else None
+        allocators, skipped = choose_allocators(names, meshalloc)
+        if not allocators:
+            raise ExperimentUnavailable("no allocator can run here: " + "; ".join(skipped))
+        allocator_names = [allocator.name for allocator in allocators]
+        baseline = BASELINE if BASELINE in allocator_names else None
+        notes = [f"Skipped allocator {line}" for line in skipped]
+        notes += [f"Skipped program {line}" for line in missing_programs]
+        if baseline is None:
+            notes.append(f"{BASELINE} did not run, so there are no ratios and no claims can be checked.")
+        notes += check_meshalloc_configs(allocators, context.build_dir / "bench" / "churn")
+
+        failures: List[str] = []
+        with tempfile.TemporaryDirectory(prefix="meshalloc-speed-") as scratch:
+            program_rows, program_failures = program_workloads(context, programs, Path(scratch), timeout)
+            failures += program_failures
+            workloads = workloads + program_rows
+            if not workloads:
+                raise ExperimentUnavailable("nothing to run: " + "; ".join(program_failures or ["no workloads"]))
+            context.log(f"{len(workloads)} workloads × {len(allocators)} allocators: {repetitions} timed "
+                        f"repetition(s), then {memory_repetitions} for memory; {threads} threads")
+            times = time_pass(context, workloads, allocators, repetitions, timeout)
+            memory = memory_pass(context, workloads, allocators, memory_repetitions, timeout)
+
+        failures += [f"time: {record.workload} under {record.allocator} (repetition {record.repetition}): "
+                     f"{record.status}" + (f": {record.detail[:200]}" if record.detail else "")
+                     for record in times if not record.ok]
+        failures += [f"memory: {record.workload} under {record.allocator} (repetition {record.repetition}): "
+                     f"{record.status}" for record in memory if not record.ok]
+        unsampled = [f"{record.workload} under {record.allocator}" for record in memory
+                     if record.ok and record.metric("peak_pss") is None]
+        if unsampled:
+            notes.append("Ended before the memory sampler's first sample (no peak PSS): " + ", ".join(unsampled))
+        table = build_table(workloads, allocator_names, baseline, times, memory)
+        found = claims(workloads, table, baseline, checked=context.mode != SMOKE)
+
+        main = ratio_table(workloads, allocator_names, baseline, table)
+        caption = (f"Time of each allocator over {baseline}'s (median of {repetitions} interleaved repetition(s); "
+                   "in brackets the range of the per-repetition ratios); lower is faster. Microbenchmarks: the "
+                   "wall time of their measured work; programs: fork to exit. Geomeans are over the rows each "
+                   "allocator completed.") if baseline else "No baseline ran: no ratios."
+        if context.mode == QUICK:
+            notes.append("Quick mode: the microbenchmarks do a quarter of their full work and the programs a quarter "
+                         "to a third, so start-up and first-touch page faults weigh more than in a full run.")
+        if context.mode == SMOKE:
+            notes.append("Smoke mode: tiny parameters, one repetition — a check that everything runs, not a "
+                         "measurement.")
+        notes.append(f"Memory: peak PSS from a separate pass of {memory_repetitions} run(s) per workload and "
+                     f"allocator, sampled every {MICRO_INTERVAL_S * 1000:g} ms (microbenchmarks) or "
+                     f"{PROGRAM_INTERVAL_S * 1000:g} ms (programs); the timing pass is not sampled (docs/speed.md).")
+        notes += machine_notes(allocators, threads, load_start)
+
+        out = context.out
+        files = write_runs(out, times, memory)
+        files.append(write_table_tsv(out, workloads, allocator_names, table))
+        markdown = "\n".join([
+            f"# Allocator speed ({context.mode} mode)", "",
+            caption, "", main,
+            f"## Median seconds (min–max over {repetitions} run(s))", "", seconds_table(workloads, allocator_names,
+                                                                                      table),
+            f"## Peak PSS, MiB (median, min–max over {memory_repetitions} run(s) of the memory pass)", "",
+            memory_table(workloads, allocator_names, baseline, table),
+            "## Claims", "",
+            markdown_table(["claim", "paper / target", "ours", "holds", "note"],
+                           ([claim.claim, claim.paper, claim.ours,
+                             {True: "yes", False: "no", None: "—"}[claim.holds], claim.note] for claim in found),
+                           left=5),
+            "## Workloads", "", workloads_table(workloads),
+            "## Notes", "", *[f"- {note}" for note in notes + [f"failed: {line}" for line in failures]], "",
+        ])
+        table_md = out / "table.md"
+        table_md.write_text(markdown)
+        files.append(table_md)
+        files += figure(out, workloads, allocator_names, baseline, table, repetitions)
+        files.append(write_summary(out, context, workloads, allocators, repetitions, memory_repetitions, threads,
+                                   found))
+        files.append(out / "memory")
+        return Outcome(repetitions=repetitions, claims=found, table_md=caption + "\n\n" + main, files=files,
+                       failures=failures, notes=notes)
+
+
+def write_summary(out: Path, context: Context, workloads: Sequence[Workload], allocators: Sequence[Allocator],
+                  repetitions: int, memory_repetitions: int, threads: int, found: Sequence[Claim]) -> Path:
+    path = out / "summary.json"
+    path.write_text(json.dumps({
+        "experiment": NAME,
+        "mode": context.mode,
+        "repetitions": repetitions,
+        "memory_repetitions": memory_repetitions,
+        "threads": threads,
+        "machine": {"kernel": platform.release(), "machine": platform.machine(), "cpus": os.cpu_count()},
+        "allocators": [{"name": allocator.name, "library": str(allocator.library or ""),
+                        "environment": dict(allocator.set_env)} for allocator in allocators],
+        "workloads": [{"name": workload.name, "kind": workload.kind, "command": workload.command,
+                       "pattern": workload.pattern, "reference_output": workload.reference} for workload in workloads],
+        "claims": [dataclasses.asdict(claim) for claim in found],
+    }, indent=2, ensure_ascii=False) + "\n")
+    return path
+
+
+EXPERIMENT = Speed()

@@ -1,0 +1,136 @@
+"""`meshalloc bench real-apps` in smoke mode: every installed real program at its smallest size,
+one repetition, glibc and meshalloc 2y (a few seconds). Checks that every output exists and is
+well formed and that the claims are there, unchecked. Also the geomean and claim arithmetic on
+made-up runs, and that the generated inputs (SQL, git history) are deterministic."""
+
+from __future__ import annotations
+
+import csv
+import json
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+
+import pytest
+from conftest import run_meshalloc
+
+from meshalloc_cli import paths
+from meshalloc_cli.bench import EXPERIMENT_MODULES, programs, real_apps
+from meshalloc_cli.bench.speed import MemoryRecord
+from meshalloc_cli.measure import MetricSummary
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+SVG_TAG = "{http://www.w3.org/2000/svg}svg"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def read_tsv(path: Path):
+    with open(path, newline="") as handle:
+        rows = list(csv.reader(handle, delimiter="\t"))
+    assert rows, f"{path} is empty"
+    for row in rows[1:]:
+        assert len(row) == len(rows[0]), f"ragged row in {path}: {row}"
+    return rows[0], [dict(zip(rows[0], row)) for row in rows[1:]]
+
+
+def installed():
+    return [program.name for program in programs.PROGRAMS if program.available()]
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory) -> Path:
+    if not installed():
+        pytest.skip("none of python3, ruby, perl, sqlite3, git is installed")
+    build = paths.build_directory() or ROOT / paths.DEFAULT_BUILD_SUBDIR
+    if not (build / paths.MESHALLOC_LIBRARY).is_file():
+        pytest.skip(f"libmeshalloc.so is not built in {build} (`make release`)")
+    out = tmp_path_factory.mktemp("bench")
+    completed = run_meshalloc("bench", "--smoke", "real-apps", "--out", str(out))
+    assert completed.returncode == 0, completed.stderr
+    return out / "real-apps"
+
+
+def test_experiment_is_registered():
+    assert EXPERIMENT_MODULES["real-apps"] == "real_apps"
+    assert real_apps.EXPERIMENT.name == "real-apps"
+    assert real_apps.EXPERIMENT.title and real_apps.EXPERIMENT.paper
+
+
+def test_smoke_outcome(smoke):
+    outcome = json.loads((smoke / "outcome.json").read_text())
+    assert outcome["status"] == "ran", outcome["reason"]
+    assert outcome["repetitions"] == 1
+    assert outcome["failures"] == []
+    assert "**Mean PSS**" in outcome["table_md"] and "**Peak PSS**" in outcome["table_md"]
+    assert "| program | glibc MiB | meshalloc:2y × |" in outcome["table_md"]
+    claims = outcome["claims"]
+    assert claims[0]["claim"] == "meshalloc 2y mean memory vs glibc, geomean of the real programs"
+    assert all(claim["holds"] is None and "smoke" in claim["note"] for claim in claims)
+    assert "memory.png" in outcome["files"]
+
+
+def test_smoke_runs_and_samples(smoke):
+    _, runs = read_tsv(smoke / "runs.tsv")
+    assert sorted({run["program"] for run in runs}) == sorted(installed())
+    assert {run["allocator"] for run in runs} == set(real_apps.SMOKE_ALLOCATORS)
+    for run in runs:
+        assert run["status"] == "ok"
+        assert 0 < float(run["mean_pss_bytes"]) <= int(run["peak_pss_bytes"])
+        header, samples = read_tsv(smoke / run["samples_tsv"])
+        assert header[:2] == ["time_s", "pss_bytes"] and samples
+
+
+def test_smoke_table_and_figure(smoke):
+    header, rows = read_tsv(smoke / "table.tsv")
+    assert header[:4] == ["program", "allocator", "runs", "succeeded"]
+    glibc = [row for row in rows if row["allocator"] == "glibc"]
+    assert glibc and all(float(row["mean_pss_ratio_to_glibc"]) == 1.0 for row in glibc)
+    markdown = (smoke / "table.md").read_text()
+    for heading in ("## Mean PSS, MiB", "## Peak PSS, MiB", "## Claims", "## Programs", "## Notes"):
+        assert heading in markdown
+    assert (smoke / "memory.png").read_bytes().startswith(PNG_SIGNATURE)
+    assert ElementTree.parse(smoke / "memory.svg").getroot().tag == SVG_TAG
+
+
+# -- arithmetic on made-up runs ------------------------------------------------------------
+
+class FakeResult:
+    def __init__(self, mean, peak):
+        self.summaries = {"pss": MetricSummary(mean=mean, peak=peak, final=peak)}
+        self.cgroup_kernel_peak = None
+        self.achieved_rate = 100.0
+
+    def summary(self, metric):
+        return self.summaries.get(metric)
+
+
+def record(program, allocator, repetition, mean, peak):
+    return MemoryRecord(program, allocator, repetition, 0, "ok", Path("."), FakeResult(mean, peak))
+
+
+def test_geomeans_and_claims_judge_the_direction():
+    records = [record("perl", "glibc", 1, 100, 200), record("perl", "glibc", 2, 100, 200),
+               record("perl", "meshalloc:2y", 1, 90, 150), record("perl", "meshalloc:2y", 2, 80, 150),
+               record("perl", "jemalloc", 1, 100, 200), record("perl", "jemalloc", 2, 100, 200),
+               record("git", "glibc", 1, 50, 60), record("git", "glibc", 2, 50, 60),
+               record("git", "meshalloc:2y", 1, 55, 70), record("git", "meshalloc:2y", 2, 55, 70),
+               record("git", "jemalloc", 1, 40, 60), record("git", "jemalloc", 2, 40, 60)]
+    names = ["glibc", "jemalloc", "meshalloc:2y"]
+    table = real_apps.build_table(["perl", "git"], names, records)
+    assert table["perl"]["meshalloc:2y"].ratios["mean_pss"] == pytest.approx(0.85)
+    mean = real_apps.between(table, ["perl", "git"], "meshalloc:2y", "glibc", "mean_pss")
+    assert mean.value == pytest.approx((0.85 * 1.1) ** 0.5)
+    assert mean.low == pytest.approx((0.8 * 1.1) ** 0.5) and mean.high == pytest.approx((0.9 * 1.1) ** 0.5)
+    found = {claim.claim: claim for claim in real_apps.claims(["perl", "git"], table, checked=True)}
+    assert found["meshalloc 2y mean memory vs glibc, geomean of the real programs"].holds is True
+    assert found["meshalloc 2y peak memory vs glibc, perl"].holds is True
+    assert found["meshalloc 2y mean memory vs jemalloc, geomean of the real programs"].holds is False
+    markdown = real_apps.ratio_table(["perl", "git"], names, table, "mean_pss")
+    assert "| perl | 0.0 | 1.00 | 0.85 (0.80–0.90) |" in markdown
+
+
+def test_generated_inputs_are_deterministic(tmp_path):
+    programs.write_sql(tmp_path / "a.sql", 1)
+    programs.write_sql(tmp_path / "b.sql", 1)
+    assert (tmp_path / "a.sql").read_bytes() == (tmp_path / "b.sql").read_bytes()
+    assert programs.fast_import_stream(1) == programs.fast_import_stream(1)
+    assert programs.fast_import_stream(1).count(b"\ncommit refs/heads/main") == programs.GIT_COMMITS_PER_SCALE - 1

@@ -1,0 +1,157 @@
+"""`meshalloc bench redis-lru` in smoke mode: a few thousand keys, about a second per server,
+on whatever Redis there is (the source builds if cached, else Debian's redis-server). Checks
+that every output exists and is well formed and that the claims are there, unchecked. Also the
+claims' arithmetic on made-up numbers, which needs no Redis at all."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+
+import pytest
+from conftest import run_meshalloc
+
+from meshalloc_cli.bench import EXPERIMENT_MODULES, framework, redis_lru, redis_support
+from meshalloc_cli.compare import Stat
+from meshalloc_cli.measure import MIB
+from meshalloc_cli.output import SAMPLE_COLUMNS
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+SVG_TAG = "{http://www.w3.org/2000/svg}svg"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def read_tsv(path: Path):
+    with open(path, newline="") as handle:
+        rows = list(csv.reader(handle, delimiter="\t"))
+    assert rows, f"{path} is empty"
+    for row in rows[1:]:
+        assert len(row) == len(rows[0]), f"ragged row in {path}: {row}"
+    return rows[0], [dict(zip(rows[0], row)) for row in rows[1:]]
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    """One `meshalloc bench --smoke redis-lru`: its experiment directory and outcome.json."""
+    if redis_support.any_install(ROOT) is None:
+        pytest.skip("no redis-server (neither scripts/redis/build.sh's builds nor Debian's redis-server)")
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler for the client (bench/redis/lru_client.c)")
+    work = tmp_path_factory.mktemp("work")
+    # A relative --out, as the default results/ is: the servers run in their own directories,
+    # so the experiment must not hand them paths relative to ours.
+    completed = run_meshalloc("bench", "--smoke", "redis-lru", "--out", "bench", cwd=work)
+    assert completed.returncode == 0, completed.stderr
+    out = work / "bench"
+    directory = out / "redis-lru"
+    assert (out / "SUMMARY.md").is_file()
+    return directory, json.loads((directory / "outcome.json").read_text())
+
+
+def test_experiment_is_registered():
+    assert redis_lru.EXPERIMENT.name == "redis-lru"
+    assert EXPERIMENT_MODULES["redis-lru"] == "redis_lru"
+    assert redis_lru.EXPERIMENT.title and redis_lru.EXPERIMENT.paper
+
+
+def test_smoke_outcome(smoke):
+    out, outcome = smoke
+    assert outcome["status"] == "ran", outcome.get("reason")
+    assert outcome["repetitions"] == 1
+    assert outcome["failures"] == []
+    assert outcome["table_md"].startswith("| config |")
+    assert "jemalloc (baseline)" in outcome["table_md"]
+    assert {"runs.tsv", "table.tsv", "table.md", "memory.png", "memory.svg"} <= set(outcome["files"])
+    assert all((out / path).is_file() for path in outcome["files"])
+    assert len(outcome["claims"]) >= 6
+    for claim in outcome["claims"]:
+        assert claim["claim"] and claim["paper"] and claim["ours"]
+        assert claim["holds"] is None and "smoke" in claim["note"]  # smoke checks nothing
+
+
+def test_smoke_tables(smoke):
+    out, _ = smoke
+    header, runs = read_tsv(out / "runs.tsv")
+    assert header == redis_lru.RUN_TSV_HEAD + redis_lru.RUN_METRICS + redis_lru.RUN_TSV_TAIL
+    assert {row["config"] for row in runs} >= {redis_lru.BASELINE}
+    for row in runs:
+        assert row["ok"] == "1", row["problems"]
+        assert float(row["mean_pss"]) > MIB
+        assert float(row["insertion_s"]) > 0
+        assert int(row["keys"]) > 0 and int(row["evicted_keys"]) > 0  # the cache was full and evicting
+        if row["config"].startswith("meshalloc"):
+            assert row["mesh_passes"] != "" and row["mesh_pause_max_ms"] != ""  # its statistics at exit
+        samples_header, samples = read_tsv(out / row["samples_tsv"])
+        assert tuple(samples_header) == SAMPLE_COLUMNS and len(samples) >= 10
+    header, table = read_tsv(out / "table.tsv")
+    assert header[:2] == ["config", "runs_ok"]
+    for column in ("mean_pss", "final_pss", "peak_pss", "peak_pte", "insertion_s", "mean_ratio"):
+        assert {column, column + "_min", column + "_max"} <= set(header)
+    baseline = next(row for row in table if row["config"] == redis_lru.BASELINE)
+    assert float(baseline["mean_ratio"]) == 1.0
+    markdown = (out / "table.md").read_text()
+    assert markdown.startswith("| config | ok | mean PSS MiB |") and "longest pause ms" in markdown
+
+
+def test_smoke_summary_and_figure(smoke):
+    out, _ = smoke
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["experiment"] == "redis-lru" and summary["mode"] == "smoke" and summary["repetitions"] == 1
+    assert summary["claims"] and all(claim["holds"] is None for claim in summary["claims"])
+    assert (out / "memory.png").read_bytes()[:len(PNG_SIGNATURE)] == PNG_SIGNATURE
+    assert ElementTree.parse(out / "memory.svg").getroot().tag == SVG_TAG
+
+
+def test_claims_on_made_up_numbers():
+    """A meshalloc that halves jemalloc's heap, inserts 5 % slower and compacts in a tenth of
+    activedefrag's time holds every paper claim but the pause (no runs carry one here)."""
+    def row(mean_ratio, insertion_ratio, **extra):
+        cells = {"mean_ratio": Stat(mean_ratio, mean_ratio, mean_ratio),
+                 "after_ratio": Stat(mean_ratio, mean_ratio, mean_ratio),
+                 "insertion_ratio": Stat(insertion_ratio, insertion_ratio, insertion_ratio),
+                 "insertion_s": Stat(insertion_ratio, insertion_ratio, insertion_ratio)}
+        cells.update({key: Stat(value, value, value) for key, value in extra.items()})
+        return cells
+
+    table = {redis_lru.BASELINE: row(1.0, 1.0), redis_lru.ACTIVEDEFRAG: row(0.62, 1.0, defrag_s=2.0),
+             redis_lru.MESHALLOC: row(0.5, 1.05, mesh_cpu_s=0.2),
+             redis_lru.MESHALLOC_OFF: row(1.0, 1.0, mean_pss=100.0 * MIB),
+             redis_lru.TCMALLOC: row(1.0, 1.0, mean_pss=130.0 * MIB)}
+    found = {claim.claim: claim for claim in redis_lru.claims(table, [], checked=True)}
+    holds = {name: claim.holds for name, claim in found.items()}
+    assert holds["meshalloc 2y mean heap (PSS) vs jemalloc"] is True
+    assert holds["meshalloc 2y saves as much as jemalloc + activedefrag"] is True
+    assert holds["time spent compacting: meshing vs active defragmentation"] is True
+    assert holds["meshalloc 2y insertion time vs jemalloc"] is True
+    assert holds["meshalloc 2y longest meshing pause"] is None
+    assert holds["tcmalloc's mean heap equals meshalloc with meshing off"] is False
+    assert all(value is True for name, value in holds.items() if "issue 3" in name)
+    assert "0.50×" in found["meshalloc 2y mean heap (PSS) vs jemalloc"].ours
+
+
+def test_unknown_configuration_is_refused(monkeypatch, tmp_path):
+    monkeypatch.setenv(redis_lru.CONFIGS_VARIABLE, "jemalloc,hoard")
+    context = framework.Context(mode=framework.SMOKE, out=tmp_path, root=ROOT, build_dir=tmp_path, repeat=None,
+                                log=lambda line: None)
+    with pytest.raises(framework.ExperimentUnavailable, match="hoard"):
+        redis_lru.EXPERIMENT.run(context)
+
+
+def test_a_smoke_run_is_bounded():
+    """Smoke must stay a matter of seconds: a few thousand keys and a short hold."""
+    assert sum(keys for keys, _ in redis_lru.SMOKE_PHASES) <= 50_000
+    assert redis_lru.SMOKE_HOLD_S <= 2.0
+
+
+def test_a_failed_build_makes_the_experiment_unavailable(monkeypatch, tmp_path):
+    """quick/full build Redis when it is missing; a failing build is a skip with its last error."""
+    script = tmp_path / redis_support.BUILD_SCRIPT
+    script.parent.mkdir(parents=True)
+    script.write_text("#!/bin/sh\necho 'building...' >&2\necho 'build.sh: FAILED: no network' >&2\nexit 1\n")
+    script.chmod(0o755)
+    monkeypatch.setenv(redis_support.CACHE_VARIABLE, str(tmp_path / "cache"))
+    with pytest.raises(framework.ExperimentUnavailable, match="FAILED: no network"):
+        redis_support.ensure_source_build(tmp_path, log=lambda line: None)
