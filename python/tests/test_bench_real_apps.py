@@ -5,31 +5,15 @@ made-up runs, and that the generated inputs (SQL, git history) are deterministic
 
 from __future__ import annotations
 
-import csv
-import json
-import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
 import pytest
-from conftest import run_meshalloc
+from bench_support import assert_figure, assert_registered, read_tsv, require_built, run_smoke, smoke_outcome
 
 from meshalloc_cli import paths
-from meshalloc_cli.bench import EXPERIMENT_MODULES, programs, real_apps
+from meshalloc_cli.bench import programs, real_apps
 from meshalloc_cli.bench.speed import MemoryRecord
 from meshalloc_cli.measure import MetricSummary
-
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-SVG_TAG = "{http://www.w3.org/2000/svg}svg"
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def read_tsv(path: Path):
-    with open(path, newline="") as handle:
-        rows = list(csv.reader(handle, delimiter="\t"))
-    assert rows, f"{path} is empty"
-    for row in rows[1:]:
-        assert len(row) == len(rows[0]), f"ragged row in {path}: {row}"
-    return rows[0], [dict(zip(rows[0], row)) for row in rows[1:]]
 
 
 def installed():
@@ -40,26 +24,16 @@ def installed():
 def smoke(tmp_path_factory) -> Path:
     if not installed():
         pytest.skip("none of python3, ruby, perl, sqlite3, git is installed")
-    build = paths.build_directory() or ROOT / paths.DEFAULT_BUILD_SUBDIR
-    if not (build / paths.MESHALLOC_LIBRARY).is_file():
-        pytest.skip(f"libmeshalloc.so is not built in {build} (`make release`)")
-    out = tmp_path_factory.mktemp("bench")
-    completed = run_meshalloc("bench", "--smoke", "real-apps", "--out", str(out))
-    assert completed.returncode == 0, completed.stderr
-    return out / "real-apps"
+    require_built(paths.MESHALLOC_LIBRARY)
+    return run_smoke("real-apps", tmp_path_factory.mktemp("bench"))
 
 
 def test_experiment_is_registered():
-    assert EXPERIMENT_MODULES["real-apps"] == "real_apps"
-    assert real_apps.EXPERIMENT.name == "real-apps"
-    assert real_apps.EXPERIMENT.title and real_apps.EXPERIMENT.paper
+    assert_registered(real_apps, "real-apps")
 
 
 def test_smoke_outcome(smoke):
-    outcome = json.loads((smoke / "outcome.json").read_text())
-    assert outcome["status"] == "ran", outcome["reason"]
-    assert outcome["repetitions"] == 1
-    assert outcome["failures"] == []
+    outcome = smoke_outcome(smoke)
     assert "**Mean PSS**" in outcome["table_md"] and "**Peak PSS**" in outcome["table_md"]
     assert "| program | glibc MiB | meshalloc:2y × |" in outcome["table_md"]
     claims = outcome["claims"]
@@ -87,8 +61,7 @@ def test_smoke_table_and_figure(smoke):
     markdown = (smoke / "table.md").read_text()
     for heading in ("## Mean PSS, MiB", "## Peak PSS, MiB", "## Claims", "## Programs", "## Notes"):
         assert heading in markdown
-    assert (smoke / "memory.png").read_bytes().startswith(PNG_SIGNATURE)
-    assert ElementTree.parse(smoke / "memory.svg").getroot().tag == SVG_TAG
+    assert_figure(smoke / "memory")
 
 
 # -- arithmetic on made-up runs ------------------------------------------------------------

@@ -5,32 +5,17 @@ claims' arithmetic on made-up numbers, which needs no Redis at all."""
 
 from __future__ import annotations
 
-import csv
 import json
 import shutil
-import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
 import pytest
-from conftest import run_meshalloc
+from bench_support import ROOT, assert_figure, assert_ran_once, assert_registered, read_tsv, run_smoke
 
-from meshalloc_cli.bench import EXPERIMENT_MODULES, framework, redis_lru, redis_support
+from meshalloc_cli.bench import framework, redis_lru, redis_support
 from meshalloc_cli.compare import Stat
 from meshalloc_cli.measure import MIB
 from meshalloc_cli.output import SAMPLE_COLUMNS
-
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-SVG_TAG = "{http://www.w3.org/2000/svg}svg"
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def read_tsv(path: Path):
-    with open(path, newline="") as handle:
-        rows = list(csv.reader(handle, delimiter="\t"))
-    assert rows, f"{path} is empty"
-    for row in rows[1:]:
-        assert len(row) == len(rows[0]), f"ragged row in {path}: {row}"
-    return rows[0], [dict(zip(rows[0], row)) for row in rows[1:]]
 
 
 @pytest.fixture(scope="module")
@@ -43,25 +28,18 @@ def smoke(tmp_path_factory):
     work = tmp_path_factory.mktemp("work")
     # A relative --out, as the default results/ is: the servers run in their own directories,
     # so the experiment must not hand them paths relative to ours.
-    completed = run_meshalloc("bench", "--smoke", "redis-lru", "--out", "bench", cwd=work)
-    assert completed.returncode == 0, completed.stderr
-    out = work / "bench"
-    directory = out / "redis-lru"
-    assert (out / "SUMMARY.md").is_file()
+    directory = run_smoke("redis-lru", Path("bench"), cwd=work)
+    assert (directory.parent / "SUMMARY.md").is_file()
     return directory, json.loads((directory / "outcome.json").read_text())
 
 
 def test_experiment_is_registered():
-    assert redis_lru.EXPERIMENT.name == "redis-lru"
-    assert EXPERIMENT_MODULES["redis-lru"] == "redis_lru"
-    assert redis_lru.EXPERIMENT.title and redis_lru.EXPERIMENT.paper
+    assert_registered(redis_lru, "redis-lru")
 
 
 def test_smoke_outcome(smoke):
     out, outcome = smoke
-    assert outcome["status"] == "ran", outcome.get("reason")
-    assert outcome["repetitions"] == 1
-    assert outcome["failures"] == []
+    assert_ran_once(outcome)
     assert outcome["table_md"].startswith("| config |")
     assert "jemalloc (baseline)" in outcome["table_md"]
     assert {"runs.tsv", "table.tsv", "table.md", "memory.png", "memory.svg"} <= set(outcome["files"])
@@ -101,8 +79,7 @@ def test_smoke_summary_and_figure(smoke):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["experiment"] == "redis-lru" and summary["mode"] == "smoke" and summary["repetitions"] == 1
     assert summary["claims"] and all(claim["holds"] is None for claim in summary["claims"])
-    assert (out / "memory.png").read_bytes()[:len(PNG_SIGNATURE)] == PNG_SIGNATURE
-    assert ElementTree.parse(out / "memory.svg").getroot().tag == SVG_TAG
+    assert_figure(out / "memory")
 
 
 def test_claims_on_made_up_numbers():

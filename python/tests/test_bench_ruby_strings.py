@@ -5,38 +5,24 @@ claims' verdicts on made-up runs, which need no Ruby at all."""
 
 from __future__ import annotations
 
-import csv
 import json
 import shutil
 import subprocess
 import sys
-import xml.etree.ElementTree as ElementTree
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from bench_support import ROOT, assert_figure, assert_registered, build_directory, read_tsv, run_smoke
 from conftest import run_meshalloc
 
 from meshalloc_cli import paths
 from meshalloc_cli.allocators import Allocator
-from meshalloc_cli.bench import EXPERIMENT_MODULES, framework, ruby_strings
+from meshalloc_cli.bench import framework, ruby_strings
 from meshalloc_cli.compare import Comparison, RunRecord
 from meshalloc_cli.measure import MIB, MetricSummary
 from meshalloc_cli.output import SAMPLE_COLUMNS
 
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-SVG_TAG = "{http://www.w3.org/2000/svg}svg"
-ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / ruby_strings.SCRIPT
-
-
-def read_tsv(path: Path):
-    with open(path, newline="") as handle:
-        rows = list(csv.reader(handle, delimiter="\t"))
-    assert rows, f"{path} is empty"
-    for row in rows[1:]:
-        assert len(row) == len(rows[0]), f"ragged row in {path}: {row}"
-    return rows[0], [dict(zip(rows[0], row)) for row in rows[1:]]
 
 
 def need_ruby() -> str:
@@ -58,14 +44,12 @@ def cli_has_bench() -> bool:
 def smoke(tmp_path_factory):
     """One smoke run: (the experiment's directory, outcome.json's contents or the Outcome)."""
     need_ruby()
-    build = paths.build_directory() or ROOT / paths.DEFAULT_BUILD_SUBDIR
+    build = build_directory()
     if not (build / paths.GLIBC_SHIM_LIBRARY).is_file() and not (build / paths.MESHALLOC_LIBRARY).is_file():
         pytest.skip("nothing built (`make release`)")
     out = tmp_path_factory.mktemp("bench")
     if cli_has_bench():
-        completed = run_meshalloc("bench", "--smoke", "ruby-strings", "--out", str(out))
-        assert completed.returncode == 0, completed.stderr
-        directory = out / "ruby-strings"
+        directory = run_smoke("ruby-strings", out)
         outcome = json.loads((directory / "outcome.json").read_text())
         assert outcome["status"] == "ran", outcome
         assert (out / "SUMMARY.md").is_file()
@@ -79,9 +63,8 @@ def smoke(tmp_path_factory):
 
 
 def test_experiment_is_registered():
-    assert ruby_strings.EXPERIMENT.name == "ruby-strings"
-    assert EXPERIMENT_MODULES["ruby-strings"] == "ruby_strings"
-    assert ruby_strings.EXPERIMENT.title and "6.3" in ruby_strings.EXPERIMENT.paper
+    assert_registered(ruby_strings, "ruby-strings")
+    assert "6.3" in ruby_strings.EXPERIMENT.paper
 
 
 def test_smoke_outcome(smoke):
@@ -132,8 +115,7 @@ def test_smoke_workload_checked(smoke):
 
 def test_smoke_figure(smoke):
     directory, _ = smoke
-    assert (directory / "memory.png").read_bytes().startswith(PNG_SIGNATURE)
-    assert ElementTree.parse(directory / "memory.svg").getroot().tag == SVG_TAG
+    assert_figure(directory / "memory")
     assert "## Claims" in (directory / "report.md").read_text()
 
 

@@ -4,14 +4,12 @@ thread-scaling experiment end to end."""
 
 from __future__ import annotations
 
-import csv
 import json
 import sys
 import types
-import xml.etree.ElementTree as ElementTree
-from pathlib import Path
 
 import pytest
+from bench_support import PNG_SIGNATURE, assert_figure, read_tsv
 from conftest import meshalloc_library, run_meshalloc, stderr_lines
 
 from meshalloc_cli import bench, paths
@@ -19,7 +17,6 @@ from meshalloc_cli.bench import runner, thread_scaling
 from meshalloc_cli.bench.framework import Claim, ExperimentUnavailable, Outcome
 from meshalloc_cli.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, MeshallocError
 
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 FAKE_PACKAGE = "meshalloc_cli.bench"
 
 
@@ -223,11 +220,6 @@ def test_result_line_is_parsed():
     assert thread_scaling.parse_line("no result here") == ({}, "")
 
 
-def _read_tsv(path: Path):
-    with open(path, newline="") as handle:
-        return list(csv.DictReader(handle, delimiter="\t"))
-
-
 def test_thread_scaling_smoke(tmp_path):
     build = paths.build_directory()
     if build is None or not (build / thread_scaling.BINARY).is_file() or meshalloc_library() is None:
@@ -246,23 +238,22 @@ def test_thread_scaling_smoke(tmp_path):
                  "pss-vs-threads.svg"):
         assert name in outcome["files"] and (out / name).stat().st_size > 0, name
 
-    runs = _read_tsv(out / "runs.tsv")
+    _, runs = read_tsv(out / "runs.tsv")
     allocators = {row["allocator"] for row in runs}
     assert "meshalloc:2y" in allocators
     assert {int(row["threads"]) for row in runs} == {1, 2}
     assert all(row["status"] == "ok" and int(row["pss_bytes"]) > 0 for row in runs)
     assert len({row["live_bytes"] for row in runs if row["threads"] == "2"}) == 1  # same work for everyone
-    assert _read_tsv(out / "samples.tsv")
-    summary_rows = _read_tsv(out / "summary.tsv")
+    assert read_tsv(out / "samples.tsv")[1]
+    _, summary_rows = read_tsv(out / "summary.tsv")
     assert len(summary_rows) == 2 * len(allocators)
     assert all(float(row["pss_per_live"]) > 0 for row in summary_rows)
-    fits = {row["allocator"]: row for row in _read_tsv(out / "fits.tsv")}
+    fits = {row["allocator"]: row for row in read_tsv(out / "fits.tsv")[1]}
     assert "live" in fits and allocators <= set(fits)
 
     table = (out / "table.md").read_text()
     assert "| allocator | T=1 | T=2 |" in table and "slope MiB/thread" in table and "R²" in table
-    assert (out / "pss-vs-threads.png").read_bytes().startswith(PNG_SIGNATURE)
-    assert ElementTree.parse(out / "pss-vs-threads.svg").getroot().tag.endswith("svg")
+    assert_figure(out / "pss-vs-threads")
 
     summary = (tmp_path / "SUMMARY.md").read_text()
     assert "Thread scaling" in summary and "| claim | paper | this machine | holds |" in summary

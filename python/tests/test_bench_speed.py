@@ -5,53 +5,28 @@ arithmetic on made-up runs, which needs nothing built."""
 
 from __future__ import annotations
 
-import csv
 import json
-import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
 import pytest
-from conftest import run_meshalloc
+from bench_support import assert_figure, assert_registered, read_tsv, require_built, run_smoke, smoke_outcome
 
 from meshalloc_cli import paths
-from meshalloc_cli.bench import EXPERIMENT_MODULES, programs, speed
-
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-SVG_TAG = "{http://www.w3.org/2000/svg}svg"
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def read_tsv(path: Path):
-    with open(path, newline="") as handle:
-        rows = list(csv.reader(handle, delimiter="\t"))
-    assert rows, f"{path} is empty"
-    for row in rows[1:]:
-        assert len(row) == len(rows[0]), f"ragged row in {path}: {row}"
-    return rows[0], [dict(zip(rows[0], row)) for row in rows[1:]]
+from meshalloc_cli.bench import programs, speed
 
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory) -> Path:
-    build = paths.build_directory() or ROOT / paths.DEFAULT_BUILD_SUBDIR
-    if not (build / "bench" / "churn").is_file() or not (build / paths.MESHALLOC_LIBRARY).is_file():
-        pytest.skip(f"the microbenchmarks or libmeshalloc.so are not built in {build} (`make release`)")
-    out = tmp_path_factory.mktemp("bench")
-    completed = run_meshalloc("bench", "--smoke", "speed", "--out", str(out))
-    assert completed.returncode == 0, completed.stderr
-    return out / "speed"
+    require_built(Path("bench") / "churn", paths.MESHALLOC_LIBRARY)  # churn: the microbenchmarks
+    return run_smoke("speed", tmp_path_factory.mktemp("bench"))
 
 
 def test_experiment_is_registered():
-    assert EXPERIMENT_MODULES["speed"] == "speed"
-    assert speed.EXPERIMENT.name == "speed"
-    assert speed.EXPERIMENT.title and speed.EXPERIMENT.paper
+    assert_registered(speed, "speed")
 
 
 def test_smoke_outcome(smoke):
-    outcome = json.loads((smoke / "outcome.json").read_text())
-    assert outcome["status"] == "ran", outcome["reason"]
-    assert outcome["repetitions"] == 1
-    assert outcome["failures"] == []
+    outcome = smoke_outcome(smoke)
     assert "| workload | kind | mimalloc s |" in outcome["table_md"]
     assert "geomean all" in outcome["table_md"]
     claims = outcome["claims"]
@@ -95,8 +70,7 @@ def test_smoke_table_and_figure(smoke):
     markdown = (smoke / "table.md").read_text()
     for heading in ("## Median seconds", "## Peak PSS", "## Claims", "## Workloads", "## Notes"):
         assert heading in markdown
-    assert (smoke / "speed.png").read_bytes().startswith(PNG_SIGNATURE)
-    assert ElementTree.parse(smoke / "speed.svg").getroot().tag == SVG_TAG
+    assert_figure(smoke / "speed")
     summary = json.loads((smoke / "summary.json").read_text())
     assert summary["mode"] == "smoke" and summary["workloads"]
 

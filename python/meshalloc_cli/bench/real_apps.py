@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import platform
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,9 +22,11 @@ from typing import Dict, List, Optional, Sequence
 from ..compare import Stat
 from ..measure import MIB
 from .framework import FULL, QUICK, SMOKE, Claim, Context, ExperimentUnavailable, Outcome
-from .programs import BarPanel, available_programs, geomean, markdown_table, number, ratio_bar_chart, write_tsv
-from .speed import (Geomean, MemoryRecord, Workload, _load, _names_from, choose_allocators, machine_notes,
-                    memory_pass, private_meshalloc_copy, program_workloads, stat_text)
+from .common import (BarPanel, ExperimentBase, checked_repetitions, claims_table, geomean, load_average, machine_json,
+                     markdown_table, names_from, number, ratio_bar_chart, write_tsv)
+from .programs import available_programs
+from .speed import (Geomean, MemoryRecord, Workload, allocators_to_run, machine_notes, memory_pass, program_workloads,
+                    stat_text)
 
 NAME = "real-apps"
 BASELINE = "glibc"  # the paper's reference for SPEC (and perlbench)
@@ -292,7 +292,7 @@ def write_summary(out: Path, context: Context, workloads: Sequence[Workload], al
         "experiment": NAME,
         "mode": context.mode,
         "repetitions": repetitions,
-        "machine": {"kernel": platform.release(), "machine": platform.machine(), "cpus": os.cpu_count()},
+        "machine": machine_json(),
         "allocators": list(allocator_rows),
         "programs": [{"name": workload.name, "command": workload.command, "models": workload.pattern,
                       "reference_output": workload.reference} for workload in workloads],
@@ -304,20 +304,13 @@ def write_summary(out: Path, context: Context, workloads: Sequence[Workload], al
 # ---------------------------------------------------------------------------------------------
 # The experiment
 
-@dataclass(frozen=True)
-class RealApps:
-    name: str = NAME
-    title: str = "Real programs' memory"
-    paper: str = "Mesh §6.2.3 in spirit (SPEC and Firefox replaced by Debian programs)"
-
+class RealApps(ExperimentBase):
     def run(self, context: Context) -> Outcome:
-        repetitions = context.repetitions(**REPETITIONS)
-        if repetitions < 1:
-            raise ExperimentUnavailable("the repetition count must be at least 1")
+        repetitions = checked_repetitions(context, REPETITIONS)
         timeout = TIMEOUT_S[context.mode]
-        load_start = _load()
+        load_start = load_average()
         programs, missing = available_programs()
-        wanted = _names_from(PROGRAMS_VARIABLE)
+        wanted = names_from(PROGRAMS_VARIABLE)
         if wanted:
             unknown = [name for name in wanted if name not in [program.name for program in programs]]
             if unknown:
@@ -326,11 +319,7 @@ class RealApps:
         if not programs:
             raise ExperimentUnavailable("none of the programs is installed: " + "; ".join(missing))
 
-        names = _names_from(ALLOCATORS_VARIABLE) or list(SMOKE_ALLOCATORS if context.mode == SMOKE else ALLOCATORS)
-        meshalloc = private_meshalloc_copy(context) if any(name.startswith("meshalloc") for name in names) else None
-        allocators, skipped = choose_allocators(names, meshalloc)
-        if not allocators:
-            raise ExperimentUnavailable("no allocator can run here: " + "; ".join(skipped))
+        allocators, skipped = allocators_to_run(context, ALLOCATORS_VARIABLE, ALLOCATORS, SMOKE_ALLOCATORS)
         allocator_names = [allocator.name for allocator in allocators]
         notes = [f"Skipped allocator {line}" for line in skipped]
         notes += [f"Skipped program {line}" for line in missing]
@@ -376,9 +365,7 @@ class RealApps:
             f"## Peak PSS, MiB (median, min–max over {repetitions} run(s))", "",
             absolute_table(rows, allocator_names, table, "peak_pss"),
             "## Claims", "",
-            markdown_table(["claim", "paper", "ours", "holds", "note"],
-                           ([claim.claim, claim.paper, claim.ours, {True: "yes", False: "no", None: "—"}[claim.holds],
-                             claim.note] for claim in found), left=5),
+            claims_table(found),
             "## Programs", "",
             markdown_table(["program", "models", "command"],
                            ([workload.name, workload.pattern, f"`{workload.shown}`"] for workload in workloads),
@@ -398,4 +385,5 @@ class RealApps:
                        failures=failures, notes=notes)
 
 
-EXPERIMENT = RealApps()
+EXPERIMENT = RealApps(name=NAME, title="Real programs' memory",
+                      paper="Mesh §6.2.3 in spirit (SPEC and Firefox replaced by Debian programs)")

@@ -15,14 +15,9 @@ the schedule, and writes the tables, the figure and the claims.
 
 from __future__ import annotations
 
-import csv
 import json
 import os
-import platform
-import shutil
-import subprocess
-from dataclasses import dataclass, replace
-from datetime import datetime
+from dataclasses import replace
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -31,6 +26,7 @@ from ..allocators import Allocator
 from ..compare import Stat
 from ..errors import MeshallocError
 from ..measure import DEFAULT_INTERVAL_S, KIB, MIB
+from .common import ExperimentBase, checked_repetitions, machine_json, number, private_meshalloc_copy, write_tsv
 from .framework import FULL, QUICK, SMOKE, Claim, Context, ExperimentUnavailable, Outcome
 from .redis_support import (ACTIVEDEFRAG_OPTIONS, BUILD_SCRIPT, SERVER_OPTIONS, Config, RedisInstall, Run,
                             Workload, any_install, compile_client, describe_runs, ensure_source_build, one_run)
@@ -149,31 +145,6 @@ def wanted_configs(context: Context) -> Tuple[str, ...]:
                                         f"(known: {', '.join(CONFIG_ORDER)})")
         return tuple(name for name in CONFIG_ORDER if name in names)
     return SMOKE_CONFIGS if context.mode == SMOKE else CONFIG_ORDER
-
-
-def private_meshalloc_copy(context: Context) -> Optional[Path]:
-    """A copy of libmeshalloc.so in the output directory, which every meshalloc run preloads:
-    a `make release` elsewhere during the experiment must not mix two versions of the library
-    in one table. meshalloc-version.txt says which build it was."""
-    library = context.meshalloc_lib
-    if not library.is_file():
-        return None
-    copy = context.out / "libmeshalloc.so"
-    shutil.copy2(library, copy)
-
-    def git(*words: str) -> str:
-        try:
-            return subprocess.run(["git", *words], cwd=context.root, capture_output=True, text=True,
-                                  check=False).stdout.strip()
-        except OSError:
-            return ""
-
-    changed = len([line for line in git("status", "--porcelain", "--", "src").splitlines() if line.strip()])
-    built = datetime.fromtimestamp(library.stat().st_mtime).isoformat(sep=" ", timespec="seconds")
-    (context.out / "meshalloc-version.txt").write_text(
-        f"library: {library} ({built})\ncommit: {git('rev-parse', 'HEAD') or 'unknown'}\n"
-        f"uncommitted changes under src/: {changed} file(s)\n")
-    return copy
 
 
 def build_configs(names: Sequence[str], install: RedisInstall, meshalloc: Optional[Path]) -> Tuple[
@@ -409,20 +380,6 @@ def claims(table: Table, runs: Sequence[Run], checked: bool) -> List[Claim]:
 # ---------------------------------------------------------------------------------------------
 # Files
 
-def write_tsv(path: Path, header: Sequence[str], rows) -> None:
-    """One header line, tab-separated, no quoting surprises: what pandas, R and awk read as is."""
-    with open(path, "w", newline="") as handle:
-        writer = csv.writer(handle, delimiter="\t", lineterminator="\n")
-        writer.writerow(header)
-        writer.writerows(rows)
-
-
-def number(value: Optional[float]) -> str:
-    if value is None:
-        return ""
-    return str(int(value)) if float(value).is_integer() else f"{value:.6g}"
-
-
 def write_tables(out: Path, runs: Sequence[Run], configs: Sequence[Config], table: Table) -> List[Path]:
     runs_tsv, table_tsv = out / "runs.tsv", out / "table.tsv"
     write_tsv(runs_tsv, RUN_TSV_HEAD + RUN_METRICS + RUN_TSV_TAIL,
@@ -458,7 +415,7 @@ def write_summary(out: Path, context: Context, load: Workload, install: RedisIns
                      "interval_s": load.interval_s, "pipeline": load.pipeline, "seed": load.seed,
                      "phases": [{"keys": keys, "value_bytes": size} for keys, size in load.phases]},
         "server_options": SERVER_OPTIONS, "activedefrag_options": ACTIVEDEFRAG_OPTIONS,
-        "machine": {"kernel": platform.release(), "machine": platform.machine(), "cpus": os.cpu_count()},
+        "machine": machine_json(),
         "configs": [{"name": config.name, "server": str(config.server),
                      "preload": str(config.allocator.library or ""), "environment": dict(config.allocator.set_env),
                      "extra_args": config.extra_args} for config in configs],
@@ -589,20 +546,13 @@ def progress_line(run: Run, total: int) -> str:
     return line
 
 
-@dataclass(frozen=True)
-class RedisLru:
-    name: str = NAME
-    title: str = "Redis LRU cache"
-    paper: str = "Mesh §6.2.2, figure 7"
-
+class RedisLru(ExperimentBase):
     def run(self, context: Context) -> Outcome:
         # Absolute from here on: each server runs in its own run directory, and LD_PRELOAD,
         # --dir and --logfile would otherwise be read relative to that.
         context = replace(context, out=context.out.resolve())
         load = workload(context)
-        repetitions = context.repetitions(**REPETITIONS)
-        if repetitions < 1:
-            raise ExperimentUnavailable("the repetition count must be at least 1")
+        repetitions = checked_repetitions(context, REPETITIONS)
         names = wanted_configs(context)
         install, notes = locate_redis(context)
         client = compile_client(context.root)
@@ -640,4 +590,4 @@ class RedisLru:
                        failures=describe_runs(runs), notes=notes)
 
 
-EXPERIMENT = RedisLru()
+EXPERIMENT = RedisLru(name=NAME, title="Redis LRU cache", paper="Mesh §6.2.2, figure 7")

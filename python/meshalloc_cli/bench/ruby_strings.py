@@ -23,13 +23,13 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .. import allocators as allocator_registry
-from .. import paths
 from ..allocators import Allocator
 from ..compare import Comparison, RunRecord, Stat, compare
 from ..errors import MeshallocError
 from ..measure import DEFAULT_INTERVAL_S
 from ..output import markdown_table, write_comparison
 from ..plotting import plot_comparison
+from .common import KEY_VALUE, ExperimentBase, claims_table, glibc_shim, private_library_copy, size_text
 from .framework import FULL, QUICK, SMOKE, Claim, Context, ExperimentUnavailable, Outcome
 
 NAME = "ruby-strings"
@@ -85,7 +85,6 @@ TIME_SLACK = 0.05
 
 # The workload's last line: `strings key=value ...`.
 RESULT_LINE = re.compile(r"^strings (?P<fields>.*)$", re.MULTILINE)
-FIELD = re.compile(r"(\w+)=(\S+)")
 WORKLOAD_COLUMNS = ("order", "allocator", "repetition", "exit_code", "checked", "rounds", "allocated_bytes",
                     "retained_strings", "retained_bytes", "checksum", "expected_checksum", "work_s", "paused_s",
                     "total_s", "problem")
@@ -136,10 +135,6 @@ class Workload:
                 f"kept, {self.pause_ms} ms pause after each round")
 
 
-def size_text(size: int) -> str:
-    return f"{size // 1024} KiB" if size >= 1024 and size % 1024 == 0 else f"{size} B"
-
-
 def workload(context: Context) -> Workload:
     return Workload(budget_mb=context.pick(SMOKE_BUDGET_MB, PAPER_BUDGET_MB, PAPER_BUDGET_MB),
                     first_size=PAPER_FIRST_SIZE, keep_every=PAPER_KEEP_EVERY,
@@ -171,25 +166,15 @@ def build_allocators(context: Context, meshalloc: Optional[Path]) -> Tuple[List[
             else:
                 chosen.append(_meshalloc(name, meshalloc, name.partition(":")[2]))
         elif name == GLIBC:
-            shim = context.build_dir / paths.GLIBC_SHIM_LIBRARY
-            if not shim.is_file():
-                skipped.append(f"{name}: {shim} is not built (`make release`)")
-                continue
-            chosen.append(Allocator(name=name, library=shim, description="glibc malloc through the project's shim"))
+            shim = glibc_shim(context, name, skipped)
+            if shim is not None:
+                chosen.append(shim)
         else:
             try:
                 chosen.append(allocator_registry.resolve(name))
             except MeshallocError as error:
                 skipped.append(f"{name}: {error}")
     return chosen, skipped
-
-
-def private_library_copy(library: Path, directory: Path) -> Path:
-    """libmeshalloc.so copied aside for the whole experiment, so that a `make release` in
-    the middle of it cannot put two versions of the library in one table."""
-    copy = directory / library.name
-    shutil.copy2(library, copy)
-    return copy
 
 
 def ruby_version(ruby: str) -> str:
@@ -228,7 +213,7 @@ def check_run(run: RunRecord, load: Workload) -> Check:
     found = RESULT_LINE.findall(text)
     if not found:
         return Check(run, {}, "no `strings ...` result line in the output")
-    fields = dict(FIELD.findall(found[-1]))
+    fields = dict(KEY_VALUE.findall(found[-1]))
     problems = []
     if fields.get("ok") != "1" or fields.get("checksum") != fields.get("expected"):
         problems.append(f"survivors' checksum {fields.get('checksum')} != expected {fields.get('expected')}")
@@ -402,11 +387,7 @@ def claims(comparison: Comparison, baseline: str, checked: bool) -> List[Claim]:
 # ---------------------------------------------------------------------------------------------
 # The experiment
 
-class RubyStrings:
-    name = NAME
-    title = "Ruby string retention"
-    paper = "Mesh §6.3, figure 8"
-
+class RubyStrings(ExperimentBase):
     def run(self, context: Context) -> Outcome:
         ruby = shutil.which(RUBY)
         if ruby is None:
@@ -465,7 +446,7 @@ class RubyStrings:
                           claims=claims(comparison, comparison.baseline, checked=context.mode != SMOKE))
         report = out / "report.md"
         report.write_text(f"# {self.title} ({self.paper})\n\n{datetime.now().isoformat(timespec='seconds')}, "
-                          f"mode {context.mode}\n\n" + table_md + "\n## Claims\n\n" + claims_markdown(outcome.claims)
+                          f"mode {context.mode}\n\n" + table_md + "\n## Claims\n\n" + claims_table(outcome.claims)
                           + ("\n## Notes\n\n" + "\n".join(f"- {note}" for note in notes) + "\n")
                           + ("\n## Failures\n\n" + "\n".join(f"- {line}" for line in failures) + "\n"
                              if failures else "")
@@ -474,11 +455,4 @@ class RubyStrings:
         return outcome
 
 
-def claims_markdown(found: Sequence[Claim]) -> str:
-    verdict = {True: "yes", False: "no", None: "—"}
-    lines = ["| claim | paper | ours | holds | note |", "|---|---|---|---|---|"]
-    lines += [f"| {c.claim} | {c.paper} | {c.ours} | {verdict[c.holds]} | {c.note} |" for c in found]
-    return "\n".join(lines) + "\n"
-
-
-EXPERIMENT = RubyStrings()
+EXPERIMENT = RubyStrings(name=NAME, title="Ruby string retention", paper="Mesh §6.3, figure 8")

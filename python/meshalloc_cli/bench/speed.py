@@ -22,11 +22,9 @@ import json
 import os
 import platform
 import re
-import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -37,8 +35,10 @@ from ..errors import MeshallocError
 from ..measure import MIB, RunResult
 from ..output import write_run
 from .framework import FULL, QUICK, SMOKE, Claim, Context, ExperimentUnavailable, Outcome
-from .programs import (BarPanel, Program, available_programs, geomean, markdown_table, memory_run, number,
-                       ratio_bar_chart, timed_run, write_tsv)
+from .common import (KEY_VALUE, BarPanel, ExperimentBase, checked_repetitions, claims_table, geomean, load_average,
+                     machine_json, markdown_table, names_from, number, private_meshalloc_copy, quiet,
+                     ratio_bar_chart, write_tsv)
+from .programs import Program, available_programs, memory_run, timed_run
 
 NAME = "speed"
 ST, MT, PROGRAM = "st", "mt", "program"
@@ -81,8 +81,6 @@ PAPER_SPEC_TIME = 1.007  # SPECint2006 geomean, Mesh vs glibc
 PAPER_PERLBENCH_TIME = 1.039  # 400.perlbench, Mesh vs glibc
 PAPER_REDIS_TIME = (1.76, 1.72)  # insertion seconds, Mesh vs jemalloc (§6.2.2)
 OVERHEAD_TOLERANCE = 1.10
-
-LINE_FIELD = re.compile(r"(\w+)=(\S+)")
 
 
 @dataclass(frozen=True)
@@ -218,12 +216,6 @@ Table = Dict[str, Dict[str, Cell]]  # workload -> allocator -> cell
 # ---------------------------------------------------------------------------------------------
 # What to run
 
-def _names_from(variable: str) -> Optional[List[str]]:
-    text = os.environ.get(variable, "")
-    names = [name for name in re.split(r"[,\s]+", text) if name]
-    return names or None
-
-
 def thread_count() -> int:
     chosen = os.environ.get(THREADS_VARIABLE)
     if chosen:
@@ -232,32 +224,6 @@ def thread_count() -> int:
         except ValueError:
             raise ExperimentUnavailable(f"{THREADS_VARIABLE} must be a number, not '{chosen}'") from None
     return max(MIN_THREADS, min(MAX_THREADS, os.cpu_count() or MIN_THREADS))
-
-
-def private_meshalloc_copy(context: Context) -> Optional[Path]:
-    """A copy of libmeshalloc.so in the output directory, which every meshalloc run preloads:
-    a `make release` elsewhere during the experiment must not mix two builds in one table.
-    meshalloc-version.txt says which build it was."""
-    library = context.meshalloc_lib
-    if not library.is_file():
-        return None
-    copy = context.out / "libmeshalloc.so"
-    shutil.copy2(library, copy)
-    commit = _quiet(["git", "rev-parse", "HEAD"], context.root)
-    changed = len([line for line in _quiet(["git", "status", "--porcelain", "--", "src"], context.root).splitlines()
-                   if line.strip()])
-    built = datetime.fromtimestamp(library.stat().st_mtime).isoformat(sep=" ", timespec="seconds")
-    (context.out / "meshalloc-version.txt").write_text(
-        f"library: {library} ({built})\ncommit: {commit or 'unknown'}\n"
-        f"uncommitted changes under src/: {changed} file(s)\n")
-    return copy
-
-
-def _quiet(command: Sequence[str], cwd: Optional[Path] = None) -> str:
-    try:
-        return subprocess.run(list(command), cwd=cwd, capture_output=True, text=True, check=False).stdout.strip()
-    except OSError:
-        return ""
 
 
 def choose_allocators(names: Sequence[str], meshalloc: Optional[Path]) -> Tuple[List[Allocator], List[str]]:
@@ -277,6 +243,19 @@ def choose_allocators(names: Sequence[str], meshalloc: Optional[Path]) -> Tuple[
             allocator = dataclasses.replace(allocator, library=meshalloc)
         chosen.append(allocator)
     return chosen, skipped
+
+
+def allocators_to_run(context: Context, variable: str, everyone: Sequence[str],
+                      smoke: Sequence[str]) -> Tuple[List[Allocator], List[str]]:
+    """The allocators of a run (those `variable` names, else the mode's), the meshalloc ones
+    preloading one private copy of the library, and a note for each that cannot run. Speed and
+    real-apps choose theirs the same way; with none that can run there is no experiment."""
+    names = names_from(variable) or list(smoke if context.mode == SMOKE else everyone)
+    meshalloc = private_meshalloc_copy(context) if any(name.startswith("meshalloc") for name in names) else None
+    allocators, skipped = choose_allocators(names, meshalloc)
+    if not allocators:
+        raise ExperimentUnavailable("no allocator can run here: " + "; ".join(skipped))
+    return allocators, skipped
 
 
 def check_meshalloc_configs(allocators: Sequence[Allocator], probe: Path) -> List[str]:
@@ -355,7 +334,7 @@ def parse_line(text: str) -> Dict[str, str]:
     """The microbenchmarks' one line: `workload=churn threads=1 seconds=0.22 ... checksum=...`."""
     for line in text.splitlines():
         if "seconds=" in line:
-            return dict(LINE_FIELD.findall(line))
+            return dict(KEY_VALUE.findall(line))
     return {}
 
 
@@ -782,45 +761,31 @@ def machine_notes(allocators: Sequence[Allocator], threads: Optional[int], load_
     versions = []
     for allocator in allocators:
         package = allocator_registry.SYSTEM_ALLOCATORS.get(allocator.name, (None, None))[1]
-        version = _quiet(["dpkg-query", "-W", "-f", "${Version}", package]) if package else ""
+        version = quiet(["dpkg-query", "-W", "-f", "${Version}", package]) if package else ""
         if version:
             versions.append(f"{allocator.name} {version}")
     text = f"Machine: {cpu or platform.machine()}, {os.cpu_count()} CPUs, Linux {platform.release()}. "
     if threads is not None:
         text += (f"{threads} threads for the multi-threaded microbenchmarks "
                  f"(prodcons: {max(2, threads // 2 * 2)}). ")
-    text += f"Load average at the start {load_start}, at the end {_load()}."
+    text += f"Load average at the start {load_start}, at the end {load_average()}."
     return [text + (f" Packages: {', '.join(versions)}." if versions else "")]
-
-
-def _load() -> str:
-    try:
-        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        return "?"
 
 
 # ---------------------------------------------------------------------------------------------
 # The experiment
 
-@dataclass(frozen=True)
-class Speed:
-    name: str = NAME
-    title: str = "Allocator speed: microbenchmarks and real programs"
-    paper: str = "Mesh §6.2 (runtime overhead); issue 2's speed targets"
-
+class Speed(ExperimentBase):
     def run(self, context: Context) -> Outcome:
-        repetitions = context.repetitions(**TIME_REPETITIONS)
-        if repetitions < 1:
-            raise ExperimentUnavailable("the repetition count must be at least 1")
+        repetitions = checked_repetitions(context, TIME_REPETITIONS)
         memory_repetitions = min(repetitions, MEMORY_REPETITIONS[context.mode])
         timeout = TIMEOUT_S[context.mode]
         threads = thread_count()
-        load_start = _load()
+        load_start = load_average()
 
         workloads = microbenchmark_workloads(context, threads)
         programs, missing_programs = available_programs()
-        wanted = _names_from(WORKLOADS_VARIABLE)
+        wanted = names_from(WORKLOADS_VARIABLE)
         if wanted:
             known = [bench.name for bench in MICROBENCHMARKS] + [program.name for program in programs]
             unknown = [name for name in wanted if name not in known]
@@ -830,11 +795,7 @@ class Speed:
             workloads = [workload for workload in workloads if workload.name in wanted]
             programs = [program for program in programs if program.name in wanted]
 
-        names = _names_from(ALLOCATORS_VARIABLE) or list(SMOKE_ALLOCATORS if context.mode == SMOKE else ALLOCATORS)
-        meshalloc = private_meshalloc_copy(context) if any(name.startswith("meshalloc") for name in names) else None
-        allocators, skipped = choose_allocators(names, meshalloc)
-        if not allocators:
-            raise ExperimentUnavailable("no allocator can run here: " + "; ".join(skipped))
+        allocators, skipped = allocators_to_run(context, ALLOCATORS_VARIABLE, ALLOCATORS, SMOKE_ALLOCATORS)
         allocator_names = [allocator.name for allocator in allocators]
         baseline = BASELINE if BASELINE in allocator_names else None
         notes = [f"Skipped allocator {line}" for line in skipped]
@@ -894,10 +855,7 @@ class Speed:
             f"## Peak PSS, MiB (median, min–max over {memory_repetitions} run(s) of the memory pass)", "",
             memory_table(workloads, allocator_names, baseline, table),
             "## Claims", "",
-            markdown_table(["claim", "paper / target", "ours", "holds", "note"],
-                           ([claim.claim, claim.paper, claim.ours,
-                             {True: "yes", False: "no", None: "—"}[claim.holds], claim.note] for claim in found),
-                           left=5),
+            claims_table(found, "paper / target"),
             "## Workloads", "", workloads_table(workloads),
             "## Notes", "", *[f"- {note}" for note in notes + [f"failed: {line}" for line in failures]], "",
         ])
@@ -921,7 +879,7 @@ def write_summary(out: Path, context: Context, workloads: Sequence[Workload], al
         "repetitions": repetitions,
         "memory_repetitions": memory_repetitions,
         "threads": threads,
-        "machine": {"kernel": platform.release(), "machine": platform.machine(), "cpus": os.cpu_count()},
+        "machine": machine_json(),
         "allocators": [{"name": allocator.name, "library": str(allocator.library or ""),
                         "environment": dict(allocator.set_env)} for allocator in allocators],
         "workloads": [{"name": workload.name, "kind": workload.kind, "command": workload.command,
@@ -931,4 +889,5 @@ def write_summary(out: Path, context: Context, workloads: Sequence[Workload], al
     return path
 
 
-EXPERIMENT = Speed()
+EXPERIMENT = Speed(name=NAME, title="Allocator speed: microbenchmarks and real programs",
+                   paper="Mesh §6.2 (runtime overhead); issue 2's speed targets")

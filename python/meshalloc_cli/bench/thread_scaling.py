@@ -19,10 +19,8 @@ cgroup's high-water mark, page tables and mappings over the whole run.
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import re
-import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass, field, replace
@@ -31,11 +29,12 @@ from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from .. import allocators as allocator_registry
-from .. import paths
 from ..allocators import Allocator
 from ..compare import Stat
 from ..errors import MeshallocError
 from ..measure import KIB, MIB, RunResult, measure
+from .common import (KEY_VALUE, ExperimentBase, glibc_shim, load_average, private_library_copy, size_text,
+                     write_tsv)
 from .framework import FULL, QUICK, SMOKE, Claim, Context, ExperimentUnavailable, Outcome
 
 NAME = "thread-scaling"
@@ -82,7 +81,7 @@ class Workload:
 
     def describe(self) -> str:
         return (f"every thread allocates {self.rounds} rounds of {self.objects:,} objects of "
-                f"{_size(self.min_size)}-{_size(self.max_size)} (log-uniform: every doubling equally likely, "
+                f"{size_text(self.min_size)}-{size_text(self.max_size)} (log-uniform: every doubling equally likely, "
                 f"so every small size class is used) and keeps {self.keep_percent} % of them, chosen at random, "
                 f"to the end; PSS read {self.settle_ms} ms after the threads have exited")
 
@@ -112,8 +111,7 @@ UPSTREAM_MESH_RATIO = 4.2
 ISSUE_GLIBC_RATIO = 2.15
 MIN_POINTS_FOR_R2 = 3  # a line through two points always has R^2 = 1
 
-# The program's one line: `threads=T live_bytes=... pss_bytes=... ...`.
-FIELD = re.compile(r"(\w+)=(\S+)")
+# The program's one line is `threads=T live_bytes=... pss_bytes=... ...` (common.KEY_VALUE).
 INTEGER_FIELDS = ("threads", "live_bytes", "pss_bytes", "pte_bytes", "base_pss_bytes", "mappings", "retained")
 STDERR_EXCERPT = 300  # characters of a failed run's stderr kept in the failure line
 
@@ -130,10 +128,6 @@ LIVE_ROW = "live bytes"
 FIGURE_STEM = "pss-vs-threads"
 FIGURE_SIZE_IN = (12.0, 5.0)
 MARKERS = "osD^v<>ph*"
-
-
-def _size(nbytes: int) -> str:
-    return f"{nbytes // KIB} KiB" if nbytes >= KIB and nbytes % KIB == 0 else f"{nbytes} B"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -173,7 +167,7 @@ def parse_line(output: str) -> Tuple[Dict[str, float], str]:
         return {}, ""
     line = lines[-1].strip()
     fields: Dict[str, float] = {}
-    for key, text in FIELD.findall(line):
+    for key, text in KEY_VALUE.findall(line):
         try:
             fields[key] = int(text) if key in INTEGER_FIELDS else float(text)
         except ValueError:
@@ -209,14 +203,6 @@ def run_once(binary: Path, allocator: Allocator, workload: Workload, threads: in
 # Allocators
 
 
-def private_library_copy(library: Path, directory: Path) -> Path:
-    """libmeshalloc.so copied aside for the whole experiment, so that a rebuild in the middle
-    of it cannot put two versions of the library in one table."""
-    copy = directory / library.name
-    shutil.copy2(library, copy)
-    return copy
-
-
 def choose_allocators(context: Context, snapshot_dir: Path) -> Tuple[List[Allocator], List[str], Dict[str, str]]:
     """The allocators that can run here, a note for each that cannot, and where each came from."""
     chosen: List[Allocator] = []
@@ -240,12 +226,11 @@ def choose_allocators(context: Context, snapshot_dir: Path) -> Tuple[List[Alloca
                                     set_env={"MESHALLOC_CONFIG": config},
                                     unset_env=allocator_registry.MESHALLOC_CONFIG_OVERRIDES))
         elif name == GLIBC:
-            shim = context.build_dir / paths.GLIBC_SHIM_LIBRARY
-            if not shim.is_file():
-                skipped.append(f"{name}: {shim} is not built (`make release`)")
+            shim = glibc_shim(context, name, skipped)
+            if shim is None:
                 continue
-            chosen.append(Allocator(name=name, library=shim, description="glibc malloc through the project's shim"))
-            origin[name] = f"glibc malloc ({_glibc_version()}) through {shim}"
+            chosen.append(shim)
+            origin[name] = f"glibc malloc ({_glibc_version()}) through {shim.library}"
         else:
             try:
                 allocator = allocator_registry.resolve(name)
@@ -653,14 +638,6 @@ def build_claims(analysis: Analysis, mode: str) -> List[Claim]:
 # Files
 
 
-def _write_tsv(path: Path, header: Sequence[str], rows: Iterable[Sequence[object]]) -> Path:
-    with open(path, "w", newline="") as handle:
-        writer = csv.writer(handle, delimiter="\t", lineterminator="\n")
-        writer.writerow(header)
-        writer.writerows(rows)
-    return path
-
-
 def _number(value: Optional[float], decimals: int = 0) -> str:
     if value is None:
         return ""
@@ -682,8 +659,8 @@ def write_runs(runs: Sequence[ScalingRun], out: Path) -> List[Path]:
             sample_rows.append([run.allocator, run.threads, run.repetition, f"{sample.time:.4f}", sample.pss,
                                 "" if sample.cgroup is None else sample.cgroup, sample.pte,
                                 "" if sample.maps is None else sample.maps])
-    return [_write_tsv(out / "runs.tsv", RUN_COLUMNS, run_rows),
-            _write_tsv(out / "samples.tsv", SAMPLE_COLUMNS, sample_rows)]
+    return [write_tsv(out / "runs.tsv", RUN_COLUMNS, run_rows),
+            write_tsv(out / "samples.tsv", SAMPLE_COLUMNS, sample_rows)]
 
 
 def write_summary_tsv(analysis: Analysis, out: Path) -> List[Path]:
@@ -713,8 +690,8 @@ def write_summary_tsv(analysis: Analysis, out: Path) -> List[Path]:
                          f"{spread[0]:.4f}" if spread else "", f"{spread[1]:.4f}" if spread else "",
                          f"{result.fit.intercept:.4f}", f"{result.fit.r2:.5f}", _number(result.overhead, 4),
                          _number(result.growth, 4)])
-    return [_write_tsv(out / "summary.tsv", SUMMARY_COLUMNS, rows),
-            _write_tsv(out / "fits.tsv", FIT_COLUMNS, fit_rows)]
+    return [write_tsv(out / "summary.tsv", SUMMARY_COLUMNS, rows),
+            write_tsv(out / "fits.tsv", FIT_COLUMNS, fit_rows)]
 
 
 def plot(analysis: Analysis, stem: Path, workload: Workload) -> List[Path]:
@@ -754,19 +731,12 @@ def plot(analysis: Analysis, stem: Path, workload: Workload) -> List[Path]:
         axes.grid(True, alpha=0.3)
         axes.legend(fontsize=8)
     figure.suptitle(f"Thread scaling: {workload.rounds} × {workload.objects:,} objects of "
-                    f"{_size(workload.min_size)}–{_size(workload.max_size)} per thread, "
+                    f"{size_text(workload.min_size)}–{size_text(workload.max_size)} per thread, "
                     f"{workload.keep_percent} % kept", fontsize=10)
     figure.tight_layout()
     written = _save(figure, stem)
     pyplot.close(figure)
     return written
-
-
-def _load_average() -> str:
-    try:
-        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        return "?"
 
 
 def write_markdown(analysis: Analysis, claims: Sequence[Claim], workload: Workload, environment: Sequence[str],
@@ -792,11 +762,7 @@ def write_markdown(analysis: Analysis, claims: Sequence[Claim], workload: Worklo
 # The experiment
 
 
-class ThreadScaling:
-    name = NAME
-    title = "Thread scaling: memory against the number of threads"
-    paper = "mimalloc thread-scaling study §4 (MiB per thread); issue 3's 2× target"
-
+class ThreadScaling(ExperimentBase):
     def run(self, context: Context) -> Outcome:
         binary = context.build_dir / BINARY
         if not binary.is_file():
@@ -808,7 +774,7 @@ class ThreadScaling:
                             f"threads: {', '.join(map(str, threads))}; {repetitions} repetition(s), allocators "
                             "interleaved within each"]
         failures: List[str] = []
-        load_start = _load_average()
+        load_start = load_average()
 
         with tempfile.TemporaryDirectory(prefix="meshalloc-thread-scaling-") as snapshot:
             chosen, skipped, origin = choose_allocators(context, Path(snapshot))
@@ -845,8 +811,8 @@ class ThreadScaling:
                          "should be deterministic")
         claims = build_claims(analysis, context.mode)
         environment = [f"{name}: {where}" for name, where in origin.items()]
-        environment.append(f"load average (1/5/15 min) at the start {load_start}, at the end {_load_average()}")
-        notes.append(f"load average at the start {load_start}, at the end {_load_average()} (2 CPUs are "
+        environment.append(f"load average (1/5/15 min) at the start {load_start}, at the end {load_average()}")
+        notes.append(f"load average at the start {load_start}, at the end {load_average()} (2 CPUs are "
                      "time-sliced between up to 48 threads: a busy machine adds noise)")
 
         out = context.out
@@ -858,4 +824,5 @@ class ThreadScaling:
                        failures=failures, notes=notes)
 
 
-EXPERIMENT = ThreadScaling()
+EXPERIMENT = ThreadScaling(name=NAME, title="Thread scaling: memory against the number of threads",
+                           paper="mimalloc thread-scaling study §4 (MiB per thread); issue 3's 2× target")
