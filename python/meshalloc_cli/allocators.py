@@ -71,7 +71,7 @@ class Allocator:
             env.pop(name, None)
         env.update(self.set_env)
         if self.library is not None:
-            env["LD_PRELOAD"] = str(self.library)
+            env["LD_PRELOAD"] = str(Path(self.library).resolve())  # ld.so resolves a relative path against the cwd
         return env
 
 

@@ -5,11 +5,12 @@ even when the user's environment says otherwise."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from conftest import meshalloc_library, run_meshalloc
 
-from meshalloc_cli.allocators import PAPER_CONFIGS
+from meshalloc_cli.allocators import PAPER_CONFIGS, Allocator
 
 pytestmark = pytest.mark.skipif(meshalloc_library() is None,
                                 reason="build/release/src/libmeshalloc.so is not built (run `make release`)")
@@ -42,3 +43,12 @@ def test_plain_meshalloc_keeps_the_users_settings(tmp_path):
     options = _library_options("meshalloc", tmp_path, {"MESHALLOC_MESH": "0", "MESHALLOC_RANDOMIZE": "1"})
     assert options["mesh"] is False
     assert options["randomize"] == 1
+
+
+def test_preload_path_is_absolute_whatever_the_working_directory(tmp_path):
+    """ld.so resolves a relative LD_PRELOAD against the program's working directory: a run in
+    another directory would silently fall back to glibc."""
+    relative = Path("results") / "libmeshalloc.so"
+    env = Allocator(name="meshalloc", library=relative, description="").environment({})
+    assert Path(env["LD_PRELOAD"]).is_absolute()
+    assert env["LD_PRELOAD"] == str(relative.resolve())

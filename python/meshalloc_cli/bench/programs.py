@@ -34,6 +34,9 @@ SCRIPTS = Path("bench") / "programs"  # relative to the repository root
 # preloaded and timed too, and the issue asks for Debian's programs).
 DEBIAN_PYTHON = Path("/usr/bin/python3")
 STDERR_TAIL_CHARACTERS = 300  # of a failed run's stderr, kept for the failure line
+# What ld.so prints (and then runs the program on glibc anyway) when LD_PRELOAD names a library
+# it cannot load: such a run measured the wrong allocator and must count as failed.
+PRELOAD_FAILURE = "from LD_PRELOAD cannot be preloaded"
 SEED = 2019
 
 
@@ -295,6 +298,8 @@ def timed_run(command: Sequence[str], allocator: Allocator, cwd: Optional[Path],
         process.wait()
         raise
     text = stderr.decode(errors="replace").strip()
+    if status == "ok" and PRELOAD_FAILURE in text:
+        status = "the allocator was not preloaded"
     return TimedRun(elapsed if status == "ok" else None, status, stdout.decode(errors="replace"),
                     text[-STDERR_TAIL_CHARACTERS:])
 

@@ -38,7 +38,7 @@ from .framework import FULL, QUICK, SMOKE, Claim, Context, ExperimentUnavailable
 from .common import (KEY_VALUE, BarPanel, ExperimentBase, checked_repetitions, claims_table, geomean, load_average,
                      machine_json, markdown_table, names_from, number, private_meshalloc_copy, quiet,
                      ratio_bar_chart, write_tsv)
-from .programs import Program, available_programs, memory_run, timed_run
+from .programs import PRELOAD_FAILURE, Program, available_programs, memory_run, timed_run
 
 NAME = "speed"
 ST, MT, PROGRAM = "st", "mt", "program"
@@ -399,6 +399,8 @@ def memory_pass(context: Context, workloads: Sequence[Workload], allocators: Seq
                     output = (directory / "stdout.txt").read_text(errors="replace").strip()
                     if not record.result.succeeded:
                         record.status = record.result.describe_exit()
+                    elif PRELOAD_FAILURE in (directory / "stderr.txt").read_text(errors="replace"):
+                        record.status = "the allocator was not preloaded"
                     elif workload.reference is not None and output != workload.reference:
                         record.status = "output differs from a run without preload"
                 records.append(record)
