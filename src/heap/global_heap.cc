@@ -102,6 +102,12 @@ void GlobalHeap::placeDetached(ClassState& state, MiniHeap* heap) {
   }
 }
 
+void GlobalHeap::refile(ClassState& state, MiniHeap* heap) {
+  unlink(state, heap);
+  heap->state = SpanState::kUnlisted;
+  placeDetached(state, heap);
+}
+
 void GlobalHeap::detachLocked(ClassState& state, MiniHeap* heap) {
   // seq_cst pairs with freeRemote: either this sees its decrement or it sees owner == nullptr.
   heap->owner.store(nullptr, std::memory_order_seq_cst);
@@ -145,9 +151,7 @@ void GlobalHeap::freeRemote(MiniHeap* heap, size_t slot, uintptr_t address) {
   if (live == 0) {
     destroySpan(state, heap);
   } else if (heap->state == SpanState::kFull && live < heap->objectCount) {
-    state.full.remove(heap);
-    heap->state = SpanState::kUnlisted;
-    placeDetached(state, heap);
+    refile(state, heap);
   }
 }
 
@@ -244,8 +248,7 @@ void GlobalHeap::returnMeshCandidates(unsigned sizeClass, MiniHeap* const* spans
   LockGuard guard(state.lock);
   for (size_t i = 0; i < count; i++) {
     if (spans[i]->state != SpanState::kMeshing) continue;
-    spans[i]->state = SpanState::kUnlisted;
-    placeDetached(state, spans[i]);
+    refile(state, spans[i]);
   }
 }
 

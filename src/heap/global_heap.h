@@ -78,6 +78,8 @@ class GlobalHeap {
   static MiniHeap* createSpan(unsigned sizeClass);
   static void destroySpan(ClassState& state, MiniHeap* heap);
   static void placeDetached(ClassState& state, MiniHeap* heap);
+  // Takes a detached span out of whatever list holds it and places it again by its live count.
+  static void refile(ClassState& state, MiniHeap* heap);
   static void detachLocked(ClassState& state, MiniHeap* heap);
   static void unlink(ClassState& state, MiniHeap* heap);
   static size_t binFor(const MiniHeap* heap, uint32_t live);

@@ -166,8 +166,9 @@ bool ThreadHeap::refill(unsigned sizeClass) {
   // room for spans that have some. (The vector is empty: no entry refers to a span index.)
   uint32_t reclaimable = 0;
   for (unsigned span = 0; span < v.attachedCount; span++) {
-    uint32_t live = v.spans[span]->liveCount.load(std::memory_order_acquire);
-    reclaimable += live < v.spans[span]->objectCount ? v.spans[span]->objectCount - live : 0;
+    const MiniHeap* heap = v.spans[span];
+    uint32_t live = heap->liveCount.load(std::memory_order_acquire);
+    reclaimable += live < heap->objectCount ? heap->objectCount - live : 0;
   }
   MiniHeap* released[kMaxSpansPerVector];
   unsigned releasedCount = 0;
