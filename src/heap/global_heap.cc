@@ -84,6 +84,7 @@ unsigned GlobalHeap::exchangeSpans(unsigned sizeClass, ThreadHeap* owner, MiniHe
   for (unsigned i = 0; i < count; i++) {
     acquired[i]->state = SpanState::kAttached;
     acquired[i]->owner.store(owner, std::memory_order_seq_cst);
+    acquired[i]->remoteFrees.store(MiniHeap::kRemoteFreesEmpty, std::memory_order_release);
   }
   return count;
 }
@@ -109,7 +110,7 @@ void GlobalHeap::refile(ClassState& state, MiniHeap* heap) {
 }
 
 void GlobalHeap::detachLocked(ClassState& state, MiniHeap* heap) {
-  // seq_cst pairs with freeRemote: either this sees its decrement or it sees owner == nullptr.
+  // seq_cst pairs with freeToBitmap: either this sees its decrement or it sees owner == nullptr.
   heap->owner.store(nullptr, std::memory_order_seq_cst);
   placeDetached(state, heap);
 }
@@ -122,11 +123,23 @@ void GlobalHeap::releaseSpan(MiniHeap* heap) {
 
 void GlobalHeap::freeRemote(MiniHeap* heap, size_t slot, uintptr_t address) {
   // A slot its owner already took back (a local free) still has its bit set: catch freeing it
-  // again from here before the bit is cleared under the owner's feet.
+  // again from here before the owner hands it out twice.
   ThreadHeap* owner = heap->owner.load(std::memory_order_acquire);
   if (owner && owner->holdsFreeSlot(heap, slot)) {
     reportHeapError(HeapError::kDoubleFree, "free", reinterpret_cast<void*>(address));
   }
+  switch (heap->pushRemoteFree(address)) {
+    case MiniHeap::RemotePush::kPushed:
+      return;
+    case MiniHeap::RemotePush::kAlreadyOnTop:
+      reportHeapError(HeapError::kDoubleFree, "free", reinterpret_cast<void*>(address));
+    case MiniHeap::RemotePush::kClosed:
+      freeToBitmap(heap, slot, address);
+      return;
+  }
+}
+
+void GlobalHeap::freeToBitmap(MiniHeap* heap, size_t slot, uintptr_t address) {
   if (!heap->bitmap().tryUnset(slot))
     reportHeapError(HeapError::kDoubleFree, "free", reinterpret_cast<void*>(address));
   // Read while our object still keeps the span alive: once the count drops, it may vanish.

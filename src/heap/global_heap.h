@@ -35,10 +35,15 @@ class GlobalHeap {
   static unsigned exchangeSpans(unsigned sizeClass, ThreadHeap* owner, MiniHeap* const* release,
                                 unsigned releaseCount, MiniHeap** acquired, unsigned maxAcquire,
                                 uint32_t wantSlots);
-  // Takes a span back from its owner; the owner has already returned its unused slots.
+  // Takes a span back from its owner; the owner has already returned its unused slots and
+  // closed its remote-free stack.
   static void releaseSpan(MiniHeap* heap);
-  // A free of slot `slot` of a span that is not attached to the calling thread.
+  // A free of slot `slot` of a span that is not attached to the calling thread: onto the
+  // span's remote-free stack while it is attached to another thread, else through the bitmap.
   static void freeRemote(MiniHeap* heap, size_t slot, uintptr_t address);
+  // A free through the bitmap (the owner's own free when its vector is full, or any free of a
+  // detached span): clears the slot's bit and places the span if the free changed its list.
+  static void freeToBitmap(MiniHeap* heap, size_t slot, uintptr_t address);
 
   static void* allocateLarge(size_t bytes, size_t alignment, bool* zeroed);
   static void freeLarge(MiniHeap* heap, uintptr_t address);

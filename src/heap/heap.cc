@@ -139,6 +139,7 @@ void freeResolved(void* pointer, MiniHeap* mini, int64_t slot) {
   ThreadHeap* heap = tlsThreadHeap;
   if (heap && mini->owner.load(std::memory_order_relaxed) == heap) {
     ShuffleVector& v = heap->vector(mini->sizeClass);
+    heap->drainRemoteFrees(v, mini->attachIndex, MiniHeap::kRemoteFreesEmpty);
     if (v.contains(mini->attachIndex, static_cast<size_t>(slot)) ||
         !mini->bitmap().isSet(static_cast<size_t>(slot))) {
       reportHeapError(HeapError::kDoubleFree, "free", pointer);
@@ -147,6 +148,9 @@ void freeResolved(void* pointer, MiniHeap* mini, int64_t slot) {
       v.push(mini->attachIndex, static_cast<uint32_t>(slot));
       return;
     }
+    // The span stays attached and reclaims the slot from its bitmap on the next refill.
+    GlobalHeap::freeToBitmap(mini, static_cast<size_t>(slot), address);
+    return;
   }
   GlobalHeap::freeRemote(mini, static_cast<size_t>(slot), address);
 }

@@ -64,9 +64,13 @@ inline void deallocate(void* pointer) {
         int64_t slot = mini->slotOf(address - spanStart);
         // A full vector (its spans can have more slots out than it holds) sends the slot back
         // through the bitmap instead; the span stays attached and reclaims it on refill. The
-        // bitmap bit is clear if another thread already freed this slot (a double free).
+        // bitmap bit is clear if another thread already freed this slot (a double free); if
+        // other threads' frees wait on the span's stack, the slow path drains them first so
+        // that check sees them (remoteFrees shares the bitmap's cache line: no extra miss).
         if (__builtin_expect(slot >= 0 && !v.contains(span, static_cast<size_t>(slot)) &&
                                  v.length < v.capacity &&
+                                 mini->remoteFrees.load(std::memory_order_relaxed) ==
+                                     MiniHeap::kRemoteFreesEmpty &&
                                  mini->bitmap().isSet(static_cast<size_t>(slot)),
                              1)) {
           if (heap->randomization() == Randomization::kOnRefillAndFree) {

@@ -53,10 +53,36 @@ struct MiniHeap : ListNode {
   MeshInfo* mesh = nullptr;
   // --- second cache line: what remote frees write, kept off the line the owner's lock-free
   // free path reads (the fields above), so a remote free does not evict that line. ---
+  // Frees from other threads while the span is attached: a stack of freed blocks linked through
+  // their first word, which the owner drains into the bitmap (see remoteFrees below). One CAS
+  // per remote free, and the owner's lines are not touched.
+  std::atomic<uintptr_t> remoteFrees{kRemoteFreesClosed};
   // Slots currently owned (allocated to the program or held in the owner's shuffle vector).
+  // Blocks waiting in remoteFrees still count as owned until the owner drains them.
   std::atomic<uint32_t> liveCount{0};
   size_t requestedBytes = 0;  // large objects only, for statistics
   // Trailing storage: AtomicBitmap words (objectCount bits), on the same line as liveCount.
+
+  // remoteFrees holds kRemoteFreesClosed while the span is detached (remote frees go straight
+  // to the bitmap; zeroed metadata starts closed) and kRemoteFreesEmpty, or the top block of the
+  // stack, while attached. Blocks are 16-byte aligned, so neither value is a block address.
+  static constexpr uintptr_t kRemoteFreesClosed = 0;
+  static constexpr uintptr_t kRemoteFreesEmpty = 1;
+
+  enum class RemotePush { kPushed, kClosed, kAlreadyOnTop };
+  // Pushes a freed block of this span onto remoteFrees. kClosed: the span is not attached, the
+  // caller frees through the bitmap. kAlreadyOnTop: the same block was just pushed (a double
+  // free; other repeats are caught when the owner drains). Writes the block's first word.
+  RemotePush pushRemoteFree(uintptr_t block) {
+    uintptr_t top = remoteFrees.load(std::memory_order_relaxed);
+    do {
+      if (top == kRemoteFreesClosed) return RemotePush::kClosed;
+      if (top == block) return RemotePush::kAlreadyOnTop;
+      *reinterpret_cast<uintptr_t*>(block) = top;
+    } while (!remoteFrees.compare_exchange_weak(top, block, std::memory_order_release,
+                                                std::memory_order_relaxed));
+    return RemotePush::kPushed;
+  }
 
   static size_t bytesFor(size_t objectCount) {
     return sizeof(MiniHeap) + AtomicBitmap::wordsFor(objectCount) * sizeof(std::atomic<uint64_t>);

@@ -2,6 +2,8 @@
 
 #include <new>
 
+#include "heap/arena.h"
+#include "heap/errors.h"
 #include "heap/global_heap.h"
 #include "heap/internal_heap.h"
 #include "platform/os.h"
@@ -21,7 +23,7 @@ size_t wordsPerSpan(unsigned sizeClass) {
 }
 uint32_t vectorCapacity(unsigned sizeClass) {
   uint32_t perSpan = SizeClasses::plan(sizeClass).objectCount;
-  uint32_t all = kMaxSpansPerVector * perSpan;
+  uint32_t all = kVectorSpansWorth * perSpan;
   uint32_t budget = perSpan > kVectorEntryBudget ? perSpan : kVectorEntryBudget;
   return all < budget ? all : budget;
 }
@@ -102,6 +104,32 @@ bool ThreadHeap::holdsFreeSlot(MiniHeap* span, size_t slot) {
 #endif
 }
 
+void ThreadHeap::drainRemoteFrees(ShuffleVector& v, unsigned span, uintptr_t leaveAs) {
+  MiniHeap* heap = v.spans[span];
+  uintptr_t block = heap->remoteFrees.load(std::memory_order_relaxed);
+  if (block == leaveAs) return;
+  block = heap->remoteFrees.exchange(leaveAs, std::memory_order_acquire);
+  AtomicBitmap bitmap = heap->bitmap();
+  size_t spanBytes = heap->spanBytes(Arena::pageSize());
+  uint32_t drained = 0;
+  while (block != MiniHeap::kRemoteFreesEmpty && block != MiniHeap::kRemoteFreesClosed) {
+    uintptr_t next = *reinterpret_cast<const uintptr_t*>(block);
+    // A block freed through a meshed alias lies in another virtual span of the same pages.
+    uintptr_t start = heap->spanStart;
+    if (block - start >= spanBytes) start = Arena::spanStartOf(block, Arena::entryFor(block));
+    int64_t slot = heap->slotOf(block - start);
+    // Pushed twice (the second push made the block its own successor), freed here too (it sits
+    // in the vector), or freed through the bitmap already: each is a double free.
+    if (slot < 0 || v.contains(span, static_cast<size_t>(slot)) ||
+        !bitmap.tryUnset(static_cast<size_t>(slot))) {
+      reportHeapError(HeapError::kDoubleFree, "free", reinterpret_cast<void*>(block));
+    }
+    drained++;
+    block = next;
+  }
+  if (drained) heap->liveCount.fetch_sub(drained, std::memory_order_acq_rel);
+}
+
 void ThreadHeap::claimFreeSlots(ShuffleVector& v, unsigned span) {
   MiniHeap* heap = v.spans[span];
   AtomicBitmap bitmap = heap->bitmap();
@@ -166,20 +194,34 @@ bool ThreadHeap::refill(unsigned sizeClass) {
   // room for spans that have some. (The vector is empty: no entry refers to a span index.)
   uint32_t reclaimable = 0;
   for (unsigned span = 0; span < v.attachedCount; span++) {
+    drainRemoteFrees(v, span, MiniHeap::kRemoteFreesEmpty);
     const MiniHeap* heap = v.spans[span];
     uint32_t live = heap->liveCount.load(std::memory_order_acquire);
     reclaimable += live < heap->objectCount ? heap->objectCount - live : 0;
   }
   MiniHeap* released[kMaxSpansPerVector];
   unsigned releasedCount = 0;
+  auto release = [&](unsigned span) {
+    drainRemoteFrees(v, span, MiniHeap::kRemoteFreesClosed);
+    released[releasedCount++] = v.spans[span];
+    removeSpan(v, span);
+  };
   if (reclaimable < wanted) {
     for (unsigned span = v.attachedCount;
          span-- > 0 && kMaxSpansPerVector - v.attachedCount < kRefillMinRoom;) {
-      MiniHeap* heap = v.spans[span];
-      if (heap->liveCount.load(std::memory_order_acquire) >= heap->objectCount) {
-        released[releasedCount++] = heap;
-        removeSpan(v, span);
-      }
+      const MiniHeap* heap = v.spans[span];
+      if (heap->liveCount.load(std::memory_order_acquire) >= heap->objectCount) release(span);
+    }
+  } else if (reclaimable > v.capacity) {
+    // Free slots of attached spans are memory only this thread can use: beyond what one vector
+    // holds, hand spans with free slots back, where other threads and the mesher can use them.
+    for (unsigned span = v.attachedCount; span-- > 0 && reclaimable > v.capacity;) {
+      const MiniHeap* heap = v.spans[span];
+      uint32_t live = heap->liveCount.load(std::memory_order_acquire);
+      uint32_t free = live < heap->objectCount ? heap->objectCount - live : 0;
+      if (free == 0 || reclaimable - free < wanted) continue;
+      reclaimable -= free;
+      release(span);
     }
   }
   // Slots freed into attached spans through their bitmaps (by other threads, or by this one
@@ -207,6 +249,9 @@ bool ThreadHeap::refill(unsigned sizeClass) {
 void ThreadHeap::detachAll(unsigned sizeClass) {
   ShuffleVector& v = vectors_[sizeClass];
   for (unsigned span = 0; span < v.attachedCount; span++) {
+    // Before the vector's slots go back: a block both in the vector and on the stack is a
+    // double free, which draining detects only while the vector still says so.
+    drainRemoteFrees(v, span, MiniHeap::kRemoteFreesClosed);
     MiniHeap* heap = v.spans[span];
     AtomicBitmap bitmap = heap->bitmap();
     uint32_t returned = 0;

@@ -16,7 +16,15 @@
 
 namespace meshalloc {
 
-constexpr unsigned kMaxSpansPerVector = 8;
+// How many spans of one class a thread may hold attached. Full attached spans cost nothing (no
+// free slot sits idle in them), and while a span is attached its owner's frees are local
+// pushes; once a thread's live objects of a class outgrow its table, most of its own frees
+// become remote frees and its refills swap spans through the global heap's lock. With 8 spans
+// that kept larson at 2-3x mimalloc's time. Idle free slots are bounded separately (refill
+// hands back spans whose free slots exceed a vector's capacity).
+constexpr unsigned kMaxSpansPerVector = 32;
+// A vector holds at most this many spans' worth of slots (and at most kVectorEntryBudget).
+constexpr unsigned kVectorSpansWorth = 8;
 // A refill that must fetch spans first releases full attached spans until this many entries of
 // the span table are free: enough for exchangeSpans to cover a vector's worth of slots from
 // partial spans, while the other full spans stay attached for the local frees to come.
@@ -47,7 +55,7 @@ struct ShuffleVector {
     return (*inVectorWord(span, slot) >> (slot % 64)) & 1;
   }
   // Only the owner writes these words, but other threads peek at them to catch a double free
-  // (see containsFromAnotherThread): single-copy-atomic stores, same code as plain ones.
+  // (ThreadHeap::holdsFreeSlot): single-copy-atomic stores, same code as plain ones.
   void setInVectorWord(unsigned span, size_t slot, uint64_t value) {
     __atomic_store_n(inVectorWord(span, slot), value, __ATOMIC_RELAXED);
   }
@@ -83,8 +91,13 @@ class ThreadHeap {
 
   // Best effort, from another thread: true if `slot` of `span` (attached here) sits free in
   // this heap's vector, i.e. freeing it again would be a double free. May miss while this
-  // heap is refilling; never claims a slot the owner has handed out.
+  // heap is refilling; never claims a slot the owner has handed out. It reads the span table
+  // and one inVector word, not the vector's hot fields (length, entries).
   bool holdsFreeSlot(MiniHeap* span, size_t slot);
+  // Moves the blocks other threads pushed onto attached span `span`'s remote-free stack into
+  // its bitmap (clearing their bits), and leaves the stack empty, or closed for a span about
+  // to be released. Reports a block freed twice.
+  void drainRemoteFrees(ShuffleVector& v, unsigned span, uintptr_t leaveAs);
 
   // Refills the (empty) vector of `sizeClass`; false when memory is exhausted.
   bool refill(unsigned sizeClass);
