@@ -293,8 +293,7 @@ void Arena::release(uintptr_t start, size_t pages, bool mayCache) {
   uint64_t now = os::monotonicNanos();
   if (mayCache && bytes <= gHeapConfig.maxCachedRunBytes && gHeapConfig.dirtyCacheBytes > 0) {
     insertDirty(start, pages, now);
-    if (stats_.dirtyBytes > gHeapConfig.dirtyCacheBytes ||
-        now - lastDecayCheckNs_ > kDecayCheckIntervalNs) {
+    if (stats_.dirtyBytes > dirtyLimitLocked() || now - lastDecayCheckNs_ > kDecayCheckIntervalNs) {
       purgeLocked(false, now);
     }
     return;
@@ -302,6 +301,11 @@ void Arena::release(uintptr_t start, size_t pages, bool mayCache) {
   os::decommit(reinterpret_cast<void*>(start), bytes);
   stats_.purgedBytesTotal += bytes;
   releaseClean(start, pages);
+}
+
+size_t Arena::dirtyLimitLocked() {
+  size_t proportional = stats_.activeBytes / 100 * gHeapConfig.dirtyCachePercent;
+  return proportional > gHeapConfig.dirtyCacheBytes ? proportional : gHeapConfig.dirtyCacheBytes;
 }
 
 size_t Arena::purgeLocked(bool everything, uint64_t nowNs) {
@@ -316,7 +320,7 @@ size_t Arena::purgeLocked(bool everything, uint64_t nowNs) {
     }
     if (!oldest) break;
     bool expired = nowNs - oldest->freedAtNs >= gHeapConfig.decayMs * kNanosPerMilli;
-    bool overLimit = stats_.dirtyBytes > gHeapConfig.dirtyCacheBytes;
+    bool overLimit = stats_.dirtyBytes > dirtyLimitLocked();
     if (!everything && !expired && !overLimit) break;
     removeDirty(oldest);
     size_t bytes = oldest->pages << pageShift_;

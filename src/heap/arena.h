@@ -169,6 +169,8 @@ class Arena {
   static void markDirty(DirtyRun* run);
   static void removeDirty(DirtyRun* run);
   static size_t purgeLocked(bool everything, uint64_t nowNs);
+  // Most dirty bytes kept: the dirty_cache option or dirty_cache_percent of the active bytes.
+  static size_t dirtyLimitLocked();
   static void splitAndTake(FreeRun* run, uintptr_t start, size_t pages);
 
   static inline Mutex lock_;

@@ -16,6 +16,7 @@ const OptionView kOptions[] = {
     {"mesh", OptionView::kBool, &gHeapConfig.meshing},
     {"randomize", OptionView::kRandomization, &gHeapConfig.randomization},
     {"dirty_cache", OptionView::kSize, &gHeapConfig.dirtyCacheBytes},
+    {"dirty_cache_percent", OptionView::kUnsigned, &gHeapConfig.dirtyCachePercent},
     {"decay_ms", OptionView::kUnsigned, &gHeapConfig.decayMs},
     {"max_cached_run", OptionView::kSize, &gHeapConfig.maxCachedRunBytes},
     {"mesh_period_ms", OptionView::kUnsigned, &gHeapConfig.meshPeriodMs},

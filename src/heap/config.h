@@ -20,6 +20,10 @@ struct HeapConfig {
   bool meshing = true;
   Randomization randomization = Randomization::kOnRefillAndFree;
   size_t dirtyCacheBytes = size_t{32} << 20;
+  // ... or this percentage of the pages in use, if more. Off by default: it trades memory for
+  // fewer page faults (a heap churning large objects of many sizes re-faults what the byte
+  // limit decommits), and a memory-saving allocator should not make that trade unasked.
+  uint64_t dirtyCachePercent = 0;
   uint64_t decayMs = 1000;
   // Runs larger than this are decommitted at once instead of cached.
   size_t maxCachedRunBytes = size_t{8} << 20;

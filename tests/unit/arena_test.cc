@@ -5,6 +5,7 @@
 #include <cstring>
 #include <vector>
 
+#include "heap/config.h"
 #include "heap/heap.h"
 
 namespace meshalloc {
@@ -110,6 +111,29 @@ TEST_F(ArenaTest, DirtyCacheDecaysToTheOs) {
   Arena::release(run, 4, true);
   EXPECT_GE(Arena::stats().dirtyBytes, 4 * page());
   EXPECT_GT(Arena::purge(true), 0u);
+  EXPECT_EQ(Arena::stats().dirtyBytes, 0u);
+}
+
+// The cache holds up to dirty_cache bytes or dirty_cache_percent of the active pages, whichever
+// is more, so a large heap churning large objects does not decommit and re-fault them.
+TEST_F(ArenaTest, DirtyCacheLimitScalesWithTheActivePages) {
+  const HeapConfig saved = gHeapConfig;
+  Arena::purge(true);
+  gHeapConfig.dirtyCacheBytes = page();
+  gHeapConfig.dirtyCachePercent = 100;
+  bool zeroed;
+  uintptr_t live = Arena::allocate(64, 0, &zeroed);
+  uintptr_t first = Arena::allocate(16, 0, &zeroed);
+  uintptr_t second = Arena::allocate(16, 0, &zeroed);
+  ASSERT_TRUE(live && first && second);
+  Arena::release(first, 16, true);
+  EXPECT_GE(Arena::stats().dirtyBytes, 16 * page()) << "16 pages are within 100 % of 64+ active";
+  gHeapConfig.dirtyCachePercent = 0;
+  Arena::release(second, 16, true);
+  EXPECT_LE(Arena::stats().dirtyBytes, page()) << "with the percentage off, the byte limit rules";
+  gHeapConfig = saved;
+  Arena::release(live, 64, true);
+  Arena::purge(true);
   EXPECT_EQ(Arena::stats().dirtyBytes, 0u);
 }
 
