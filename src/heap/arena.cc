@@ -319,8 +319,9 @@ size_t Arena::purgeLocked(bool everything, uint64_t nowNs) {
       if (candidate && (!oldest || candidate->freedAtNs < oldest->freedAtNs)) oldest = candidate;
     }
     if (!oldest) break;
-    bool expired = nowNs - oldest->freedAtNs >= gHeapConfig.decayMs * kNanosPerMilli;
-    bool overLimit = stats_.dirtyBytes > dirtyLimitLocked();
+    uint64_t age = nowNs - oldest->freedAtNs;
+    bool expired = age >= gHeapConfig.decayMs * kNanosPerMilli;
+    bool overLimit = stats_.dirtyBytes > dirtyLimitLocked() && age >= kMinPurgeAgeNs;
     if (!everything && !expired && !overLimit) break;
     removeDirty(oldest);
     size_t bytes = oldest->pages << pageShift_;

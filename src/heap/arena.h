@@ -70,6 +70,10 @@ class Arena {
   static constexpr size_t kBins = kExactBins + 48;
   // How often (at most) arena calls look for dirty runs that have outlived the decay time.
   static constexpr uint64_t kDecayCheckIntervalNs = 10'000'000;
+  // Over the cache limit, runs younger than this are still kept: a program churning large
+  // objects reuses them within microseconds, and decommitting them only to fault them in again
+  // costs more than the memory is worth for that long.
+  static constexpr uint64_t kMinPurgeAgeNs = 10'000'000;
   static constexpr uint64_t kNanosPerMilli = 1000000;
 
   static bool init();

@@ -2,7 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "heap/config.h"
@@ -130,6 +132,9 @@ TEST_F(ArenaTest, DirtyCacheLimitScalesWithTheActivePages) {
   EXPECT_GE(Arena::stats().dirtyBytes, 16 * page()) << "16 pages are within 100 % of 64+ active";
   gHeapConfig.dirtyCachePercent = 0;
   Arena::release(second, 16, true);
+  EXPECT_GE(Arena::stats().dirtyBytes, 32 * page()) << "runs younger than kMinPurgeAgeNs stay";
+  std::this_thread::sleep_for(std::chrono::nanoseconds(2 * Arena::kMinPurgeAgeNs));
+  Arena::purge(false);
   EXPECT_LE(Arena::stats().dirtyBytes, page()) << "with the percentage off, the byte limit rules";
   gHeapConfig = saved;
   Arena::release(live, 64, true);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <set>
 #include <thread>
@@ -138,6 +139,45 @@ TEST_F(HeapTest, RemoteFreesEmptyAndReleaseSpans) {
     for (void* p : blocks) heap::deallocate(p);
   });
   EXPECT_LT(Arena::stats().activeBytes + kCount * kSize / 2, activeWithObjects);
+}
+
+// Frees by another thread into spans still attached to their owner wait on the spans' stacks;
+// the owner's next refill must drain them and hand the same slots out again (no new spans),
+// and an owner that exits with blocks still on its stacks must return them too.
+TEST_F(HeapTest, RemoteFreesIntoAttachedSpansAreReusedAndReturned) {
+  constexpr size_t kSize = 256;
+  constexpr size_t kCount = 200;  // about 13 spans: all stay attached to the owner
+  const unsigned sizeClass = SizeClasses::classOf(kSize);
+  auto liveObjects = [&] { return api::collectStats().classes[sizeClass].liveObjects; };
+  const size_t liveBefore = liveObjects();
+  std::atomic<int> step{0};
+  std::vector<void*> first(kCount), second(kCount);
+  auto waitFor = [&](int value) {
+    while (step.load() != value) std::this_thread::yield();
+  };
+  std::thread owner([&] {
+    for (auto& p : first) p = heap::allocate(kSize);
+    step = 1;
+    waitFor(2);  // the other thread has freed them all
+    for (auto& p : second) p = heap::allocate(kSize);
+    step = 3;
+    waitFor(4);  // ...and the second batch too, which the owner never drains before exiting
+  });
+  std::thread other([&] {
+    waitFor(1);
+    for (void* p : first) heap::deallocate(p);
+    step = 2;
+    waitFor(3);
+    for (void* p : second) heap::deallocate(p);
+    step = 4;
+  });
+  owner.join();
+  other.join();
+  std::set<void*> firstSet(first.begin(), first.end());
+  size_t reused = 0;
+  for (void* p : second) reused += firstSet.count(p);
+  EXPECT_GE(reused, kCount * 9 / 10) << "the owner took new memory instead of its freed slots";
+  EXPECT_EQ(liveObjects(), liveBefore) << "blocks left on an exiting owner's stacks leaked";
 }
 
 TEST_F(HeapTest, ThreadExitReturnsAttachedSpans) {
