@@ -310,6 +310,7 @@ size_t Arena::dirtyLimitLocked() {
 
 size_t Arena::purgeLocked(bool everything, uint64_t nowNs) {
   lastDecayCheckNs_ = nowNs;
+  const size_t limit = dirtyLimitLocked();  // purging changes the dirty bytes, not the active
   size_t purged = 0;
   for (;;) {
     // The oldest run of each bin is at its back; purge the globally oldest first.
@@ -321,7 +322,7 @@ size_t Arena::purgeLocked(bool everything, uint64_t nowNs) {
     if (!oldest) break;
     uint64_t age = nowNs - oldest->freedAtNs;
     bool expired = age >= gHeapConfig.decayMs * kNanosPerMilli;
-    bool overLimit = stats_.dirtyBytes > dirtyLimitLocked() && age >= kMinPurgeAgeNs;
+    bool overLimit = stats_.dirtyBytes > limit && age >= kMinPurgeAgeNs;
     if (!everything && !expired && !overLimit) break;
     removeDirty(oldest);
     size_t bytes = oldest->pages << pageShift_;

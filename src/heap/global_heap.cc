@@ -70,8 +70,7 @@ unsigned GlobalHeap::exchangeSpans(unsigned sizeClass, ThreadHeap* owner, MiniHe
     while (count < maxAcquire && covered < wantSlots) {
       MiniHeap* heap = state.partial[bin].popFront();
       if (!heap) break;
-      uint32_t live = heap->liveCount.load(std::memory_order_relaxed);
-      covered += live < heap->objectCount ? heap->objectCount - live : 0;
+      covered += heap->freeSlots();
       acquired[count++] = heap;
     }
   }
@@ -282,10 +281,9 @@ void GlobalHeap::partialOccupancy(unsigned sizeClass, size_t* spans, size_t* fre
   *freeSlots = 0;
   auto count = [&](IntrusiveList<MiniHeap>& list) {
     for (MiniHeap* heap = list.front(); heap; heap = list.next(heap)) {
-      uint32_t live = heap->liveCount.load(std::memory_order_relaxed);
-      if (live < heap->objectCount) {
+      if (uint32_t free = heap->freeSlots()) {
         (*spans)++;
-        *freeSlots += heap->objectCount - live;
+        *freeSlots += free;
       }
     }
   };

@@ -84,6 +84,13 @@ struct MiniHeap : ListNode {
     return RemotePush::kPushed;
   }
 
+  // Slots neither handed out nor held in the owner's vector (blocks still waiting in remoteFrees
+  // count as held).
+  uint32_t freeSlots() const {
+    uint32_t live = liveCount.load(std::memory_order_acquire);
+    return live < objectCount ? objectCount - live : 0;
+  }
+
   static size_t bytesFor(size_t objectCount) {
     return sizeof(MiniHeap) + AtomicBitmap::wordsFor(objectCount) * sizeof(std::atomic<uint64_t>);
   }

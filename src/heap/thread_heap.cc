@@ -195,9 +195,7 @@ bool ThreadHeap::refill(unsigned sizeClass) {
   uint32_t reclaimable = 0;
   for (unsigned span = 0; span < v.attachedCount; span++) {
     drainRemoteFrees(v, span, MiniHeap::kRemoteFreesEmpty);
-    const MiniHeap* heap = v.spans[span];
-    uint32_t live = heap->liveCount.load(std::memory_order_acquire);
-    reclaimable += live < heap->objectCount ? heap->objectCount - live : 0;
+    reclaimable += v.spans[span]->freeSlots();
   }
   MiniHeap* released[kMaxSpansPerVector];
   unsigned releasedCount = 0;
@@ -209,16 +207,13 @@ bool ThreadHeap::refill(unsigned sizeClass) {
   if (reclaimable < wanted) {
     for (unsigned span = v.attachedCount;
          span-- > 0 && kMaxSpansPerVector - v.attachedCount < kRefillMinRoom;) {
-      const MiniHeap* heap = v.spans[span];
-      if (heap->liveCount.load(std::memory_order_acquire) >= heap->objectCount) release(span);
+      if (v.spans[span]->freeSlots() == 0) release(span);
     }
   } else if (reclaimable > v.capacity) {
     // Free slots of attached spans are memory only this thread can use: beyond what one vector
     // holds, hand spans with free slots back, where other threads and the mesher can use them.
     for (unsigned span = v.attachedCount; span-- > 0 && reclaimable > v.capacity;) {
-      const MiniHeap* heap = v.spans[span];
-      uint32_t live = heap->liveCount.load(std::memory_order_acquire);
-      uint32_t free = live < heap->objectCount ? heap->objectCount - live : 0;
+      uint32_t free = v.spans[span]->freeSlots();
       if (free == 0 || reclaimable - free < wanted) continue;
       reclaimable -= free;
       release(span);

@@ -23,7 +23,8 @@ namespace meshalloc {
 // that kept larson at 2-3x mimalloc's time. Idle free slots are bounded separately (refill
 // hands back spans whose free slots exceed a vector's capacity).
 constexpr unsigned kMaxSpansPerVector = 32;
-// A vector holds at most this many spans' worth of slots (and at most kVectorEntryBudget).
+// A vector holds at most this many spans' worth of slots, and at most max(objects per span,
+// kVectorEntryBudget).
 constexpr unsigned kVectorSpansWorth = 8;
 // A refill that must fetch spans first releases full attached spans until this many entries of
 // the span table are free: enough for exchangeSpans to cover a vector's worth of slots from
@@ -91,8 +92,9 @@ class ThreadHeap {
 
   // Best effort, from another thread: true if `slot` of `span` (attached here) sits free in
   // this heap's vector, i.e. freeing it again would be a double free. May miss while this
-  // heap is refilling; never claims a slot the owner has handed out. It reads the span table
-  // and one inVector word, not the vector's hot fields (length, entries).
+  // heap is refilling; never claims a slot the owner has handed out. It reads the span table,
+  // the vector's inVector layout and one inVector word; the word costs the owner a miss on its
+  // next pop or push of that span's slots.
   bool holdsFreeSlot(MiniHeap* span, size_t slot);
   // Moves the blocks other threads pushed onto attached span `span`'s remote-free stack into
   // its bitmap (clearing their bits), and leaves the stack empty, or closed for a span about
