@@ -29,14 +29,16 @@ enum InitState : int { kUninitialized = 0, kInitializing = 1, kReady = 2, kFaile
 std::atomic<int> gInitState{kUninitialized};
 pthread_key_t gThreadExitKey;
 
+ForkHooks gForkHooks = {};
+void (*gRefillHook)() = nullptr;
+void (*gThreadExitHook)() = nullptr;
+
 void onThreadExit(void* value) {
   ThreadHeap* heap = static_cast<ThreadHeap*>(value);
   if (tlsThreadHeap == heap) tlsThreadHeap = nullptr;
   heap->retire();
+  if (gThreadExitHook) gThreadExitHook();
 }
-
-ForkHooks gForkHooks = {};
-void (*gRefillHook)() = nullptr;
 
 void prepareFork() {
   if (gForkHooks.prepareFirst) gForkHooks.prepareFirst();
@@ -174,6 +176,9 @@ ThreadHeap* currentThreadHeap() {
 }
 void setRefillHook(void (*hook)()) {
   gRefillHook = hook;
+}
+void setThreadExitHook(void (*hook)()) {
+  gThreadExitHook = hook;
 }
 
 bool ensureInitialized() {

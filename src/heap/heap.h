@@ -32,6 +32,8 @@ void setForkHooks(const ForkHooks& hooks);
 // Called (with no lock held) after a refill had to go to the global heap: the heap grew or
 // churned, a moment for the meshing policy to look at it.
 void setRefillHook(void (*hook)());
+// Called (with no lock held) after an exiting thread handed its spans back to the global heap.
+void setThreadExitHook(void (*hook)());
 void* allocateSlow(size_t size);
 void deallocateSlow(void* pointer);
 

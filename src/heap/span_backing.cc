@@ -12,6 +12,72 @@ namespace {
 // The file is grown in steps this large (a memfd's size costs nothing until pages are written).
 constexpr size_t kFileGrowthBytes = size_t{256} << 20;
 constexpr char kFileName[] = "meshalloc-meshed-spans";
+
+// One bit per page of a span: the pages that hold (part of) a live object.
+struct PageMask {
+  uint64_t words[(kMaxSpanPages + 63) / 64];
+};
+
+PageMask livePages(MiniHeap* span, size_t pageSize) {
+  PageMask mask = {};
+  AtomicBitmap bitmap = span->bitmap();
+  size_t objectSize = span->objectSize;
+  for (size_t w = 0; w < bitmap.words(); w++) {
+    uint64_t bits = bitmap.loadWord(w);
+    while (bits) {
+      size_t slot = w * 64 + static_cast<size_t>(__builtin_ctzll(bits));
+      bits &= bits - 1;
+      size_t last = (slot * objectSize + objectSize - 1) / pageSize;
+      for (size_t page = slot * objectSize / pageSize; page <= last; page++)
+        mask.words[page / 64] |= uint64_t{1} << (page % 64);
+    }
+  }
+  return mask;
+}
+
+// Calls fn(firstPage, pageCount) for each run of consecutive pages set in `mask`.
+template <typename Fn>
+void forEachRun(const PageMask& mask, size_t pages, Fn fn) {
+  size_t page = 0;
+  while (page < pages) {
+    if (!((mask.words[page / 64] >> (page % 64)) & 1)) {
+      page++;
+      continue;
+    }
+    size_t first = page;
+    while (page < pages && ((mask.words[page / 64] >> (page % 64)) & 1)) page++;
+    fn(first, page - first);
+  }
+}
+
+// Only the pages holding live objects are copied into the file: the others stay holes, which
+// cost no memory until a slot there is handed out and written. The copy goes through pwrite,
+// not through the new mapping, because the span is write-protected while it moves.
+bool writeLivePages(int fd, size_t offset, MiniHeap* span, const PageMask& live) {
+  size_t pageSize = Arena::pageSize();
+  bool written = true;
+  forEachRun(live, span->spanPages, [&](size_t first, size_t count) {
+    if (written) {
+      written = os::writeToFile(fd, offset + first * pageSize,
+                                reinterpret_cast<void*>(span->spanStart + first * pageSize),
+                                count * pageSize);
+    }
+  });
+  return written;
+}
+
+// File mappings fill in lazily. Reading each written page through the span's own mapping maps
+// it now, so every page of the file is mapped somewhere and the process's PSS counts it (a
+// file page no mapping has touched is missing from PSS). MAP_POPULATE cannot do this: on a
+// memory file it allocates a page for every hole. Aliases stay lazy; their first touch maps
+// the pages that exist.
+void mapLivePages(uintptr_t start, size_t pages, const PageMask& live) {
+  size_t pageSize = Arena::pageSize();
+  forEachRun(live, pages, [&](size_t first, size_t count) {
+    for (size_t page = first; page < first + count; page++)
+      (void)*reinterpret_cast<volatile const char*>(start + page * pageSize);
+  });
+}
 }  // namespace
 
 bool SpanBacking::ensureFile() {
@@ -76,13 +142,16 @@ bool SpanBacking::share(MiniHeap* span) {
     return false;
   }
   void* start = reinterpret_cast<void*>(span->spanStart);
-  // The span is write-protected by the caller, so its content cannot change under the copy.
-  if (injectedFailure() || !os::writeToFile(fd_, offset, start, bytes) ||
+  // The span is write-protected by the caller, so its content cannot change under the copy, and
+  // no slot is handed out while it is a mesh candidate, so no page becomes live meanwhile.
+  PageMask live = livePages(span, Arena::pageSize());
+  if (injectedFailure() || !writeLivePages(fd_, offset, span, live) ||
       !os::mapFileFixed(start, bytes, fd_, offset)) {
     freeFileRangeLocked(offset, bytes);
     InternalHeap::free(info, sizeof(MeshInfo));
     return false;
   }
+  mapLivePages(span->spanStart, span->spanPages, live);
   info->owner = span;
   info->fileOffset = offset;
   info->aliasCount = 0;
@@ -181,8 +250,10 @@ void SpanBacking::copyToPrivateFileInChild() {
   for (MeshInfo* info = shared_.front(); info; info = shared_.next(info)) {
     MiniHeap* span = info->owner;
     size_t bytes = span->spanBytes(pageSize);
-    os::writeToFile(childFd, info->fileOffset, reinterpret_cast<void*>(span->spanStart), bytes);
+    PageMask live = livePages(span, pageSize);
+    writeLivePages(childFd, info->fileOffset, span, live);
     os::mapFileFixed(reinterpret_cast<void*>(span->spanStart), bytes, childFd, info->fileOffset);
+    mapLivePages(span->spanStart, span->spanPages, live);
     for (uint32_t i = 0; i < info->aliasCount; i++) {
       os::mapFileFixed(reinterpret_cast<void*>(info->aliases[i]), bytes, childFd, info->fileOffset);
     }

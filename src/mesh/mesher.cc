@@ -294,6 +294,9 @@ size_t Mesher::compact(size_t minGainBytes) {
       break;
     }
     released += compactClass(order[i], &budget);
+    // A long pass must not hold back the dirty cache's decay (the background thread purges
+    // only between passes).
+    Arena::purge(false);
   }
   gStats.passes++;
   gStats.cpuNs += os::threadCpuNanos() - cpuStart;

@@ -27,6 +27,11 @@ std::atomic<bool> gThreadStarted{false};
 std::atomic<bool> gThreadFailed{false};
 std::atomic<unsigned> gRefills{0};
 std::atomic<uint64_t> gNextPassNs{0};
+// Bumped (and futex-woken) to bring the background thread's next pass forward.
+std::atomic<uint32_t> gWakeups{0};
+// A woken thread waits this long before its pass, so that a burst of thread exits (a pool
+// shutting down) is meshed in one pass rather than the first exit alone.
+constexpr uint64_t kWakeupSettleNs = 10 * kNanosPerMilli;
 int gForkPipe[2] = {-1, -1};
 
 void forkPrepareFirst() {
@@ -77,6 +82,7 @@ void MeshPolicy::init() {
   if (gInitialized.exchange(true)) return;
   heap::setForkHooks({forkPrepareFirst, forkPrepare, forkParent, forkChild});
   heap::setRefillHook(onRefill);
+  heap::setThreadExitHook(onThreadExit);
 }
 
 size_t MeshPolicy::compactNow() {
@@ -107,13 +113,16 @@ void MeshPolicy::runPassWithinBudget() {
 void* MeshPolicy::backgroundMain(void*) {
   pthread_setname_np(pthread_self(), "meshalloc-mesh");
   for (;;) {
-    uint64_t now = os::monotonicNanos();
-    uint64_t next = gNextPassNs.load(std::memory_order_relaxed);
-    uint64_t period = gHeapConfig.meshPeriodMs * kNanosPerMilli;
-    os::sleepNanos(next > now ? next - now : period);
+    // Every period, whatever the mesh budget says: the dirty cache decays on this tick.
+    uint32_t wakeups = gWakeups.load(std::memory_order_acquire);
+    os::futexWaitFor(&gWakeups, wakeups, gHeapConfig.meshPeriodMs * kNanosPerMilli);
+    if (gWakeups.load(std::memory_order_acquire) != wakeups) os::sleepNanos(kWakeupSettleNs);
     // Dirty pages past their decay time go back even if the program has stopped freeing.
     Arena::purge(false);
-    if (gHeapConfig.meshing) runPassWithinBudget();
+    if (gHeapConfig.meshing &&
+        os::monotonicNanos() >= gNextPassNs.load(std::memory_order_relaxed)) {
+      runPassWithinBudget();
+    }
   }
   return nullptr;
 }
@@ -133,6 +142,16 @@ void MeshPolicy::startBackgroundThread() {
   }
   pthread_attr_destroy(&attr);
   pthread_sigmask(SIG_SETMASK, &saved, nullptr);
+}
+
+void MeshPolicy::onThreadExit() {
+  // The exiting thread's spans are now detached, the mesher's candidates: a program whose
+  // threads finish and leave it idle gets its pass now rather than at the end of the period.
+  // Only when the budget would allow a pass anyway.
+  if (!gHeapConfig.meshing || !backgroundThreadRunning()) return;
+  if (os::monotonicNanos() < gNextPassNs.load(std::memory_order_relaxed)) return;
+  gWakeups.fetch_add(1, std::memory_order_release);
+  os::futexWakeOne(&gWakeups);
 }
 
 void MeshPolicy::onRefill() {

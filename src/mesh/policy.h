@@ -2,7 +2,8 @@
 // activity, wakes every `mesh_period_ms`: it returns dirty pages past their decay time (with
 // meshing on or off) and meshes when the detached spans hold enough free memory to be worth
 // it, sleeping longer after expensive passes so that meshing never takes more than
-// `mesh_budget_permille` of one core's time. With the thread disabled, the
+// `mesh_budget_permille` of one core's time; a thread exit wakes it early (its spans are
+// candidates now), within the same budget. With the thread disabled, the
 // allocation slow path runs the same policy inline. meshalloc_compact() meshes at once.
 #pragma once
 
@@ -23,6 +24,7 @@ class MeshPolicy {
 
  private:
   static void onRefill();
+  static void onThreadExit();
   static void* backgroundMain(void*);
   static void startBackgroundThread();
   static void runPassWithinBudget();

@@ -106,8 +106,8 @@ bool writeToFile(int fd, size_t offset, const void* source, size_t bytes) {
 }
 
 bool mapFileFixed(void* addr, size_t bytes, int fd, size_t offset) {
-  // MAP_POPULATE: the mesher, not the program, takes the page faults of the new mapping.
-  void* p = mmap(addr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED | MAP_POPULATE, fd,
+  // No MAP_POPULATE: on a shared memory file it would allocate a page for every hole.
+  void* p = mmap(addr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd,
                  static_cast<off_t>(offset));
   return p == addr;
 }

@@ -34,7 +34,8 @@ bool punchHole(int fd, size_t offset, size_t bytes);
 // Copies `bytes` from `source` into the file at `offset` (pwrite, retried on short writes).
 bool writeToFile(int fd, size_t offset, const void* source, size_t bytes);
 // Maps file range [offset, offset+bytes) read-write and shared at exactly `addr`, replacing
-// what was there in one step. False (mapping untouched) on failure.
+// what was there in one step. Pages are mapped on first touch. False (mapping untouched) on
+// failure.
 bool mapFileFixed(void* addr, size_t bytes, int fd, size_t offset);
 // Replaces [addr, addr+bytes) with fresh private zero pages in one step.
 bool mapAnonymousFixed(void* addr, size_t bytes);

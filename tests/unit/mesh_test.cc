@@ -2,6 +2,8 @@
 // physical span; every object stays readable and writable through its own address and through
 // every alias; frees through any alias land in the one bitmap; a fully freed meshed span
 // becomes plain memory again; mapping failures undo the mesh; fork snapshots meshed pages.
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -179,6 +181,62 @@ TEST_F(MeshTest, SeveralSpansMeshOntoOne) {
     EXPECT_TRUE(holds(s.pointer, kSize, 1, reinterpret_cast<uintptr_t>(s.pointer)));
   }
   for (const Survivor& s : survivors) heap::deallocate(s.pointer);
+}
+
+// Whether a virtual page is mapped in this process (/proc/self/pagemap's present bit).
+bool pageMapped(uintptr_t address) {
+  int fd = open("/proc/self/pagemap", O_RDONLY);
+  if (fd < 0) return false;
+  uint64_t entry = 0;
+  off_t offset = static_cast<off_t>(address / Arena::pageSize() * sizeof(entry));
+  bool read = pread(fd, &entry, sizeof(entry), offset) == static_cast<ssize_t>(sizeof(entry));
+  close(fd);
+  return read && (entry >> 63) & 1;
+}
+
+TEST_F(MeshTest, OnlyPagesWithLiveObjectsMoveIntoTheFile) {
+  // One object per page, and 4 spans of which two survive: the meshed span has live objects
+  // in half its slots, so half its pages should be holes in the file.
+  const size_t kSize = Arena::pageSize();
+  const unsigned sizeClass = SizeClasses::classOf(kSize);
+  ASSERT_EQ(SizeClasses::plan(sizeClass).objectSize, kSize);
+  auto survivors = makeDisjointSpans(kSize, 4);
+  ASSERT_FALSE(survivors.empty());
+  std::set<uintptr_t> spans;
+  for (const Survivor& s : survivors) spans.insert(s.spanStart);
+  ASSERT_EQ(spans.size(), 4u);
+  uintptr_t first = *spans.begin(), second = *std::next(spans.begin());
+  std::vector<Survivor> kept;
+  for (const Survivor& s : survivors) {
+    if (s.spanStart == first || s.spanStart == second) {
+      kept.push_back(s);
+    } else {
+      heap::deallocate(s.pointer);
+    }
+  }
+  MeshPolicy::compactNow();
+  MiniHeap* owner = ownerOf(first);
+  ASSERT_EQ(owner, ownerOf(second));
+  ASSERT_NE(owner->mesh, nullptr);
+  std::set<size_t> liveSlots;
+  for (const Survivor& s : kept) liveSlots.insert(s.slot);
+  std::vector<unsigned char> resident(owner->spanPages);
+  ASSERT_EQ(
+      mincore(reinterpret_cast<void*>(owner->spanStart), owner->spanBytes(kSize), resident.data()),
+      0);
+  for (size_t page = 0; page < owner->spanPages; page++) {
+    bool live = liveSlots.count(page) != 0;
+    // mincore on a file mapping reports the file's page: present only if it holds data.
+    EXPECT_EQ(resident[page] & 1, live ? 1 : 0) << "page " << page;
+    // And every page of the file is mapped by the destination itself, so PSS counts it.
+    if (live) {
+      EXPECT_TRUE(pageMapped(owner->spanStart + page * kSize)) << "page " << page;
+    }
+  }
+  for (const Survivor& s : kept) {
+    EXPECT_TRUE(holds(s.pointer, kSize, 1, reinterpret_cast<uintptr_t>(s.pointer)));
+    heap::deallocate(s.pointer);
+  }
 }
 
 TEST_F(MeshTest, OverlappingSpansAreNotMeshable) {
