@@ -40,7 +40,10 @@ extern "C" {
  *   "mesh.released"               size_t    bytes currently released by meshing
  *   "mesh.released_peak"          size_t    high-water mark of the above
  *   "mesh.mappings"               size_t    memory mappings the heap currently uses
- *   "mesh.pauses" / "mesh.pause_total_ns" / "mesh.pause_max_ns"  uint64_t
+ *   "mesh.pauses" / "mesh.pause_total_ns" / "mesh.pause_max_ns"  uint64_t  the pauses of
+ *                                 remote frees, realloc and malloc_usable_size while meshing
+ *   "mesh.barrier_max_ns"         uint64_t  the longest a write into a span being meshed
+ *                                 could wait
  *   "opt.<name>"                  the value of an option (see docs/options.md)
  * Actions (no value): "arena.<i>.purge", "arena.<i>.decay", "thread.tcache.flush",
  *   "mesh.compact".

@@ -109,7 +109,6 @@ bool Mesher::meshGroup(MeshGroup& group, bool* merged) {
       return false;
     }
   }
-  AtomicBitmap dst = destination->bitmap();
   size_t objectSize = destination->objectSize;
   bool any = false;
   for (uint32_t i = 0; i < group.sourceCount; i++) {
@@ -126,6 +125,8 @@ bool Mesher::meshGroup(MeshGroup& group, bool* merged) {
       gStats.failedMeshes++;
       continue;
     }
+    // Objects freed from here on are copied for nothing; commitSource transfers only the slots
+    // still live once guarded operations are paused.
     AtomicBitmap src = source->bitmap();
     for (size_t w = 0; w < src.words(); w++) {
       uint64_t bits = src.loadWord(w);
@@ -143,20 +144,27 @@ bool Mesher::meshGroup(MeshGroup& group, bool* merged) {
       gStats.failedMeshes++;
       continue;
     }
-    for (size_t w = 0; w < src.words(); w++) {
-      uint64_t bits = src.loadWord(w);
-      if (bits) dst.claimMask(w, bits);
-    }
-    destination->liveCount.fetch_add(source->liveCount.load(std::memory_order_relaxed),
-                                     std::memory_order_acq_rel);
-    // From here on every address in the source's virtual span resolves to the destination.
-    Arena::assign(source->spanStart, source->spanPages, destination, true);
+    // The source's virtual span now shows the destination's pages, holding the copies, but the
+    // page map still resolves it to the source: frees still land in the source's bitmap.
     merged[i] = true;
-    source->state = SpanState::kMeshedAway;
     any = true;
-    gStats.meshedSpans++;
   }
   return any;
+}
+
+void Mesher::commitSource(MiniHeap* destination, MiniHeap* source) {
+  AtomicBitmap src = source->bitmap();
+  AtomicBitmap dst = destination->bitmap();
+  for (size_t w = 0; w < src.words(); w++) {
+    uint64_t bits = src.loadWord(w);
+    if (bits) dst.claimMask(w, bits);
+  }
+  destination->liveCount.fetch_add(source->liveCount.load(std::memory_order_relaxed),
+                                   std::memory_order_acq_rel);
+  // From here on every address in the source's virtual span resolves to the destination.
+  Arena::assign(source->spanStart, source->spanPages, destination, true);
+  source->state = SpanState::kMeshedAway;
+  gStats.meshedSpans++;
 }
 
 size_t Mesher::meshBatch(unsigned sizeClass, MeshGroup* groups, size_t count, bool* mergedFlags) {
@@ -164,20 +172,39 @@ size_t Mesher::meshBatch(unsigned sizeClass, MeshGroup* groups, size_t count, bo
   size_t released = 0;
   size_t bytes = groups[0].destination->spanBytes(Arena::pageSize());
   LockGuard batch(gBatchLock);
-  uint64_t start = os::monotonicNanos();
-  OperationGuard::pause();
+  // The write barrier is up for the whole batch: a thread writing into one of its spans while
+  // that span is write-protected waits for the batch. Other threads, and every other span,
+  // are not held up by the copies and mapping calls.
+  uint64_t barrierStart = os::monotonicNanos();
   WriteBarrier::begin();
-  for (size_t g = 0; g < count; g++) {
-    bool* merged = mergedFlags + g * kMaxVirtualSpans;
-    meshGroup(groups[g], merged);
-    for (uint32_t i = 0; i < groups[g].sourceCount; i++) released += merged[i] ? bytes : 0;
+  bool anyMerged = false;
+  for (size_t g = 0; g < count; g++)
+    anyMerged |= meshGroup(groups[g], mergedFlags + g * kMaxVirtualSpans);
+  if (anyMerged) {
+    // Only the switch of the page map needs guarded operations (remote frees, realloc,
+    // malloc_usable_size) paused: none may hold a source's MiniHeap across it, and the slots
+    // transferred must be the final ones. It is a few atomics per source, so the pause does
+    // not include the mapping calls, which can wait long for the mm lock or the CPU.
+    uint64_t pauseStart = os::monotonicNanos();
+    OperationGuard::pause();
+    for (size_t g = 0; g < count; g++) {
+      bool* merged = mergedFlags + g * kMaxVirtualSpans;
+      for (uint32_t i = 0; i < groups[g].sourceCount; i++) {
+        if (!merged[i]) continue;
+        commitSource(groups[g].destination, groups[g].sources[i]);
+        released += bytes;
+      }
+    }
+    // Measured before the wake-up: a woken thread may preempt this one, but it is running.
+    uint64_t pause = os::monotonicNanos() - pauseStart;
+    OperationGuard::resume();
+    gStats.pauseCount++;
+    gStats.pauseTotalNs += pause;
+    if (pause > gStats.pauseMaxNs) gStats.pauseMaxNs = pause;
   }
+  uint64_t barrier = os::monotonicNanos() - barrierStart;
   WriteBarrier::end();
-  OperationGuard::resume();
-  uint64_t pause = os::monotonicNanos() - start;
-  gStats.pauseCount++;
-  gStats.pauseTotalNs += pause;
-  if (pause > gStats.pauseMaxNs) gStats.pauseMaxNs = pause;
+  if (barrier > gStats.barrierMaxNs) gStats.barrierMaxNs = barrier;
   return released;
 }
 

@@ -1,7 +1,8 @@
 // The mesh operation and the pass that drives it: for each size class, take the sparsely
 // occupied detached spans, find meshable groups (SplitMesher), and mesh them in small batches.
-// A batch pauses guarded heap operations and raises the write barrier only for its own few
-// spans' copy-and-remap, so pauses stay short; locks are never held across batches.
+// A batch raises the write barrier for its own few spans' copy-and-remap, and pauses guarded
+// heap operations only to switch the page map over, so pauses stay short; locks are never
+// held across batches.
 #pragma once
 
 #include <cstddef>
@@ -20,6 +21,8 @@ struct MeshStats {
   uint64_t pauseCount;
   uint64_t pauseTotalNs;
   uint64_t pauseMaxNs;
+  // The longest batch: a thread writing into a span of a batch may wait this long.
+  uint64_t barrierMaxNs;
   uint64_t cpuNs;             // time spent in passes
   uint64_t lastMappingCount;  // /proc/self/maps lines at the last pass
   uint64_t mappingLimit;      // the budget meshing stays under
@@ -54,7 +57,12 @@ class Mesher {
   static size_t compactClass(unsigned sizeClass, long* mappingBudget);
   static size_t compactClassRound(unsigned sizeClass, long* mappingBudget, size_t* meshed);
   static size_t meshBatch(unsigned sizeClass, MeshGroup* groups, size_t count, bool* merged);
+  // Copies each source's objects into the destination and maps the destination's pages over
+  // the source (merged[i] says which succeeded); the page map is not changed yet.
   static bool meshGroup(MeshGroup& group, bool* merged);
+  // With guarded operations paused: the source's live slots and virtual span go over to the
+  // destination.
+  static void commitSource(MiniHeap* destination, MiniHeap* source);
 };
 
 }  // namespace meshalloc

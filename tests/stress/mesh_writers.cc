@@ -6,7 +6,10 @@
 // the value they last wrote and then write a new one, while a mesher thread calls
 // meshalloc_compact() in a loop, so spans are write-protected, copied and remapped under the
 // writers' feet. A reader thread meanwhile read()s from a pipe straight into surviving
-// objects: the kernel must never see a protected page (no EFAULT, no short read).
+// objects: the kernel must never see a protected page (no EFAULT, no short read). A freer
+// thread frees its share of the survivors one by one meanwhile, so frees land in spans between
+// their copy and the switch of the page map; after each round, once everything is freed, the
+// class must hold exactly the objects it held before the round (no slot lost or counted twice).
 //
 // Linked with libmeshalloc. Prints the totals; exits 1 on any lost write or failed read.
 #include <errno.h>
@@ -69,6 +72,26 @@ uint64_t writeAndCheck(std::vector<Owned>& objects, unsigned passes) {
   return checked;
 }
 
+// Live objects of `size`'s class, with the calling thread's cached slots handed back first.
+uint64_t liveObjectsOfClass(size_t size) {
+  meshalloc_compact();
+  uint64_t epoch = 1;
+  size_t length = sizeof(epoch);
+  meshalloc_mallctl("epoch", &epoch, &length, &epoch, sizeof(epoch));
+  for (unsigned j = 0;; j++) {
+    char name[64];
+    size_t classSize = 0, objects = 0;
+    length = sizeof(classSize);
+    snprintf(name, sizeof(name), "stats.classes.%u.size", j);
+    if (meshalloc_mallctl(name, &classSize, &length, nullptr, 0) != 0) return 0;
+    if (classSize < size) continue;
+    snprintf(name, sizeof(name), "stats.classes.%u.objects", j);
+    length = sizeof(objects);
+    meshalloc_mallctl(name, &objects, &length, nullptr, 0);
+    return objects;
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -94,79 +117,107 @@ int main(int argc, char** argv) {
   while (totalChecked < options.targetWrites && !gFailed) {
     size_t size = sizes[round % (sizeof(sizes) / sizeof(sizes[0]))];
     size_t words = size / sizeof(uint64_t);
-    std::vector<uint64_t*> survivors;
-    std::thread populate([&] {
-      std::vector<uint64_t*> all(options.objectsPerRound);
-      for (auto& p : all) {
-        p = static_cast<uint64_t*>(malloc(size));
-        for (size_t w = 0; w < words; w++) p[w] = valueFor(p, 0, w);
-      }
-      for (auto* p : all) {
-        if (rng() % 4 == 0)
-          survivors.push_back(p);
-        else
-          free(p);
-      }
-    });
-    populate.join();
-
-    std::vector<std::vector<Owned>> shares(options.writers + 1);
-    for (size_t i = 0; i < survivors.size(); i++)
-      shares[i % shares.size()].push_back({survivors[i], words, 0});
-    std::vector<Owned>& readerShare = shares.back();
-
-    std::atomic<bool> stop{false};
-    std::thread mesher([&] {
-      while (!stop) meshalloc_compact();
-    });
-    // The reader: read() into heap objects while they are being meshed.
-    int fds[2];
-    if (pipe(fds) != 0) return 2;
-    std::thread feeder([&] {
-      std::vector<char> message(size);
-      for (size_t i = 0; i < readerShare.size() * 4; i++) {
-        memset(message.data(), static_cast<int>(i & 0xff), size);
-        if (write(fds[1], message.data(), size) != static_cast<ssize_t>(size)) break;
-      }
-      close(fds[1]);
-    });
-    std::thread reader([&] {
-      for (size_t i = 0; i < readerShare.size() * 4 && !gFailed; i++) {
-        Owned& o = readerShare[i % readerShare.size()];
-        ssize_t n = read(fds[0], o.object, size);
-        if (n != static_cast<ssize_t>(size)) {
-          fprintf(stderr, "mesh_writers: read into %p returned %zd (%s)\n",
-                  static_cast<void*>(o.object), n, n < 0 ? strerror(errno) : "short read");
-          gFailed = true;
-          break;
+    const uint64_t liveBefore = liveObjectsOfClass(size);
+    {
+      std::vector<uint64_t*> survivors;
+      std::thread populate([&] {
+        std::vector<uint64_t*> all(options.objectsPerRound);
+        for (auto& p : all) {
+          p = static_cast<uint64_t*>(malloc(size));
+          for (size_t w = 0; w < words; w++) p[w] = valueFor(p, 0, w);
         }
-        uint64_t expected;
-        memset(&expected, static_cast<int>(i & 0xff), sizeof(expected));
-        if (o.object[words - 1] != expected)
-          failure("read() data", o.object, expected, o.object[words - 1]);
-        readsDone++;
+        for (auto* p : all) {
+          if (rng() % 4 == 0)
+            survivors.push_back(p);
+          else
+            free(p);
+        }
+      });
+      populate.join();
+
+      // One share per writer, then the reader's, then the freer's.
+      std::vector<std::vector<Owned>> shares(options.writers + 2);
+      for (size_t i = 0; i < survivors.size(); i++)
+        shares[i % shares.size()].push_back({survivors[i], words, 0});
+      std::vector<Owned>& readerShare = shares[options.writers];
+      std::vector<Owned> freerShare = std::move(shares.back());
+      shares.pop_back();
+
+      std::atomic<bool> stop{false};
+      std::thread mesher([&] {
+        while (!stop) meshalloc_compact();
+      });
+      // The reader: read() into heap objects while they are being meshed.
+      int fds[2];
+      if (pipe(fds) != 0) return 2;
+      std::thread feeder([&] {
+        std::vector<char> message(size);
+        for (size_t i = 0; i < readerShare.size() * 4; i++) {
+          memset(message.data(), static_cast<int>(i & 0xff), size);
+          if (write(fds[1], message.data(), size) != static_cast<ssize_t>(size)) break;
+        }
+        close(fds[1]);
+      });
+      std::thread reader([&] {
+        for (size_t i = 0; i < readerShare.size() * 4 && !gFailed; i++) {
+          Owned& o = readerShare[i % readerShare.size()];
+          ssize_t n = read(fds[0], o.object, size);
+          if (n != static_cast<ssize_t>(size)) {
+            fprintf(stderr, "mesh_writers: read into %p returned %zd (%s)\n",
+                    static_cast<void*>(o.object), n, n < 0 ? strerror(errno) : "short read");
+            gFailed = true;
+            break;
+          }
+          uint64_t expected;
+          memset(&expected, static_cast<int>(i & 0xff), sizeof(expected));
+          if (o.object[words - 1] != expected)
+            failure("read() data", o.object, expected, o.object[words - 1]);
+          readsDone++;
+        }
+        // Closing the read end makes a feeder still writing get EPIPE (SIGPIPE is ignored), so a
+        // failed read ends the test instead of hanging it.
+        close(fds[0]);
+        // Leave the reader's objects in the writers' format again.
+        for (Owned& o : readerShare) {
+          for (size_t w = 0; w < o.words; w++) o.object[w] = valueFor(o.object, o.version, w);
+        }
+      });
+      std::thread freer([&] {
+        for (Owned& o : freerShare) {
+          if (gFailed) break;
+          for (size_t w = 0; w < o.words; w++) {
+            if (o.object[w] != valueFor(o.object, 0, w))
+              failure("freed object", o.object + w, valueFor(o.object, 0, w), o.object[w]);
+          }
+          free(o.object);
+          sched_yield();  // spread the frees over the mesher's passes
+        }
+      });
+      std::vector<std::thread> writers;
+      for (unsigned t = 0; t < options.writers; t++) {
+        writers.emplace_back(
+            [&, t] { totalChecked += writeAndCheck(shares[t], options.passesPerRound); });
       }
-      // Closing the read end makes a feeder still writing get EPIPE (SIGPIPE is ignored), so a
-      // failed read ends the test instead of hanging it.
-      close(fds[0]);
-      // Leave the reader's objects in the writers' format again.
-      for (Owned& o : readerShare) {
-        for (size_t w = 0; w < o.words; w++) o.object[w] = valueFor(o.object, o.version, w);
+      for (auto& w : writers) w.join();
+      freer.join();
+      reader.join();
+      feeder.join();
+      stop = true;
+      mesher.join();
+      // Final check, then free everything from this thread (frees through meshed aliases).
+      for (auto& share : shares) totalChecked += writeAndCheck(share, 1);
+      for (auto& share : shares) {
+        for (Owned& o : share) free(o.object);
       }
-    });
-    std::vector<std::thread> writers;
-    for (unsigned t = 0; t < options.writers; t++) {
-      writers.emplace_back(
-          [&, t] { totalChecked += writeAndCheck(shares[t], options.passesPerRound); });
     }
-    for (auto& w : writers) w.join();
-    reader.join();
-    feeder.join();
-    stop = true;
-    mesher.join();
-    // Final check, then free everything from this thread (frees through meshed aliases).
-    for (auto& share : shares) totalChecked += writeAndCheck(share, 1);
-    for (auto* p : survivors) free(p);
+    const uint64_t liveAfter = liveObjectsOfClass(size);
+    if (liveAfter != liveBefore) {
+      fprintf(stderr,
+              "mesh_writers: round %u: %" PRIu64 " live objects of %zu bytes before, %" PRIu64
+              " after everything was freed\n",
+              round, liveBefore, size, liveAfter);
+      gFailed = true;
+    }
     round++;
   }
   uint64_t epoch = 1, meshes = 0, faults = 0;

@@ -103,6 +103,8 @@ DETAIL_COLUMNS: List[Column] = [
     ("mesh_count", "mesh count", 1, 0),
     ("mesh_passes", "mesh passes", 1, 0),
     ("mesh_pause_total_s", "total pause s", 1, 3),
+    ("mesh_barrier_max_ms", "longest barrier ms", 1, 2),
+    ("barrier_faults", "writes that waited", 1, 0),
     ("server_cpu_s", "server CPU s", 1, 2),
     ("peak_maps", "peak mappings", 1, 0),
     ("evicted_keys", "evicted keys", 1, 0),
@@ -111,7 +113,8 @@ DETAIL_COLUMNS: List[Column] = [
 RUN_METRICS = ["mean_pss", "final_pss", "peak_pss", "mean_pss_after_insertion", "peak_cgroup", "peak_pte",
                "peak_maps", "phase1_s", "phase2_s", "insertion_s", "hz", "load", "server_cpu_s", "defrag_s", "keys",
                "evicted_keys", "used_memory", "mesh_count", "mesh_released", "mesh_released_peak", "mappings",
-               "mesh_passes", "mesh_pauses", "mesh_pause_max_ms", "mesh_pause_total_s", "mesh_cpu_s"]
+               "mesh_passes", "mesh_pauses", "mesh_pause_max_ms", "mesh_pause_total_s", "mesh_cpu_s",
+               "mesh_barrier_max_ms", "barrier_faults"]
 # ratio name -> the metric it divides by the baseline's median
 RATIOS = {"mean_ratio": "mean_pss", "after_ratio": "mean_pss_after_insertion", "insertion_ratio": "insertion_s"}
 RUN_TSV_HEAD = ["order", "config", "repetition", "ok", "exit", "client_start_s", "client_end_s"]
@@ -349,9 +352,18 @@ def claims(table: Table, runs: Sequence[Run], checked: bool) -> List[Claim]:
     if pause_stat:
         ours = f"{pause_stat.high:.2f} ms worst run" + (
             f" (median {pause_stat.median:.2f}, {len(pauses)} runs)" if len(pauses) > 1 else "")
+    barriers = [run.metric("mesh_barrier_max_ms") for run in runs
+                if run.config.name == MESHALLOC and run.ok and run.metric("mesh_barrier_max_ms") is not None]
+    waits = [run.metric("barrier_faults") for run in runs
+             if run.config.name == MESHALLOC and run.ok and run.metric("barrier_faults") is not None]
+    barrier_note = ""
+    if barriers:
+        barrier_note = (f"; a write into a span being meshed waits for its batch instead: longest batch "
+                        f"{max(barriers):.2f} ms, writes that waited {int(sum(waits))} in {len(waits)} run(s)")
     add("meshalloc 2y longest meshing pause", f"{PAPER_PAUSE_MS:g} ms", ours,
         pause_stat.high <= TARGET_PAUSE_MS if pause_stat else None,
-        f"checked against issue 3's target ≤ {TARGET_PAUSE_MS:g} ms")
+        f"checked against issue 3's target ≤ {TARGET_PAUSE_MS:g} ms; a pause holds up remote frees, realloc "
+        f"and malloc_usable_size{barrier_note}")
 
     for target, which in ((TARGET_MEAN_INTERIM, "interim"), (TARGET_MEAN_FINAL, "final")):
         add(f"meshalloc 2y mean PSS vs jemalloc: issue 3's {which} target",
