@@ -20,7 +20,7 @@ void GlobalHeap::unlink(ClassState& state, MiniHeap* heap) {
   if (heap->state == SpanState::kPartial)
     state.partial[heap->occupancyBin].remove(heap);
   else if (heap->state == SpanState::kFull)
-    state.full.remove(heap);
+    state.fullSpans--;
 }
 
 MiniHeap* GlobalHeap::createSpan(unsigned sizeClass) {
@@ -94,11 +94,15 @@ void GlobalHeap::placeDetached(ClassState& state, MiniHeap* heap) {
     destroySpan(state, heap);
   } else if (live >= heap->objectCount) {
     heap->state = SpanState::kFull;
-    state.full.pushFront(heap);
+    state.fullSpans++;
   } else {
     heap->state = SpanState::kPartial;
     heap->occupancyBin = static_cast<uint8_t>(binFor(heap, live));
-    state.partial[heap->occupancyBin].pushFront(heap);
+    // Refills take from the front: oldest first. A span's bin is fixed when it is placed, and
+    // frees keep landing in it afterwards, so the longest-placed spans have the most free slots
+    // (newest first, an LRU cache's refills each got the span that had just lost its first
+    // object: one slot per span, a refill every few allocations).
+    state.partial[heap->occupancyBin].pushBack(heap);
   }
 }
 
@@ -120,7 +124,7 @@ void GlobalHeap::releaseSpan(MiniHeap* heap) {
   detachLocked(state, heap);
 }
 
-void GlobalHeap::freeRemote(MiniHeap* heap, size_t slot, uintptr_t address) {
+void GlobalHeap::freeRemote(MiniHeap* heap, unsigned sizeClass, size_t slot, uintptr_t address) {
   // A slot its owner already took back (a local free) still has its bit set: catch freeing it
   // again from here before the owner hands it out twice.
   ThreadHeap* owner = heap->owner.load(std::memory_order_acquire);
@@ -133,25 +137,22 @@ void GlobalHeap::freeRemote(MiniHeap* heap, size_t slot, uintptr_t address) {
     case MiniHeap::RemotePush::kAlreadyOnTop:
       reportHeapError(HeapError::kDoubleFree, "free", reinterpret_cast<void*>(address));
     case MiniHeap::RemotePush::kClosed:
-      freeToBitmap(heap, slot, address);
+      freeToBitmap(heap, sizeClass, slot, address);
       return;
   }
 }
 
-void GlobalHeap::freeToBitmap(MiniHeap* heap, size_t slot, uintptr_t address) {
+void GlobalHeap::freeToBitmap(MiniHeap* heap, unsigned sizeClass, size_t slot, uintptr_t address) {
   if (!heap->bitmap().tryUnset(slot))
     reportHeapError(HeapError::kDoubleFree, "free", reinterpret_cast<void*>(address));
-  // Read while our object still keeps the span alive: once the count drops, it may vanish.
-  uint32_t objectCount = heap->objectCount;
+  uint32_t objectCount = SizeClasses::plan(sizeClass).objectCount;
   uint32_t before = heap->liveCount.fetch_sub(1, std::memory_order_seq_cst);
   // Attached spans are their owner's business. A detached span needs the lock twice in its
-  // life as a full span: when its first slot comes free (off the full list, into a bin refills
+  // life as a full span: when its first slot comes free (out of the full count, into a bin refills
   // draw from; once per N objects, not per free) and when its last object goes (freed).
   // With 1 < before < objectCount the span keeps an object and stays where it is.
   if (before != objectCount && before != 1) return;
   if (heap->owner.load(std::memory_order_seq_cst) != nullptr) return;
-  unsigned sizeClass = heap->sizeClass;
-  if (sizeClass >= kNumSizeClasses) return;
   ClassState& state = classes_[sizeClass];
   LockGuard guard(state.lock);
   // Re-check under the lock: another thread may have attached, moved or freed it meanwhile
@@ -293,16 +294,16 @@ void GlobalHeap::partialOccupancy(unsigned sizeClass, size_t* spans, size_t* fre
 SizeClassStats GlobalHeap::classStats(unsigned sizeClass) {
   ClassState& state = classes_[sizeClass];
   LockGuard guard(state.lock);
-  SizeClassStats result = {kSizeClassSizes[sizeClass], state.spans, 0, 0, state.full.size()};
+  SizeClassStats result = {kSizeClassSizes[sizeClass], state.spans, 0, 0, state.fullSpans};
   for (auto& bin : state.partial) {
     result.partialSpans += bin.size();
     for (MiniHeap* heap = bin.front(); heap; heap = bin.next(heap)) {
       result.liveObjects += heap->liveCount.load(std::memory_order_relaxed);
     }
   }
-  for (MiniHeap* heap = state.full.front(); heap; heap = state.full.next(heap)) {
-    result.liveObjects += heap->liveCount.load(std::memory_order_relaxed);
-  }
+  // A full span holds every slot; a free into one decrements its count just before taking this
+  // lock to move it, so for that moment its object is still counted here.
+  result.liveObjects += state.fullSpans * SizeClasses::plan(sizeClass).objectCount;
   return result;
 }
 

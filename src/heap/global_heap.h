@@ -40,10 +40,12 @@ class GlobalHeap {
   static void releaseSpan(MiniHeap* heap);
   // A free of slot `slot` of a span that is not attached to the calling thread: onto the
   // span's remote-free stack while it is attached to another thread, else through the bitmap.
-  static void freeRemote(MiniHeap* heap, size_t slot, uintptr_t address);
+  // `sizeClass` is the span's (from the page-map entry: reading it from the MiniHeap would
+  // cost a second cache miss).
+  static void freeRemote(MiniHeap* heap, unsigned sizeClass, size_t slot, uintptr_t address);
   // A free through the bitmap (the owner's own free when its vector is full, or any free of a
   // detached span): clears the slot's bit and places the span if the free changed its list.
-  static void freeToBitmap(MiniHeap* heap, size_t slot, uintptr_t address);
+  static void freeToBitmap(MiniHeap* heap, unsigned sizeClass, size_t slot, uintptr_t address);
 
   static void* allocateLarge(size_t bytes, size_t alignment, bool* zeroed);
   static void freeLarge(MiniHeap* heap, uintptr_t address);
@@ -76,7 +78,9 @@ class GlobalHeap {
   struct alignas(64) ClassState {
     Mutex lock;
     IntrusiveList<MiniHeap> partial[kOccupancyBins];
-    IntrusiveList<MiniHeap> full;
+    // Full detached spans are only counted, not listed: nothing takes a span from them, and the
+    // first free into one (which moves it to a bin) then touches no neighbours' lines.
+    size_t fullSpans = 0;
     size_t spans = 0;
   };
 

@@ -151,10 +151,10 @@ void freeResolved(void* pointer, MiniHeap* mini, int64_t slot) {
       return;
     }
     // The span stays attached and reclaims the slot from its bitmap on the next refill.
-    GlobalHeap::freeToBitmap(mini, static_cast<size_t>(slot), address);
+    GlobalHeap::freeToBitmap(mini, mini->sizeClass, static_cast<size_t>(slot), address);
     return;
   }
-  GlobalHeap::freeRemote(mini, static_cast<size_t>(slot), address);
+  GlobalHeap::freeRemote(mini, mini->sizeClass, static_cast<size_t>(slot), address);
 }
 
 size_t usableSizeOf(const MiniHeap* mini) {
@@ -230,7 +230,7 @@ void deallocateSlow(void* pointer) {
       MiniHeap* mini = PageEntry::miniHeap(entry);
       ThreadHeap* heap = tlsThreadHeap;
       if (slot >= 0 && (heap == nullptr || mini->owner.load(std::memory_order_relaxed) != heap)) {
-        GlobalHeap::freeRemote(mini, static_cast<size_t>(slot), address);
+        GlobalHeap::freeRemote(mini, sizeClass, static_cast<size_t>(slot), address);
         return;
       }
     }

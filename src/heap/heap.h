@@ -54,16 +54,19 @@ inline void deallocate(void* pointer) {
   if (__builtin_expect(PageEntry::isMiniHeap(entry), 1)) {
     MiniHeap* mini = PageEntry::miniHeap(entry);
     ThreadHeap* heap = tlsThreadHeap;
+    // Only the MiniHeap's second cache line is read (owner, attachIndex, remoteFrees, bitmap):
+    // the class and span start come from the page-map entry.
     if (__builtin_expect(heap != nullptr && mini->owner.load(std::memory_order_relaxed) == heap,
                          1)) {
       uintptr_t spanStart = Arena::spanStartOf(address, entry);
-      ShuffleVector& v = heap->vector(mini->sizeClass);
+      unsigned sizeClass = PageEntry::sizeClass(entry);
+      ShuffleVector& v = heap->vector(sizeClass);
       unsigned span = mini->attachIndex;
       // This path takes no guard, so it trusts the entry only if the span really is one this
       // thread holds at that address (a MiniHeap retired by meshing may have been reused; a
       // free through a meshed alias resolves to another start and takes the slow path).
       if (__builtin_expect(v.spanStarts[span] == spanStart, 1)) {
-        int64_t slot = mini->slotOf(address - spanStart);
+        int64_t slot = SizeClasses::slotOf(sizeClass, address - spanStart);
         // A full vector (its spans can have more slots out than it holds) sends the slot back
         // through the bitmap instead; the span stays attached and reclaims it on refill. The
         // bitmap bit is clear if another thread already freed this slot (a double free); if

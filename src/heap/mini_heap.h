@@ -35,9 +35,8 @@ struct MeshInfo;
 constexpr size_t kCacheLine = 64;
 
 struct MiniHeap : ListNode {
-  // The thread heap this span is attached to, or nullptr. Only the owning thread sets it to
-  // itself, so `owner == me` is a safe test for a local free without locks.
-  std::atomic<ThreadHeap*> owner{nullptr};
+  // --- first cache line: what allocation, refills and the global heap's lists use. A free
+  // reads none of it (the page-map entry gives the class and the span start). ---
   uint32_t objectSize = 0;
   uint32_t reciprocal = 0;
   uint32_t objectCount = 0;
@@ -45,22 +44,26 @@ struct MiniHeap : ListNode {
   uint8_t sizeClass = 0;
   SpanState state = SpanState::kFreed;
   uint8_t occupancyBin = 0;
-  uint8_t attachIndex = 0;  // position in the owner's shuffle vector while attached
-  bool zeroed = false;      // large objects: the pages were fresh from the OS
+  bool zeroed = false;  // large objects: the pages were fresh from the OS
   uintptr_t spanStart = 0;
   // Set once the span's physical memory lives in the shared file (it has been meshed): which
   // file range, and the other virtual spans that map it. See heap/span_backing.h.
   MeshInfo* mesh = nullptr;
-  // --- second cache line: what remote frees write, kept off the line the owner's lock-free
-  // free path reads (the fields above), so a remote free does not evict that line. ---
+  size_t requestedBytes = 0;  // large objects only, for statistics
+  // --- second cache line: everything a free reads or writes, local or remote, and the start
+  // of the bitmap: one cache miss per free (a program whose frees land in spans it allocated
+  // long ago, such as an LRU cache, misses on every one). ---
+  // The thread heap this span is attached to, or nullptr. Only the owning thread sets it to
+  // itself, so `owner == me` is a safe test for a local free without locks.
+  std::atomic<ThreadHeap*> owner{nullptr};
   // Frees from other threads while the span is attached: a stack of freed blocks linked through
   // their first word, which the owner drains into the bitmap (see remoteFrees below). One CAS
-  // per remote free, and the owner's lines are not touched.
+  // per remote free.
   std::atomic<uintptr_t> remoteFrees{kRemoteFreesClosed};
   // Slots currently owned (allocated to the program or held in the owner's shuffle vector).
   // Blocks waiting in remoteFrees still count as owned until the owner drains them.
   std::atomic<uint32_t> liveCount{0};
-  size_t requestedBytes = 0;  // large objects only, for statistics
+  uint8_t attachIndex = 0;  // position in the owner's shuffle vector while attached
   // Trailing storage: AtomicBitmap words (objectCount bits), on the same line as liveCount.
 
   // remoteFrees holds kRemoteFreesClosed while the span is detached (remote frees go straight

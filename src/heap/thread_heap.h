@@ -29,7 +29,7 @@ constexpr unsigned kVectorSpansWorth = 8;
 // A refill that must fetch spans first releases full attached spans until this many entries of
 // the span table are free: enough for exchangeSpans to cover a vector's worth of slots from
 // partial spans, while the other full spans stay attached for the local frees to come.
-constexpr unsigned kRefillMinRoom = 4;
+constexpr unsigned kRefillMinRoom = 16;
 // A vector holds at most max(objects per span, this) entries, so a thread's idle free slots
 // (memory other threads cannot use) stay bounded for every class.
 constexpr uint32_t kVectorEntryBudget = 512;

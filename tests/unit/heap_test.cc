@@ -249,18 +249,21 @@ TEST_F(HeapDeathTest, MisuseIsReportedWithTheAddress) {
       "meshalloc: free of interior pointer");
 }
 
-// Remote frees write liveCount and the bitmap; the owner's lock-free free path reads the
-// fields before them. Each group must have a cache line of its own.
-TEST(MiniHeapLayout, RemoteFreeFieldsStartTheSecondCacheLine) {
+// Every free (local or remote) reads the owner and remoteFrees and then writes liveCount or
+// the bitmap: those fields share the second cache line, so a free costs one MiniHeap miss;
+// the first line holds what refills and the lists use.
+TEST(MiniHeapLayout, FreePathFieldsShareTheSecondCacheLine) {
   MiniHeap mini;
   auto offset = [&](const void* field) {
     return static_cast<size_t>(reinterpret_cast<const char*>(field) -
                                reinterpret_cast<const char*>(&mini));
   };
-  EXPECT_EQ(offset(&mini.remoteFrees), kCacheLine);
+  EXPECT_EQ(offset(&mini.owner), kCacheLine);
+  EXPECT_LT(offset(&mini.remoteFrees), 2 * kCacheLine);
   EXPECT_LT(offset(&mini.liveCount), 2 * kCacheLine);
+  EXPECT_LT(offset(&mini.attachIndex), 2 * kCacheLine);
   EXPECT_LT(offset(&mini.mesh), kCacheLine);
-  EXPECT_LT(offset(&mini.attachIndex), kCacheLine);
+  EXPECT_LT(offset(&mini.spanStart), kCacheLine);
   EXPECT_LE(sizeof(MiniHeap), kCacheLine + 3 * sizeof(uint64_t));
   EXPECT_EQ(InternalHeap::kGranule % kCacheLine, 0u);
 }
