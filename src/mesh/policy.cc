@@ -29,8 +29,10 @@ std::atomic<unsigned> gRefills{0};
 std::atomic<uint64_t> gNextPassNs{0};
 // Bumped (and futex-woken) to bring the background thread's next pass forward.
 std::atomic<uint32_t> gWakeups{0};
-// A woken thread waits this long before its pass, so that a burst of thread exits (a pool
-// shutting down) is meshed in one pass rather than the first exit alone.
+// A woken thread waits until no thread has exited for this long (at most a period) before its
+// pass, so that a burst of thread exits (a pool shutting down) is meshed in one pass: a pass
+// started after the first exit would order the classes by that thread's spans alone, and the
+// budget then holds the next pass back for about 50 times the first one's CPU time.
 constexpr uint64_t kWakeupSettleNs = 10 * kNanosPerMilli;
 int gForkPipe[2] = {-1, -1};
 
@@ -116,7 +118,13 @@ void* MeshPolicy::backgroundMain(void*) {
     // Every period, whatever the mesh budget says: the dirty cache decays on this tick.
     uint32_t wakeups = gWakeups.load(std::memory_order_acquire);
     os::futexWaitFor(&gWakeups, wakeups, gHeapConfig.meshPeriodMs * kNanosPerMilli);
-    if (gWakeups.load(std::memory_order_acquire) != wakeups) os::sleepNanos(kWakeupSettleNs);
+    uint64_t settleStart = os::monotonicNanos();
+    for (uint32_t seen = gWakeups.load(std::memory_order_acquire); seen != wakeups;
+         seen = gWakeups.load(std::memory_order_acquire)) {
+      wakeups = seen;
+      os::sleepNanos(kWakeupSettleNs);
+      if (os::monotonicNanos() - settleStart > gHeapConfig.meshPeriodMs * kNanosPerMilli) break;
+    }
     // Dirty pages past their decay time go back even if the program has stopped freeing.
     Arena::purge(false);
     if (gHeapConfig.meshing &&
