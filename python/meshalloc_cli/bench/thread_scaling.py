@@ -55,9 +55,12 @@ THREADS = {SMOKE: (1, 2), QUICK: (1, 12, 24, 48), FULL: STUDY_THREADS}
 REPETITIONS = {SMOKE: 1, QUICK: 2, FULL: 3}
 TARGET_THREADS = 48  # the target is stated at 48 threads
 
-# Sampling from outside: 48 threads share two CPUs here, and every sample of smaps_rollup takes
-# the process's mmap lock; 20 Hz is plenty for a peak that the cgroup records exactly anyway.
-SAMPLE_INTERVAL_S = 0.05
+# Sampling from outside, at 2 Hz: the result is the PSS the program reads itself at the end, and
+# the peak comes exactly from the cgroup. Every sample of smaps_rollup walks the address space
+# under the process's mm lock, which every mmap/mprotect of the mesher needs; at 20 Hz that
+# contention made meshing about twice as slow and raised meshalloc 2y's final PSS at 48 threads
+# from 1.6x to 2.1x the live bytes (`meshalloc run --interval 50` against `--interval 1000`).
+SAMPLE_INTERVAL_S = 0.5
 
 
 @dataclass(frozen=True)
