@@ -16,6 +16,8 @@ constexpr char kFileName[] = "meshalloc-meshed-spans";
 // One bit per page of a span: the pages that hold (part of) a live object.
 struct PageMask {
   uint64_t words[(kMaxSpanPages + 63) / 64];
+  bool has(size_t page) const { return (words[page / 64] >> (page % 64)) & 1; }
+  void add(size_t page) { words[page / 64] |= uint64_t{1} << (page % 64); }
 };
 
 PageMask livePages(MiniHeap* span, size_t pageSize) {
@@ -28,8 +30,7 @@ PageMask livePages(MiniHeap* span, size_t pageSize) {
       size_t slot = w * 64 + static_cast<size_t>(__builtin_ctzll(bits));
       bits &= bits - 1;
       size_t last = (slot * objectSize + objectSize - 1) / pageSize;
-      for (size_t page = slot * objectSize / pageSize; page <= last; page++)
-        mask.words[page / 64] |= uint64_t{1} << (page % 64);
+      for (size_t page = slot * objectSize / pageSize; page <= last; page++) mask.add(page);
     }
   }
   return mask;
@@ -40,12 +41,12 @@ template <typename Fn>
 void forEachRun(const PageMask& mask, size_t pages, Fn fn) {
   size_t page = 0;
   while (page < pages) {
-    if (!((mask.words[page / 64] >> (page % 64)) & 1)) {
+    if (!mask.has(page)) {
       page++;
       continue;
     }
     size_t first = page;
-    while (page < pages && ((mask.words[page / 64] >> (page % 64)) & 1)) page++;
+    while (page < pages && mask.has(page)) page++;
     fn(first, page - first);
   }
 }
@@ -73,10 +74,9 @@ bool writeLivePages(int fd, size_t offset, MiniHeap* span, const PageMask& live)
 // the pages that exist.
 void mapLivePages(uintptr_t start, size_t pages, const PageMask& live) {
   size_t pageSize = Arena::pageSize();
-  forEachRun(live, pages, [&](size_t first, size_t count) {
-    for (size_t page = first; page < first + count; page++)
-      (void)*reinterpret_cast<volatile const char*>(start + page * pageSize);
-  });
+  for (size_t page = 0; page < pages; page++) {
+    if (live.has(page)) (void)*reinterpret_cast<volatile const char*>(start + page * pageSize);
+  }
 }
 }  // namespace
 
