@@ -35,7 +35,10 @@ void (*gThreadExitHook)() = nullptr;
 
 void onThreadExit(void* value) {
   ThreadHeap* heap = static_cast<ThreadHeap*>(value);
-  if (tlsThreadHeap == heap) tlsThreadHeap = nullptr;
+  if (tlsThreadHeap == heap) {
+    flushDeferredFrees();
+    tlsThreadHeap = nullptr;
+  }
   heap->retire();
   if (gThreadExitHook) gThreadExitHook();
 }
@@ -210,6 +213,9 @@ void* allocateSlow(size_t size) {
   ThreadHeap* heap = threadHeap();
   if (!heap) return failNoMemory();
   unsigned sizeClass = SizeClasses::classOf(size);
+  // Deferred frees are applied before a refill may attach their spans (see deallocate); their
+  // slots may also spare this refill a trip to the global heap.
+  flushDeferredFrees();
   if (!heap->refill(sizeClass)) return failNoMemory();
   void* block = heap->vector(sizeClass).pop();
   if (gRefillHook) gRefillHook();
@@ -218,8 +224,10 @@ void* allocateSlow(size_t size) {
 
 void deallocateSlow(void* pointer) {
   if (!pointer) return;
-  OperationGuard guard;
   uintptr_t address = reinterpret_cast<uintptr_t>(pointer);
+  if (ThreadHeap* heap = tlsThreadHeap; heap && heap->deferredFrees().holds(address))
+    reportHeapError(HeapError::kDoubleFree, "free", pointer);
+  OperationGuard guard;
   uint64_t entry = Arena::entryFor(address);
   // The common case first: a valid small object in a span this thread does not hold. The
   // page-map entry gives the class, so the slot check needs no MiniHeap field.
@@ -332,12 +340,27 @@ size_t usableSize(const void* pointer) {
   return usableSizeOf(mini);
 }
 
+void applyDeferredFree(ThreadHeap* heap, uintptr_t address) {
+  applyFree(heap, address, Arena::entryFor(address));
+}
+
+void flushDeferredFrees() {
+  ThreadHeap* heap = tlsThreadHeap;
+  if (!heap) return;
+  uintptr_t block;
+  while (heap->deferredFrees().takeOldest(&block)) applyDeferredFree(heap, block);
+}
+
 void flushThreadCache() {
-  if (ThreadHeap* heap = tlsThreadHeap) heap->detachAll();
+  if (ThreadHeap* heap = tlsThreadHeap) {
+    flushDeferredFrees();
+    heap->detachAll();
+  }
 }
 
 size_t releaseFreeMemory() {
   if (!ensureInitialized()) return 0;
+  flushDeferredFrees();
   return Arena::purge(true);
 }
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "heap/arena.h"
+#include "heap/errors.h"
 #include "heap/global_heap.h"
 #include "heap/mini_heap.h"
 #include "heap/size_class.h"
@@ -48,16 +49,15 @@ inline void* allocate(size_t size) {
   return allocateSlow(size);
 }
 
-inline void deallocate(void* pointer) {
-  uintptr_t address = reinterpret_cast<uintptr_t>(pointer);
-  uint64_t entry = Arena::entryFor(address);
+// Applies a free of `address` by `heap`'s thread now: a local push if the slot's span is attached
+// to this thread, else the slow path.
+__attribute__((always_inline)) inline void applyFree(ThreadHeap* heap, uintptr_t address,
+                                                     uint64_t entry) {
   if (__builtin_expect(PageEntry::isMiniHeap(entry), 1)) {
     MiniHeap* mini = PageEntry::miniHeap(entry);
-    ThreadHeap* heap = tlsThreadHeap;
     // Only the MiniHeap's second cache line is read (owner, attachIndex, remoteFrees, bitmap):
     // the class and span start come from the page-map entry.
-    if (__builtin_expect(heap != nullptr && mini->owner.load(std::memory_order_relaxed) == heap,
-                         1)) {
+    if (__builtin_expect(mini->owner.load(std::memory_order_relaxed) == heap, 1)) {
       uintptr_t spanStart = Arena::spanStartOf(address, entry);
       unsigned sizeClass = PageEntry::sizeClass(entry);
       ShuffleVector& v = heap->vector(sizeClass);
@@ -88,8 +88,51 @@ inline void deallocate(void* pointer) {
       }
     }
   }
+  deallocateSlow(reinterpret_cast<void*>(address));
+}
+
+// A deferred free, applied: its page-map entry is read again (meshing may have changed it).
+void applyDeferredFree(ThreadHeap* heap, uintptr_t address);
+
+inline void deallocate(void* pointer) {
+  uintptr_t address = reinterpret_cast<uintptr_t>(pointer);
+  uint64_t entry = Arena::entryFor(address);
+  ThreadHeap* heap = tlsThreadHeap;
+  if (__builtin_expect(heap != nullptr && PageEntry::isMiniHeap(entry), 1)) {
+    // Either way the free reads the MiniHeap's second line: start that miss first.
+    const char* mini = reinterpret_cast<const char*>(PageEntry::miniHeap(entry));
+    __builtin_prefetch(mini + kCacheLine, 1);
+    unsigned sizeClass = PageEntry::sizeClass(entry);
+    uintptr_t spanStart = Arena::spanStartOf(address, entry);
+    if (__builtin_expect(
+            sizeClass < kNumSizeClasses && SizeClasses::slotOf(sizeClass, address - spanStart) >= 0,
+            1)) {
+      // A span this thread may hold: free now (its MiniHeap is usually in cache). Only frees
+      // into other spans are deferred, so every other kind of misuse is still reported by the
+      // call that commits it. A second free of a block still in the ring is caught by the
+      // check below or, if the filter sends it on, by deallocateSlow; it cannot reach the local
+      // push, because its span was not attached here when it was deferred and a refill (the
+      // only way a span is attached) applies the ring first.
+      if (__builtin_expect(heap->vector(sizeClass).mayHoldSpanAt(spanStart), 1)) {
+        applyFree(heap, address, entry);
+        return;
+      }
+      DeferredFrees& deferred = heap->deferredFrees();
+      if (__builtin_expect(deferred.holds(address), 0))
+        reportHeapError(HeapError::kDoubleFree, "free", pointer);
+      // The first line too: the first free into a full span (or the last out of any) moves it
+      // between its size class's lists through that line.
+      __builtin_prefetch(mini, 1);
+      uintptr_t due = deferred.replace(address);
+      if (due) applyDeferredFree(heap, due);
+      return;
+    }
+  }
   deallocateSlow(pointer);
 }
+
+// Applies the calling thread's deferred frees (before its slots are counted or handed back).
+void flushDeferredFrees();
 
 // A block of at least `size` bytes aligned to `alignment` (a power of two); nullptr + ENOMEM.
 void* allocateAligned(size_t size, size_t alignment);

@@ -162,6 +162,8 @@ void ThreadHeap::removeSpan(ShuffleVector& v, unsigned span) {
   }
   v.spans[last] = nullptr;
   v.spanStarts[last] = 0;
+  // The span filter keeps the removed span's bit until the next rebuild: a false positive only
+  // sends a free to check the MiniHeap.
 }
 
 void ThreadHeap::shuffle(ShuffleVector& v) {
@@ -237,6 +239,7 @@ bool ThreadHeap::refill(unsigned sizeClass) {
       claimFreeSlots(v, span);
     }
   }
+  v.rebuildSpanFilter();
   shuffle(v);
   return v.length > 0;
 }
@@ -265,6 +268,7 @@ void ThreadHeap::detachAll(unsigned sizeClass) {
     GlobalHeap::releaseSpan(v.spans[v.attachedCount - 1]);
     removeSpan(v, v.attachedCount - 1);
   }
+  v.rebuildSpanFilter();
 }
 
 void ThreadHeap::detachAll() {

@@ -33,6 +33,8 @@ constexpr unsigned kRefillMinRoom = 16;
 // A vector holds at most max(objects per span, this) entries, so a thread's idle free slots
 // (memory other threads cannot use) stay bounded for every class.
 constexpr uint32_t kVectorEntryBudget = 512;
+// A free is applied this many frees after it is made (see DeferredFrees).
+constexpr unsigned kDeferredFrees = 8;
 
 struct ShuffleVector {
   // An entry packs (attached span index, slot) so one vector can serve several spans.
@@ -61,6 +63,29 @@ struct ShuffleVector {
     __atomic_store_n(inVectorWord(span, slot), value, __ATOMIC_RELAXED);
   }
 
+  // A filter of the attached spans' starts, so a free can tell without touching the span's
+  // MiniHeap (or scanning spanStarts) that its span is not attached here: false means certainly
+  // not, true means probably (the free then checks the MiniHeap).
+  static constexpr unsigned kSpanFilterBits = 256;
+  uint64_t spanFilter[kSpanFilterBits / 64] = {};
+
+  static unsigned filterBit(uintptr_t spanStart) {
+    constexpr uint64_t kFibonacciMultiplier = 0x9E3779B97F4A7C15ull;
+    constexpr unsigned kFilterShift = 64 - __builtin_ctz(kSpanFilterBits);
+    return static_cast<unsigned>((spanStart * kFibonacciMultiplier) >> kFilterShift);
+  }
+  bool mayHoldSpanAt(uintptr_t spanStart) const {
+    unsigned bit = filterBit(spanStart);
+    return (spanFilter[bit / 64] >> (bit % 64)) & 1;
+  }
+  void rebuildSpanFilter() {
+    for (uint64_t& word : spanFilter) word = 0;
+    for (uint32_t i = 0; i < attachedCount; i++) {
+      unsigned bit = filterBit(spanStarts[i]);
+      spanFilter[bit / 64] |= 1ull << (bit % 64);
+    }
+  }
+
   void* pop() {
     uint32_t entry = entries[--length];
     unsigned span = entry >> kSpanShift;
@@ -80,6 +105,42 @@ struct ShuffleVector {
     uint32_t position = rng.below(length + 1);
     entries[length++] = entries[position];
     entries[position] = (span << kSpanShift) | slot;
+  }
+};
+
+// The last kDeferredFrees blocks this thread freed into spans it does not hold, not yet applied.
+// Such a free (an LRU cache evicting old entries, a consumer freeing what a producer made)
+// misses on the span's MiniHeap; delaying it by a few such frees lets it prefetch that line and
+// apply an older free whose line has arrived meanwhile, so the misses overlap with the
+// program's own work instead of stalling it one by one. A block in the ring is still live in
+// its bitmap: statistics count it and meshing copies it, and freeing it again is caught here.
+struct DeferredFrees {
+  uintptr_t blocks[kDeferredFrees] = {};
+  unsigned next = 0;
+
+  bool holds(uintptr_t block) const {
+    bool held = false;
+    for (unsigned i = 0; i < kDeferredFrees; i++) held |= blocks[i] == block;
+    return held;
+  }
+  // Puts `block` in the ring; returns the block it replaces (0 if that place was empty).
+  uintptr_t replace(uintptr_t block) {
+    uintptr_t due = blocks[next];
+    blocks[next] = block;
+    next = (next + 1) % kDeferredFrees;
+    return due;
+  }
+  // Empties the ring, oldest first; returns false once empty.
+  bool takeOldest(uintptr_t* block) {
+    for (unsigned i = 0; i < kDeferredFrees; i++) {
+      unsigned at = (next + i) % kDeferredFrees;
+      if (blocks[at]) {
+        *block = blocks[at];
+        blocks[at] = 0;
+        return true;
+      }
+    }
+    return false;
   }
 };
 
@@ -108,6 +169,7 @@ class ThreadHeap {
   void detachAll();
 
   ShuffleVector& vector(unsigned sizeClass) { return vectors_[sizeClass]; }
+  DeferredFrees& deferredFrees() { return deferredFrees_; }
   Rng& rng() { return rng_; }
   Randomization randomization() const { return randomization_; }
   ThreadHeap* nextInRegistry() const { return registryNext_; }
@@ -129,6 +191,7 @@ class ThreadHeap {
   void removeSpan(ShuffleVector& v, unsigned span);
   void shuffle(ShuffleVector& v);
 
+  DeferredFrees deferredFrees_;
   ShuffleVector vectors_[kNumSizeClasses];
   Rng rng_;
   Randomization randomization_ = Randomization::kOnRefillAndFree;

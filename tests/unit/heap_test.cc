@@ -180,6 +180,31 @@ TEST_F(HeapTest, RemoteFreesIntoAttachedSpansAreReusedAndReturned) {
   EXPECT_EQ(liveObjects(), liveBefore) << "blocks left on an exiting owner's stacks leaked";
 }
 
+// A free into a span its thread does not hold waits in the thread's ring of deferred frees
+// (heap/thread_heap.h): it is applied kDeferredFrees such frees later, or when the thread's
+// frees are flushed (statistics, a refill, thread exit), and never lost.
+TEST_F(HeapTest, FreesIntoOtherSpansAreAppliedAFewFreesLater) {
+  constexpr size_t kSize = 256;
+  constexpr size_t kCount = 200;
+  const unsigned sizeClass = SizeClasses::classOf(kSize);
+  auto liveObjects = [&] { return GlobalHeap::classStats(sizeClass).liveObjects; };
+  const size_t before = liveObjects();
+  onNewThread([&] {
+    std::vector<void*> blocks;
+    for (size_t i = 0; i < kCount; i++) blocks.push_back(heap::allocate(kSize));
+    heap::flushThreadCache();  // every span detached: each free below is deferred
+    const size_t live = liveObjects();
+    for (size_t i = 0; i < kDeferredFrees; i++) heap::deallocate(blocks[i]);
+    EXPECT_EQ(liveObjects(), live) << "a free into a detached span was not deferred";
+    heap::deallocate(blocks[kDeferredFrees]);
+    EXPECT_EQ(liveObjects(), live - 1) << "the oldest deferred free must be applied";
+    heap::flushDeferredFrees();
+    EXPECT_EQ(liveObjects(), live - kDeferredFrees - 1);
+    for (size_t i = kDeferredFrees + 1; i < kCount; i++) heap::deallocate(blocks[i]);
+  });  // the thread's exit applies the rest
+  EXPECT_EQ(liveObjects(), before) << "deferred frees were lost at thread exit";
+}
+
 TEST_F(HeapTest, ThreadExitReturnsAttachedSpans) {
   api::HeapStats before = api::collectStats();
   onNewThread([&] {
@@ -226,6 +251,17 @@ TEST_F(HeapDeathTest, MisuseIsReportedWithTheAddress) {
       {
         void* p = api::mallocImpl(64);
         api::freeImpl(p);
+        api::freeImpl(p);
+      },
+      "meshalloc: double free of 0x[0-9a-f]+");
+  // A second free of a block whose first free is still deferred (its span is not attached).
+  EXPECT_DEATH(
+      {
+        void* p = api::mallocImpl(64);
+        void* q = api::mallocImpl(64);
+        heap::flushThreadCache();
+        api::freeImpl(p);
+        api::freeImpl(q);
         api::freeImpl(p);
       },
       "meshalloc: double free of 0x[0-9a-f]+");
