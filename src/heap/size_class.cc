@@ -8,6 +8,9 @@ uint32_t planPages(uint32_t objectSize, size_t pageSize) {
   size_t minBytes = kMinObjectsPerSpan * objectSize > kMinSpanBytes
                         ? kMinObjectsPerSpan * objectSize
                         : kMinSpanBytes;
+  size_t preferred = kPreferredObjectsPerSpan * objectSize;
+  if (preferred > kPreferredSpanBytesCap) preferred = kPreferredSpanBytesCap;
+  if (preferred > minBytes) minBytes = preferred;
   size_t minPages = (minBytes + pageSize - 1) / pageSize;
   if (minPages == 0) minPages = 1;
   size_t bestPages = minPages;

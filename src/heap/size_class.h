@@ -14,6 +14,11 @@ constexpr size_t kMinObjectsPerSpan = 8;
 // Spans are at least this large so mid-size classes still hold enough objects per span that
 // refills (and the locking they need) stay rare.
 constexpr size_t kMinSpanBytes = 4096;
+// Spans also hold this many objects where that takes at most kPreferredSpanBytesCap: a span
+// of a few mid-size objects costs a MiniHeap (a cache miss) per few slots in a sparse heap, and
+// a mesh, whose cost is its system calls, gives back only its bytes (docs/heap.md).
+constexpr size_t kPreferredObjectsPerSpan = 64;
+constexpr size_t kPreferredSpanBytesCap = 16384;
 // A span is grown page by page while its unused tail exceeds 1/kTailWasteDivisor of it.
 constexpr size_t kTailWasteDivisor = 32;
 constexpr size_t kMaxSpanGrowthFactor = 4;

@@ -146,8 +146,11 @@ TEST_F(HeapTest, RemoteFreesEmptyAndReleaseSpans) {
 // and an owner that exits with blocks still on its stacks must return them too.
 TEST_F(HeapTest, RemoteFreesIntoAttachedSpansAreReusedAndReturned) {
   constexpr size_t kSize = 256;
-  constexpr size_t kCount = 200;  // about 13 spans: all stay attached to the owner
+  constexpr size_t kSpans = 4;  // few enough that all stay attached to the owner
   const unsigned sizeClass = SizeClasses::classOf(kSize);
+  // Whole spans, so that the owner's vector is empty once the first batch is out and the
+  // second batch can only come from the freed slots or from new spans.
+  const size_t kCount = kSpans * SizeClasses::plan(sizeClass).objectCount;
   auto liveObjects = [&] { return api::collectStats().classes[sizeClass].liveObjects; };
   const size_t liveBefore = liveObjects();
   std::atomic<int> step{0};
