@@ -162,7 +162,10 @@ class ThreadHeap {
   // to be released. Reports a block freed twice.
   void drainRemoteFrees(ShuffleVector& v, unsigned span, uintptr_t leaveAs);
 
-  // Refills the (empty) vector of `sizeClass`; false when memory is exhausted.
+  // Refills the (empty) vector of `sizeClass`; false when memory is exhausted. The caller
+  // applies this thread's deferred frees first (heap::allocateSlow does): a refill may attach
+  // a span with a block still in the ring, and a second free of that block would then take the
+  // local path, which does not look in the ring.
   bool refill(unsigned sizeClass);
   // Returns the vector's slots and spans to the global heap (e.g. "thread.tcache.flush").
   void detachAll(unsigned sizeClass);
