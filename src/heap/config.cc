@@ -19,6 +19,7 @@ const OptionView kOptions[] = {
     {"dirty_cache_percent", OptionView::kUnsigned, &gHeapConfig.dirtyCachePercent},
     {"decay_ms", OptionView::kUnsigned, &gHeapConfig.decayMs},
     {"max_cached_run", OptionView::kSize, &gHeapConfig.maxCachedRunBytes},
+    {"large_colouring", OptionView::kBool, &gHeapConfig.largeColouring},
     {"mesh_period_ms", OptionView::kUnsigned, &gHeapConfig.meshPeriodMs},
     {"mesh_budget_permille", OptionView::kUnsigned, &gHeapConfig.meshBudgetPermille},
     {"mesh_probes", OptionView::kUnsigned, &gHeapConfig.meshProbes},

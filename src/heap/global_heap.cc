@@ -11,6 +11,21 @@ namespace meshalloc {
 
 constinit GlobalHeap::ClassState GlobalHeap::classes_[kNumSizeClasses];
 
+namespace {
+// Fibonacci hashing: spreads consecutive page numbers over the offsets.
+constexpr uint64_t kColourHashMultiplier = 0x9e3779b97f4a7c15ull;
+
+// A cache-line multiple below a page that still leaves `bytes` room in `pages` pages, varying
+// with the span's address (the same run reused keeps its colour; any two runs rarely share one).
+size_t colourOffset(uintptr_t start, size_t pages, size_t bytes) {
+  size_t slack = (pages << os::pageShift()) - bytes;
+  size_t limit = slack < os::pageSize() - kCacheLine ? slack : os::pageSize() - kCacheLine;
+  size_t colours = limit / kCacheLine + 1;
+  uint64_t hash = (static_cast<uint64_t>(start) >> os::pageShift()) * kColourHashMultiplier;
+  return static_cast<size_t>((hash >> 32) % colours) * kCacheLine;
+}
+}  // namespace
+
 size_t GlobalHeap::binFor(const MiniHeap* heap, uint32_t live) {
   size_t bin = static_cast<size_t>(live) * kOccupancyBins / heap->objectCount;
   return bin < kOccupancyBins ? bin : kOccupancyBins - 1;
@@ -172,6 +187,10 @@ void* GlobalHeap::allocateLarge(size_t bytes, size_t alignment, bool* zeroed) {
   size_t pageSize = os::pageSize();
   size_t pages = (bytes + pageSize - 1) >> os::pageShift();
   if (pages == 0) pages = 1;
+  // Colouring (see HeapConfig::largeColouring) needs at least one line of slack; aligned
+  // requests beyond a line keep their span's alignment instead.
+  bool colour = gHeapConfig.largeColouring && alignment <= kCacheLine;
+  if (colour && (pages << os::pageShift()) - bytes < kCacheLine) pages++;
   MiniHeap* heap = static_cast<MiniHeap*>(InternalHeap::allocate(MiniHeap::bytesFor(1)));
   if (!heap) return nullptr;
   uintptr_t start = Arena::allocate(pages, alignment, zeroed);
@@ -180,6 +199,7 @@ void* GlobalHeap::allocateLarge(size_t bytes, size_t alignment, bool* zeroed) {
     return nullptr;
   }
   new (heap) MiniHeap();
+  if (colour) heap->largeOffset = static_cast<uint32_t>(colourOffset(start, pages, bytes));
   heap->sizeClass = kLargeClass;
   heap->objectCount = 1;
   heap->objectSize = static_cast<uint32_t>(pages > UINT32_MAX ? UINT32_MAX : pages);
@@ -199,7 +219,7 @@ void* GlobalHeap::allocateLarge(size_t bytes, size_t alignment, bool* zeroed) {
   LockGuard guard(largeLock_);
   largeBytes_ += heap->requestedBytes;
   largeCount_++;
-  return reinterpret_cast<void*>(start);
+  return reinterpret_cast<void*>(heap->largeStart());
 }
 
 void GlobalHeap::freeLarge(MiniHeap* heap, uintptr_t address) {
@@ -218,7 +238,8 @@ void GlobalHeap::freeLarge(MiniHeap* heap, uintptr_t address) {
 
 bool GlobalHeap::resizeLargeInPlace(MiniHeap* heap, size_t bytes) {
   size_t pageSize = os::pageSize();
-  size_t pages = (bytes + pageSize - 1) >> os::pageShift();
+  if (bytes > SIZE_MAX - heap->largeOffset - pageSize) return false;
+  size_t pages = (bytes + heap->largeOffset + pageSize - 1) >> os::pageShift();
   if (pages == heap->spanPages) return true;
   if (pages > UINT32_MAX) return false;
   if (pages < heap->spanPages) {

@@ -108,7 +108,7 @@ MiniHeap* resolve(const void* pointer, uint64_t entry, const char* operation, in
         MiniHeap* owner = PageEntry::miniHeap(below);
         if (owner->isLarge() && address < owner->spanStart + owner->spanBytes(Arena::pageSize())) {
           reportHeapError(HeapError::kInteriorPointer, operation, pointer,
-                          reinterpret_cast<void*>(owner->spanStart));
+                          reinterpret_cast<void*>(owner->largeStart()));
         }
       }
       reportHeapError(HeapError::kStalePointer, operation, pointer);
@@ -118,9 +118,9 @@ MiniHeap* resolve(const void* pointer, uint64_t entry, const char* operation, in
   }
   MiniHeap* mini = PageEntry::miniHeap(entry);
   if (mini->isLarge()) {
-    if (address != mini->spanStart) {
+    if (address != mini->largeStart()) {
       reportHeapError(HeapError::kInteriorPointer, operation, pointer,
-                      reinterpret_cast<void*>(mini->spanStart));
+                      reinterpret_cast<void*>(mini->largeStart()));
     }
     *slot = 0;
     return mini;
@@ -161,7 +161,7 @@ void freeResolved(void* pointer, MiniHeap* mini, int64_t slot) {
 }
 
 size_t usableSizeOf(const MiniHeap* mini) {
-  return mini->isLarge() ? mini->spanBytes(Arena::pageSize()) : mini->objectSize;
+  return mini->isLarge() ? mini->largeBytes(Arena::pageSize()) : mini->objectSize;
 }
 
 void* failNoMemory() {

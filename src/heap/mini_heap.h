@@ -45,6 +45,8 @@ struct MiniHeap : ListNode {
   SpanState state = SpanState::kFreed;
   uint8_t occupancyBin = 0;
   bool zeroed = false;  // large objects: the pages were fresh from the OS
+  // Large objects: the object starts this many bytes into its span (see largeColouring).
+  uint32_t largeOffset = 0;
   uintptr_t spanStart = 0;
   // Set once the span's physical memory lives in the shared file (it has been meshed): which
   // file range, and the other virtual spans that map it. See heap/span_backing.h.
@@ -102,6 +104,9 @@ struct MiniHeap : ListNode {
   }
   bool isLarge() const { return sizeClass == kLargeClass; }
   size_t spanBytes(size_t pageSize) const { return static_cast<size_t>(spanPages) * pageSize; }
+  // A large object's address and usable size.
+  uintptr_t largeStart() const { return spanStart + largeOffset; }
+  size_t largeBytes(size_t pageSize) const { return spanBytes(pageSize) - largeOffset; }
 
   // Slot index of `delta` bytes into a virtual span, or -1 if it is not the start of a slot.
   int64_t slotOf(uintptr_t delta) const {

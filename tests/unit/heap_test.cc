@@ -234,6 +234,59 @@ TEST_F(HeapTest, LargeObjectsAreZeroedAndResizeInPlace) {
   api::freeImpl(grown);
 }
 
+// Large objects start at varying cache-line offsets (HeapConfig::largeColouring), never
+// overlap, keep the whole usable size writable, and still resize in place and free cleanly.
+TEST_F(HeapTest, LargeObjectsStartAtVaryingCacheLineOffsets) {
+  constexpr size_t kCount = 64;
+  std::set<size_t> offsets;
+  std::vector<std::pair<char*, size_t>> blocks;
+  for (size_t i = 0; i < kCount; i++) {
+    // Sizes with no tail slack (whole pages) as well as with some.
+    size_t size = (5 + i % 7) * Arena::pageSize() - (i % 2 ? 0 : 100);
+    char* p = static_cast<char*>(api::mallocImpl(size));
+    ASSERT_NE(p, nullptr);
+    uintptr_t address = reinterpret_cast<uintptr_t>(p);
+    EXPECT_EQ(address % kCacheLine, 0u);
+    offsets.insert(address % Arena::pageSize());
+    size_t usable = api::usableSizeImpl(p);
+    EXPECT_GE(usable, size);
+    memset(p, static_cast<int>(i), usable);
+    blocks.emplace_back(p, usable);
+  }
+  EXPECT_GE(offsets.size(), kCount / 4) << "large objects should not all share a page offset";
+  for (size_t i = 0; i < kCount; i++) {
+    auto [p, usable] = blocks[i];
+    for (size_t at = 0; at < usable; at += 512) ASSERT_EQ(p[at], static_cast<char>(i));
+    ASSERT_EQ(p[usable - 1], static_cast<char>(i));
+  }
+  // Growing in place keeps the offset and the contents; so does shrinking.
+  auto [first, firstUsable] = blocks[0];
+  char* grown = static_cast<char*>(api::reallocImpl(first, 4 * firstUsable));
+  ASSERT_NE(grown, nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(grown) % kCacheLine, 0u);
+  for (size_t at = 0; at < firstUsable; at += 512) ASSERT_EQ(grown[at], 0);
+  EXPECT_GE(api::usableSizeImpl(grown), 4 * firstUsable);
+  memset(grown, 1, api::usableSizeImpl(grown));
+  blocks[0].first = grown;
+  for (auto [p, usable] : blocks) api::freeImpl(p);
+  // Page-aligned requests stay page-aligned.
+  void* aligned = api::alignedAllocImpl(Arena::pageSize(), 10 * Arena::pageSize());
+  ASSERT_NE(aligned, nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(aligned) % Arena::pageSize(), 0u);
+  api::freeImpl(aligned);
+}
+
+TEST_F(HeapTest, LargeColouringOffLeavesLargeObjectsPageAligned) {
+  gHeapConfig.largeColouring = false;
+  for (size_t pages : {5ul, 6ul, 9ul}) {
+    void* p = api::mallocImpl(pages * Arena::pageSize() - 100);
+    ASSERT_NE(p, nullptr);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % Arena::pageSize(), 0u);
+    EXPECT_EQ(api::usableSizeImpl(p), pages * Arena::pageSize());
+    api::freeImpl(p);
+  }
+}
+
 TEST_F(HeapTest, ReallocKeepsContentsAcrossClasses) {
   char* p = static_cast<char*>(api::mallocImpl(10));
   memcpy(p, "0123456789", 10);
@@ -286,6 +339,16 @@ TEST_F(HeapDeathTest, MisuseIsReportedWithTheAddress) {
         api::freeImpl(p + 8192);
       },
       "meshalloc: free of interior pointer");
+  // A coloured large object's page start is not the object either.
+  EXPECT_DEATH(
+      {
+        char* p = nullptr;
+        while (!p || reinterpret_cast<uintptr_t>(p) % Arena::pageSize() == 0)
+          p = static_cast<char*>(api::mallocImpl(1 << 20));
+        api::freeImpl(
+            reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(p) & ~(Arena::pageSize() - 1)));
+      },
+      "meshalloc: free of interior pointer 0x[0-9a-f]+ \\(the object starts at 0x[0-9a-f]+\\)");
 }
 
 // Every free (local or remote) reads the owner and remoteFrees and then writes liveCount or
