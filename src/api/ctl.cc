@@ -136,6 +136,7 @@ int statValue(const char* name, void* oldp, size_t* oldlenp) {
       {"mesh.mapping_limit", s.mappingLimit},
       {"mesh.passes", s.meshPasses},
       {"mesh.failed", s.meshFailed},
+      {"mesh.stranded", s.meshStranded},
       {"mesh.skipped_for_io", s.meshSkippedForIo},
       {"mesh.pauses", s.pauseCount},
       {"mesh.pause_total_ns", s.pauseTotalNs},

@@ -70,6 +70,7 @@ HeapStats collectStats() {
   stats.mappingLimit = mesh.mappingLimit;
   stats.meshPasses = mesh.passes;
   stats.meshFailed = mesh.failedMeshes;
+  stats.meshStranded = mesh.strandedSpans;
   stats.meshSkippedForIo = mesh.skippedForIo;
   stats.pauseCount = mesh.pauseCount;
   stats.pauseTotalNs = mesh.pauseTotalNs;
@@ -117,6 +118,7 @@ void writeStats(int fd, bool json) {
       {"mapping_limit", stats.mappingLimit},
       {"mesh_passes", stats.meshPasses},
       {"mesh_failed", stats.meshFailed},
+      {"mesh_stranded", stats.meshStranded},
       {"mesh_skipped_for_io", stats.meshSkippedForIo},
       {"mesh_pauses", stats.pauseCount},
       {"mesh_pause_total_ns", stats.pauseTotalNs},

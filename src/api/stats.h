@@ -32,6 +32,7 @@ struct HeapStats {
   size_t mappingLimit;  // what meshing stays under
   uint64_t meshPasses;
   uint64_t meshFailed;
+  uint64_t meshStranded;
   uint64_t meshSkippedForIo;
   uint64_t pauseCount;
   uint64_t pauseTotalNs;

@@ -124,11 +124,6 @@ void SpanBacking::freeFileRangeLocked(size_t offset, size_t bytes) {
   freeRanges_.pushFront(range);
 }
 
-void SpanBacking::releaseFileRange(size_t offset, size_t bytes) {
-  LockGuard guard(lock_);
-  freeFileRangeLocked(offset, bytes);
-}
-
 bool SpanBacking::share(MiniHeap* span) {
   if (span->mesh) return true;
   size_t bytes = span->spanBytes(Arena::pageSize());
@@ -177,6 +172,53 @@ bool SpanBacking::addAlias(MiniHeap* span, uintptr_t alias) {
   if (stats_.releasedBytes > stats_.releasedBytesPeak)
     stats_.releasedBytesPeak = stats_.releasedBytes;
   return true;
+}
+
+bool SpanBacking::absorb(MiniHeap* span, MiniHeap* source, bool* stranded) {
+  *stranded = false;
+  MeshInfo* info = span->mesh;
+  MeshInfo* absorbed = source->mesh;
+  if (!info || !absorbed) return false;
+  uint32_t views = 1 + absorbed->aliasCount;
+  if (info->aliasCount + views > kMaxVirtualSpans - 1) return false;
+  size_t bytes = span->spanBytes(Arena::pageSize());
+  uintptr_t starts[kMaxVirtualSpans];
+  starts[0] = source->spanStart;
+  for (uint32_t i = 0; i < absorbed->aliasCount; i++) starts[i + 1] = absorbed->aliases[i];
+  LockGuard guard(lock_);
+  // Read-only until all have moved: a write through one already moved would otherwise land in
+  // the copy, and be lost if a later move fails and it has to go back.
+  for (uint32_t i = 0; i < views; i++) {
+    if (injectedFailure() || !os::mapFileFixed(reinterpret_cast<void*>(starts[i]), bytes, fd_,
+                                               info->fileOffset, false)) {
+      for (uint32_t j = 0; j < i; j++) {
+        if (!os::mapFileFixed(reinterpret_cast<void*>(starts[j]), bytes, fd_, absorbed->fileOffset,
+                              false)) {
+          *stranded = true;
+        }
+      }
+      return false;
+    }
+  }
+  for (uint32_t i = 0; i < views; i++) info->aliases[info->aliasCount++] = starts[i];
+  // Nothing maps source's pages any more: they go back now, its record once the page map no
+  // longer needs it (forgetAbsorbed). Off the shared list at once, so that fork never sees it.
+  freeFileRangeLocked(absorbed->fileOffset, bytes);
+  shared_.remove(absorbed);
+  stats_.meshedSpans--;
+  stats_.fileBytes -= bytes;
+  stats_.aliasSpans++;  // source's own span; its aliases only changed owner
+  stats_.releasedBytes += bytes;
+  if (stats_.releasedBytes > stats_.releasedBytesPeak)
+    stats_.releasedBytesPeak = stats_.releasedBytes;
+  return true;
+}
+
+void SpanBacking::forgetAbsorbed(MiniHeap* source) {
+  MeshInfo* info = source->mesh;
+  if (!info) return;
+  source->mesh = nullptr;
+  InternalHeap::free(info, sizeof(MeshInfo));
 }
 
 void SpanBacking::restore(MiniHeap* span) {

@@ -42,17 +42,30 @@ class SpanBacking {
   // Maps `span`'s physical pages at `alias` too (replacing whatever `alias` held) and records
   // it. False, with `alias` untouched, on failure.
   static bool addAlias(MiniHeap* span, uintptr_t alias);
-  // Gives the file range back (punch hole): used for a source that was itself shared.
-  static void releaseFileRange(size_t offset, size_t bytes);
+  // Moves every virtual span of the shared span `source` (its own and its aliases), which the
+  // caller has write-protected, onto `span`'s pages, read-only, and gives source's file range
+  // back. Once the page map points them at `span`, forgetAbsorbed(source) frees the record.
+  // False if `span` has no room for them or a mapping call fails: then every virtual span is
+  // back on source's pages, still read-only, unless putting one back failed too, which sets
+  // *stranded: that span shows `span`'s pages (holding copies of all of source's objects) and
+  // the caller must keep `span` from handing out source's slots.
+  static bool absorb(MiniHeap* span, MiniHeap* source, bool* stranded);
+  static void forgetAbsorbed(MiniHeap* source);
+  // Virtual spans that show `span`'s pages: its own and its aliases.
+  static uint32_t virtualSpans(const MiniHeap* span) {
+    return 1 + (span->mesh ? span->mesh->aliasCount : 0);
+  }
   // Called when a shared span dies: every virtual span becomes plain private memory again
   // and the aliases go back to the arena; the file range is punched out. A virtual span that
   // cannot be made private again is leaked, never handed out twice.
   static void restore(MiniHeap* span);
 
   static SpanBackingStats stats();
-  // Testing: the next `count` mapping calls of share()/addAlias() fail as if the kernel had
-  // refused them (e.g. vm.max_map_count reached), to exercise the undo path.
-  static void injectMapFailures(int count) {
+  // Testing: after `after` more mapping calls of share()/addAlias()/absorb(), the next `count`
+  // fail as if the kernel had refused them (e.g. vm.max_map_count reached), to exercise the
+  // undo paths.
+  static void injectMapFailures(int count, int after = 0) {
+    injectedSuccesses_.store(after, std::memory_order_relaxed);
     injectedFailures_.store(count, std::memory_order_relaxed);
   }
   static bool anyShared();
@@ -86,7 +99,13 @@ class SpanBacking {
   static constinit inline IntrusiveList<MeshInfo> shared_;
   static inline SpanBackingStats stats_ = {};
   static inline std::atomic<int> injectedFailures_{0};
+  static inline std::atomic<int> injectedSuccesses_{0};
   static bool injectedFailure() {
+    if (injectedFailures_.load(std::memory_order_relaxed) == 0) return false;
+    int pass = injectedSuccesses_.load(std::memory_order_relaxed);
+    while (pass > 0 && !injectedSuccesses_.compare_exchange_weak(pass, pass - 1)) {
+    }
+    if (pass > 0) return false;
     int left = injectedFailures_.load(std::memory_order_relaxed);
     while (left > 0 && !injectedFailures_.compare_exchange_weak(left, left - 1)) {
     }

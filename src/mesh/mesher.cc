@@ -86,7 +86,74 @@ long mappingCount() {
   return gCountedMappings + added * Mesher::kMappingsPerMesh;
 }
 
+// Calls fn(start) for every virtual span that shows `span`'s pages.
+template <typename Fn>
+void forEachVirtualSpan(const MiniHeap* span, Fn fn) {
+  fn(span->spanStart);
+  if (span->mesh) {
+    for (uint32_t i = 0; i < span->mesh->aliasCount; i++) fn(span->mesh->aliases[i]);
+  }
+}
+
 }  // namespace
+
+void Mesher::copyLiveObjects(MiniHeap* destination, MiniHeap* source) {
+  size_t objectSize = destination->objectSize;
+  AtomicBitmap src = source->bitmap();
+  for (size_t w = 0; w < src.words(); w++) {
+    uint64_t bits = src.loadWord(w);
+    while (bits) {
+      size_t slot = w * 64 + static_cast<size_t>(__builtin_ctzll(bits));
+      bits &= bits - 1;
+      memcpy(reinterpret_cast<char*>(destination->spanStart) + slot * objectSize,
+             reinterpret_cast<char*>(source->spanStart) + slot * objectSize, objectSize);
+    }
+  }
+}
+
+// A source that is itself meshed: all its virtual spans are write-protected while its
+// objects are copied, then all move onto the destination's pages (SpanBacking::absorb), so
+// chains keep merging as their spans empty out. Without this, two meshed spans could never
+// mesh, and a sparse heap stopped shrinking once most of its spans were meshed (Redis LRU:
+// 256-byte spans at 15 % occupancy, all meshed once).
+bool Mesher::absorbMeshedSource(MiniHeap* destination, MiniHeap* source) {
+  size_t bytes = destination->spanBytes(Arena::pageSize());
+  uintptr_t protectedStarts[kMaxVirtualSpans];
+  uint32_t protectedCount = 0;
+  bool ok = true;
+  forEachVirtualSpan(source, [&](uintptr_t start) {
+    if (ok && os::protectReadOnly(reinterpret_cast<void*>(start), bytes))
+      protectedStarts[protectedCount++] = start;
+    else
+      ok = false;
+  });
+  bool stranded = false;
+  if (ok) {
+    copyLiveObjects(destination, source);
+    ok = SpanBacking::absorb(destination, source, &stranded);
+  }
+  if (stranded) {
+    // A virtual span could be moved neither onto the destination nor back: it shows the
+    // copies in the destination's pages. The destination keeps those slots for good (a leak
+    // of at most one span's slots), so it never hands them out while that span's objects live
+    // there.
+    AtomicBitmap src = source->bitmap();
+    AtomicBitmap dst = destination->bitmap();
+    uint32_t claimed = 0;
+    for (size_t w = 0; w < src.words(); w++) {
+      uint64_t bits = src.loadWord(w);
+      if (bits) dst.claimMask(w, bits);
+      claimed += static_cast<uint32_t>(__builtin_popcountll(bits));
+    }
+    destination->liveCount.fetch_add(claimed, std::memory_order_acq_rel);
+    gStats.strandedSpans++;
+  }
+  // Writable again: on the destination's pages if the move succeeded, else on its own.
+  for (uint32_t i = 0; i < protectedCount; i++)
+    os::protectReadWrite(reinterpret_cast<void*>(protectedStarts[i]), bytes);
+  if (!ok) gStats.failedMeshes++;
+  return ok;
+}
 
 bool Mesher::meshGroup(MeshGroup& group, bool* merged) {
   MiniHeap* destination = group.destination;
@@ -109,15 +176,19 @@ bool Mesher::meshGroup(MeshGroup& group, bool* merged) {
       return false;
     }
   }
-  size_t objectSize = destination->objectSize;
   bool any = false;
   for (uint32_t i = 0; i < group.sourceCount; i++) {
     MiniHeap* source = group.sources[i];
     // Frees only ever clear bits, so the groups found before the batch are still disjoint;
     // checked again because a mistake here would overwrite live objects.
     if (!SplitMesher::disjoint(destination, source)) continue;
-    if (busyWithIo(source->spanStart, bytes)) {
+    if (spanBusyWithIo(source, bytes)) {
       gStats.skippedForIo++;
+      continue;
+    }
+    if (source->mesh) {
+      merged[i] = absorbMeshedSource(destination, source);
+      any |= merged[i];
       continue;
     }
     void* sourceStart = reinterpret_cast<void*>(source->spanStart);
@@ -127,16 +198,7 @@ bool Mesher::meshGroup(MeshGroup& group, bool* merged) {
     }
     // Objects freed from here on are copied for nothing; commitSource transfers only the slots
     // still live once guarded operations are paused.
-    AtomicBitmap src = source->bitmap();
-    for (size_t w = 0; w < src.words(); w++) {
-      uint64_t bits = src.loadWord(w);
-      while (bits) {
-        size_t slot = w * 64 + static_cast<size_t>(__builtin_ctzll(bits));
-        bits &= bits - 1;
-        memcpy(reinterpret_cast<char*>(destination->spanStart) + slot * objectSize,
-               reinterpret_cast<char*>(source->spanStart) + slot * objectSize, objectSize);
-      }
-    }
+    copyLiveObjects(destination, source);
     if (!SpanBacking::addAlias(destination, source->spanStart)) {
       // Undo: the source keeps its own pages and objects; what was copied lands in slots
       // the destination does not own, so it is never seen.
@@ -161,8 +223,9 @@ void Mesher::commitSource(MiniHeap* destination, MiniHeap* source) {
   }
   destination->liveCount.fetch_add(source->liveCount.load(std::memory_order_relaxed),
                                    std::memory_order_acq_rel);
-  // From here on every address in the source's virtual span resolves to the destination.
-  Arena::assign(source->spanStart, source->spanPages, destination, true);
+  // From here on every address in the source's virtual spans resolves to the destination.
+  forEachVirtualSpan(
+      source, [&](uintptr_t start) { Arena::assign(start, source->spanPages, destination, true); });
   source->state = SpanState::kMeshedAway;
   gStats.meshedSpans++;
 }
@@ -254,9 +317,10 @@ size_t Mesher::compactClassRound(unsigned sizeClass, long* mappingBudget, size_t
   for (size_t c = 0; c < count; c++) {
     MiniHeap* span = gCandidates[c];
     if (span->state == SpanState::kMeshedAway) {
+      *mappingBudget -= kMappingsPerMesh * SpanBacking::virtualSpans(span);
+      SpanBacking::forgetAbsorbed(span);
       GlobalHeap::retireMeshedSource(sizeClass, span);
       (*meshed)++;
-      *mappingBudget -= kMappingsPerMesh;
     } else {
       gCandidates[returned++] = span;
     }

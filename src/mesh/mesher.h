@@ -14,8 +14,11 @@ namespace meshalloc {
 
 struct MeshStats {
   uint64_t passes;
-  uint64_t meshedSpans;       // virtual spans meshed away (sources)
-  uint64_t failedMeshes;      // a mapping call failed; the mesh was undone
+  uint64_t meshedSpans;   // virtual spans meshed away (sources)
+  uint64_t failedMeshes;  // a mapping call failed; the mesh was undone
+  // A meshed source's virtual span could be moved neither on nor back; its slots are leaked in
+  // the destination instead (see Mesher::absorbMeshedSource).
+  uint64_t strandedSpans;
   uint64_t skippedForIo;      // spans left alone because a system call was writing into them
   uint64_t vmaLimitedPasses;  // passes cut short by the mapping budget
   uint64_t pauseCount;
@@ -60,6 +63,8 @@ class Mesher {
   // Copies each source's objects into the destination and maps the destination's pages over
   // the source (merged[i] says which succeeded); the page map is not changed yet.
   static bool meshGroup(MeshGroup& group, bool* merged);
+  static void copyLiveObjects(MiniHeap* destination, MiniHeap* source);
+  static bool absorbMeshedSource(MiniHeap* destination, MiniHeap* source);
   // With guarded operations paused: the source's live slots and virtual span go over to the
   // destination.
   static void commitSource(MiniHeap* destination, MiniHeap* source);

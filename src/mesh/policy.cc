@@ -27,6 +27,19 @@ std::atomic<bool> gThreadStarted{false};
 std::atomic<bool> gThreadFailed{false};
 std::atomic<unsigned> gRefills{0};
 std::atomic<uint64_t> gNextPassNs{0};
+// The budget is kept as a virtual clock (the generic cell rate algorithm): each pass advances
+// it by its CPU time divided by the budget share, and a pass may start once the wall clock has
+// caught up with it. A program that has not meshed for a while keeps up to this much wall
+// time of unspent budget, so the first pass after its heap turns sparse is not held back by
+// its own cost: in Redis LRU the spans freed by the second phase's evictions were otherwise
+// meshed a second after the insertion, 50 times a small early pass's cost later. Over any
+// interval of length T meshing uses at most budget x (T + this). The clock starts when the
+// policy does, so no credit is older than the program: over its whole life so far meshing
+// stays within the budget.
+constexpr uint64_t kBudgetCreditNs = 5000 * kNanosPerMilli;
+// Written only by the thread running a pass (one at a time); atomic because inline passes run
+// on whichever thread refills.
+std::atomic<uint64_t> gBudgetClockNs{0};
 // Bumped (and futex-woken) to bring the background thread's next pass forward.
 std::atomic<uint32_t> gWakeups{0};
 // A woken thread waits until no thread has exited for this long (at most a period) before its
@@ -82,6 +95,7 @@ void forkChild() {
 
 void MeshPolicy::init() {
   if (gInitialized.exchange(true)) return;
+  gBudgetClockNs.store(os::monotonicNanos(), std::memory_order_relaxed);
   heap::setForkHooks({forkPrepareFirst, forkPrepare, forkParent, forkChild});
   heap::setRefillHook(onRefill);
   heap::setThreadExitHook(onThreadExit);
@@ -103,13 +117,15 @@ void MeshPolicy::runPassWithinBudget() {
   uint64_t start = os::threadCpuNanos();
   Mesher::compact(gHeapConfig.meshMinGainBytes);
   uint64_t spent = os::threadCpuNanos() - start;
-  // Sleep so that spent / (spent + sleep) stays within the budget.
   uint64_t budget = gHeapConfig.meshBudgetPermille ? gHeapConfig.meshBudgetPermille : 1;
   if (budget > kPermille) budget = kPermille;
-  uint64_t rest = spent * (kPermille - budget) / budget;
+  uint64_t now = os::monotonicNanos();
+  uint64_t earliest = now > kBudgetCreditNs ? now - kBudgetCreditNs : 0;
+  uint64_t clock = gBudgetClockNs.load(std::memory_order_relaxed);
+  clock = (clock > earliest ? clock : earliest) + spent * kPermille / budget;
+  gBudgetClockNs.store(clock, std::memory_order_relaxed);
   uint64_t period = gHeapConfig.meshPeriodMs * kNanosPerMilli;
-  gNextPassNs.store(os::monotonicNanos() + (rest > period ? rest : period),
-                    std::memory_order_relaxed);
+  gNextPassNs.store(clock > now + period ? clock : now + period, std::memory_order_relaxed);
 }
 
 void* MeshPolicy::backgroundMain(void*) {

@@ -31,7 +31,7 @@ size_t SplitMesher::find(MiniHeap** candidates, size_t count, size_t probes, Rng
   uint64_t merged[kMaxBitmapWords];
   for (size_t i = 0; i < half && found < maxGroups; i++) {
     MiniHeap* destination = left[i];
-    uint32_t room = kMaxVirtualSpans - 1 - (destination->mesh ? destination->mesh->aliasCount : 0);
+    uint32_t room = kMaxVirtualSpans - SpanBacking::virtualSpans(destination);
     if (room == 0) continue;
     AtomicBitmap dst = destination->bitmap();
     for (size_t w = 0; w < words; w++) merged[w] = dst.loadWord(w);
@@ -39,18 +39,30 @@ size_t SplitMesher::find(MiniHeap** candidates, size_t count, size_t probes, Rng
     group.destination = destination;
     group.sourceCount = 0;
     size_t limit = probes < rightCount ? probes : rightCount;
-    for (size_t p = 0; p < limit && group.sourceCount < room; p++) {
+    for (size_t p = 0; p < limit && room > 0; p++) {
       size_t r = (i + p) % rightCount;
       MiniHeap* source = right[r];
-      // A span already backing others stays a destination: its aliases cannot follow it.
-      if (!source || source->mesh) continue;
+      // A span already meshed brings all its virtual spans along (see Mesher::meshGroup).
+      if (!source) continue;
+      uint32_t views = SpanBacking::virtualSpans(source);
+      if (views > room) continue;
       AtomicBitmap src = source->bitmap();
       bool fits = true;
       for (size_t w = 0; w < words && fits; w++) fits = (merged[w] & src.loadWord(w)) == 0;
       if (!fits) continue;
       for (size_t w = 0; w < words; w++) merged[w] |= src.loadWord(w);
-      group.sources[group.sourceCount++] = source;
       right[r] = nullptr;
+      uint32_t destinationViews = SpanBacking::virtualSpans(group.destination);
+      if (group.sourceCount == 0 && views > destinationViews) {
+        // Every virtual span of a source costs mapping calls to move, so the pair's larger
+        // chain stays put and the smaller one moves onto it.
+        group.sources[group.sourceCount++] = group.destination;
+        group.destination = source;
+        room = kMaxVirtualSpans - views - destinationViews;
+        continue;
+      }
+      group.sources[group.sourceCount++] = source;
+      room -= views;
     }
     if (group.sourceCount > 0) found++;
   }

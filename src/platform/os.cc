@@ -105,10 +105,10 @@ bool writeToFile(int fd, size_t offset, const void* source, size_t bytes) {
   return true;
 }
 
-bool mapFileFixed(void* addr, size_t bytes, int fd, size_t offset) {
+bool mapFileFixed(void* addr, size_t bytes, int fd, size_t offset, bool writable) {
   // No MAP_POPULATE: on a shared memory file it would allocate a page for every hole.
-  void* p = mmap(addr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd,
-                 static_cast<off_t>(offset));
+  void* p = mmap(addr, bytes, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED | MAP_FIXED,
+                 fd, static_cast<off_t>(offset));
   return p == addr;
 }
 

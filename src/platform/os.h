@@ -33,10 +33,10 @@ bool resizeFile(int fd, size_t bytes);
 bool punchHole(int fd, size_t offset, size_t bytes);
 // Copies `bytes` from `source` into the file at `offset` (pwrite, retried on short writes).
 bool writeToFile(int fd, size_t offset, const void* source, size_t bytes);
-// Maps file range [offset, offset+bytes) read-write and shared at exactly `addr`, replacing
-// what was there in one step. Pages are mapped on first touch. False (mapping untouched) on
-// failure.
-bool mapFileFixed(void* addr, size_t bytes, int fd, size_t offset);
+// Maps file range [offset, offset+bytes) shared at exactly `addr` (read-write, or read-only
+// if not `writable`), replacing what was there in one step. Pages are mapped on first touch.
+// False (mapping untouched) on failure.
+bool mapFileFixed(void* addr, size_t bytes, int fd, size_t offset, bool writable = true);
 // Replaces [addr, addr+bytes) with fresh private zero pages in one step.
 bool mapAnonymousFixed(void* addr, size_t bytes);
 bool protectReadOnly(void* addr, size_t bytes);

@@ -183,6 +183,126 @@ TEST_F(MeshTest, SeveralSpansMeshOntoOne) {
   for (const Survivor& s : survivors) heap::deallocate(s.pointer);
 }
 
+// Two pairs of spans of `size`, each pair meshed onto one physical span, with survivors in
+// slots 0-1 (first pair) and 2-3 (second pair) mod 4: the two pairs can mesh with each other.
+struct TwoMeshedPairs {
+  std::vector<Survivor> survivors;
+  uintptr_t a, b, c, d;  // the first pair's virtual spans, then the second's
+};
+
+TwoMeshedPairs makeTwoMeshedPairs(size_t size) {
+  // Keeps the survivors in slots congruent to `first` or `first + 1` mod 4 (one per span).
+  auto thin = [](const std::vector<Survivor>& survivors, size_t first) {
+    std::vector<Survivor> kept;
+    for (const Survivor& s : survivors) {
+      if (s.slot % 4 == first + s.slot % 2)
+        kept.push_back(s);
+      else
+        heap::deallocate(s.pointer);
+    }
+    heap::flushThreadCache();  // frees into spans this thread does not hold are deferred
+    return kept;
+  };
+  TwoMeshedPairs pairs;
+  // The first pair meshes full (even and odd slots), so it is no candidate while the second
+  // pair meshes on its own; only then is it thinned out to slots 0 and 1 mod 4.
+  auto firstPair = makeDisjointSpans(size, 2);
+  MeshPolicy::compactNow();
+  auto secondPair = thin(makeDisjointSpans(size, 2), 2);
+  MeshPolicy::compactNow();
+  firstPair = thin(firstPair, 0);
+  pairs.a = firstPair.front().spanStart;
+  pairs.b = firstPair.back().spanStart;
+  pairs.c = secondPair.front().spanStart;
+  pairs.d = secondPair.back().spanStart;
+  pairs.survivors = firstPair;
+  pairs.survivors.insert(pairs.survivors.end(), secondPair.begin(), secondPair.end());
+  return pairs;
+}
+
+void expectTwoSeparateMeshedPairs(const TwoMeshedPairs& p) {
+  ASSERT_NE(p.a, p.b);
+  ASSERT_EQ(ownerOf(p.a), ownerOf(p.b)) << "the first pair is meshed";
+  ASSERT_EQ(ownerOf(p.c), ownerOf(p.d)) << "the second pair is meshed";
+  ASSERT_NE(ownerOf(p.a), ownerOf(p.c));
+  ASSERT_NE(ownerOf(p.a)->mesh, nullptr);
+  ASSERT_NE(ownerOf(p.c)->mesh, nullptr);
+}
+
+// Two meshed spans mesh with each other: every virtual span of the source moves onto the
+// destination's pages. Without this a heap whose spans had all been meshed once could not
+// shrink further as they emptied out.
+TEST_F(MeshTest, MeshedSpansMeshWithEachOther) {
+  constexpr size_t kSize = 300;
+  TwoMeshedPairs p = makeTwoMeshedPairs(kSize);
+  ASSERT_NO_FATAL_FAILURE(expectTwoSeparateMeshedPairs(p));
+  size_t bytes = ownerOf(p.a)->spanBytes(Arena::pageSize());
+  SpanBackingStats before = SpanBacking::stats();
+  uint64_t meshedBefore = Mesher::stats().meshedSpans;
+  MeshPolicy::compactNow();
+  MiniHeap* owner = ownerOf(p.a);
+  for (uintptr_t start : {p.b, p.c, p.d}) EXPECT_EQ(ownerOf(start), owner) << "one physical span";
+  EXPECT_EQ(owner->mesh->aliasCount, 3u);
+  SpanBackingStats after = SpanBacking::stats();
+  EXPECT_EQ(after.meshedSpans, before.meshedSpans - 1);
+  EXPECT_EQ(after.aliasSpans, before.aliasSpans + 1);
+  EXPECT_EQ(after.releasedBytes, before.releasedBytes + bytes);
+  EXPECT_EQ(Mesher::stats().meshedSpans, meshedBefore + 1);
+
+  // Every object reads back through its own address and through all four virtual spans, and
+  // writes through one are seen through the others.
+  for (const Survivor& s : p.survivors) {
+    uintptr_t identity = reinterpret_cast<uintptr_t>(s.pointer);
+    for (uintptr_t start : {p.a, p.b, p.c, p.d}) {
+      void* view = reinterpret_cast<void*>(start + s.slot * owner->objectSize);
+      ASSERT_TRUE(holds(view, kSize, 1, identity)) << "slot " << s.slot;
+    }
+    fill(s.pointer, kSize, 2);
+    uintptr_t other = (s.spanStart == p.a ? p.d : p.a) + s.slot * owner->objectSize;
+    ASSERT_TRUE(holds(reinterpret_cast<void*>(other), kSize, 2, identity));
+  }
+  // Frees through every virtual span land in the one bitmap; the last restores plain memory.
+  for (const Survivor& s : p.survivors) heap::deallocate(s.pointer);
+  SpanBackingStats restored = SpanBacking::stats();
+  EXPECT_EQ(restored.meshedSpans, after.meshedSpans - 1);
+  EXPECT_EQ(restored.aliasSpans, after.aliasSpans - 3);
+}
+
+// A meshed source whose second virtual span cannot be moved: the first goes back, and every
+// object stays in place, readable and writable, until a later pass succeeds.
+TEST_F(MeshTest, MeshedSourceMappingFailureUndoesTheMove) {
+  constexpr size_t kSize = 300;
+  TwoMeshedPairs p = makeTwoMeshedPairs(kSize);
+  ASSERT_NO_FATAL_FAILURE(expectTwoSeparateMeshedPairs(p));
+  SpanBackingStats before = SpanBacking::stats();
+  uint64_t failedBefore = Mesher::stats().failedMeshes;
+  SpanBacking::injectMapFailures(1 << 20, 1);  // one mapping call succeeds, then all fail
+  MeshPolicy::compactNow();
+  SpanBacking::injectMapFailures(0);
+  EXPECT_GT(Mesher::stats().failedMeshes, failedBefore);
+  EXPECT_EQ(Mesher::stats().strandedSpans, 0u);
+  EXPECT_EQ(SpanBacking::stats().meshedSpans, before.meshedSpans);
+  EXPECT_EQ(SpanBacking::stats().aliasSpans, before.aliasSpans);
+  ASSERT_NO_FATAL_FAILURE(expectTwoSeparateMeshedPairs(p));
+  for (const Survivor& s : p.survivors) {
+    uintptr_t identity = reinterpret_cast<uintptr_t>(s.pointer);
+    ASSERT_TRUE(holds(s.pointer, kSize, 1, identity));
+    fill(s.pointer, kSize, 3);  // writable: the protection was lifted
+    // Its pair's other virtual span shows the same pages, so the write is seen there.
+    uintptr_t pairOther = s.spanStart == p.a   ? p.b
+                          : s.spanStart == p.b ? p.a
+                          : s.spanStart == p.c ? p.d
+                                               : p.c;
+    void* view = reinterpret_cast<void*>(pairOther + s.slot * ownerOf(p.a)->objectSize);
+    ASSERT_TRUE(holds(view, kSize, 3, identity));
+  }
+  MeshPolicy::compactNow();
+  EXPECT_EQ(ownerOf(p.a), ownerOf(p.c)) << "the next pass meshes them";
+  for (const Survivor& s : p.survivors)
+    EXPECT_TRUE(holds(s.pointer, kSize, 3, reinterpret_cast<uintptr_t>(s.pointer)));
+  for (const Survivor& s : p.survivors) heap::deallocate(s.pointer);
+}
+
 // Whether a virtual page is mapped in this process (/proc/self/pagemap's present bit).
 bool pageMapped(uintptr_t address) {
   int fd = open("/proc/self/pagemap", O_RDONLY);
