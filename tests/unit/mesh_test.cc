@@ -263,9 +263,52 @@ TEST_F(MeshTest, MeshedSpansMeshWithEachOther) {
   }
   // Frees through every virtual span land in the one bitmap; the last restores plain memory.
   for (const Survivor& s : p.survivors) heap::deallocate(s.pointer);
+  heap::flushThreadCache();
   SpanBackingStats restored = SpanBacking::stats();
   EXPECT_EQ(restored.meshedSpans, after.meshedSpans - 1);
   EXPECT_EQ(restored.aliasSpans, after.aliasSpans - 3);
+}
+
+// Moving a virtual span costs mapping calls, so when a meshed span meshes with a private one,
+// the meshed span stays the destination whichever half of the split it lands in.
+TEST_F(MeshTest, TheLongerChainStaysPut) {
+  constexpr size_t kSize = 300;
+  for (int trial = 0; trial < 4; trial++) {
+    // A full meshed pair (even and odd slots), then a private span with slots 2 mod 4; the
+    // pair is thinned to slots 0 and 1 mod 4, so the two fit.
+    auto pair = makeDisjointSpans(kSize, 2);
+    MeshPolicy::compactNow();
+    std::vector<Survivor> kept, single;
+    for (const Survivor& s : makeDisjointSpans(kSize, 2)) {
+      if (s.slot % 4 == 2)
+        single.push_back(s);
+      else
+        heap::deallocate(s.pointer);
+    }
+    for (const Survivor& s : pair) {
+      if (s.slot % 4 < 2)
+        kept.push_back(s);
+      else
+        heap::deallocate(s.pointer);
+    }
+    heap::flushThreadCache();
+    ASSERT_FALSE(single.empty());
+    uintptr_t a = kept.front().spanStart, b = kept.back().spanStart;
+    uintptr_t e = single.front().spanStart;
+    MiniHeap* chain = ownerOf(a);
+    ASSERT_EQ(ownerOf(b), chain);
+    ASSERT_EQ(SpanBacking::virtualSpans(chain), 2u);
+    ASSERT_EQ(SpanBacking::virtualSpans(ownerOf(e)), 1u);
+    MeshPolicy::compactNow();
+    EXPECT_EQ(ownerOf(e), chain) << "the single span moved onto the pair (trial " << trial << ")";
+    EXPECT_EQ(ownerOf(a), chain);
+    EXPECT_EQ(chain->mesh->aliasCount, 2u);
+    kept.insert(kept.end(), single.begin(), single.end());
+    for (const Survivor& s : kept)
+      EXPECT_TRUE(holds(s.pointer, kSize, 1, reinterpret_cast<uintptr_t>(s.pointer)));
+    for (const Survivor& s : kept) heap::deallocate(s.pointer);
+    heap::flushThreadCache();
+  }
 }
 
 // A meshed source whose second virtual span cannot be moved: the first goes back, and every
@@ -301,6 +344,7 @@ TEST_F(MeshTest, MeshedSourceMappingFailureUndoesTheMove) {
   for (const Survivor& s : p.survivors)
     EXPECT_TRUE(holds(s.pointer, kSize, 3, reinterpret_cast<uintptr_t>(s.pointer)));
   for (const Survivor& s : p.survivors) heap::deallocate(s.pointer);
+  heap::flushThreadCache();
 }
 
 // Whether a virtual page is mapped in this process (/proc/self/pagemap's present bit).
