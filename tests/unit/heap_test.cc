@@ -266,8 +266,8 @@ TEST_F(HeapTest, LargeObjectsStartAtVaryingCacheLineOffsets) {
   std::set<size_t> offsets;
   std::vector<std::pair<char*, size_t>> blocks;
   for (size_t i = 0; i < kCount; i++) {
-    // Sizes with no tail slack (whole pages) as well as with some.
-    size_t size = (5 + i % 7) * Arena::pageSize() - (i % 2 ? 0 : 100);
+    // Sizes with some tail slack, below the colouring limit (kMaxColouredBytes, 32 KiB).
+    size_t size = kMaxSmallSize + 1 + (i % 7) * 2000;
     char* p = static_cast<char*>(api::mallocImpl(size));
     ASSERT_NE(p, nullptr);
     uintptr_t address = reinterpret_cast<uintptr_t>(p);
@@ -294,16 +294,21 @@ TEST_F(HeapTest, LargeObjectsStartAtVaryingCacheLineOffsets) {
   memset(grown, 1, api::usableSizeImpl(grown));
   blocks[0].first = grown;
   for (auto [p, usable] : blocks) api::freeImpl(p);
-  // Page-aligned requests stay page-aligned.
-  void* aligned = api::alignedAllocImpl(Arena::pageSize(), 10 * Arena::pageSize());
+  // Page-aligned requests, whole pages and big blocks stay page-aligned.
+  void* aligned = api::alignedAllocImpl(Arena::pageSize(), kMaxSmallSize + 1000);
   ASSERT_NE(aligned, nullptr);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(aligned) % Arena::pageSize(), 0u);
   api::freeImpl(aligned);
+  for (size_t size : {5 * Arena::pageSize(), size_t{1} << 20}) {
+    void* p = api::mallocImpl(size);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % Arena::pageSize(), 0u) << size;
+    api::freeImpl(p);
+  }
 }
 
 TEST_F(HeapTest, LargeColouringOffLeavesLargeObjectsPageAligned) {
   gHeapConfig.largeColouring = false;
-  for (size_t pages : {5ul, 6ul, 9ul}) {
+  for (size_t pages : {5ul, 6ul, 7ul}) {
     void* p = api::mallocImpl(pages * Arena::pageSize() - 100);
     ASSERT_NE(p, nullptr);
     EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % Arena::pageSize(), 0u);
@@ -378,7 +383,7 @@ TEST_F(HeapDeathTest, MisuseIsReportedWithTheAddress) {
       {
         char* p = nullptr;
         while (!p || reinterpret_cast<uintptr_t>(p) % Arena::pageSize() == 0)
-          p = static_cast<char*>(api::mallocImpl(1 << 20));
+          p = static_cast<char*>(api::mallocImpl(kMaxSmallSize + 1000));
         api::freeImpl(
             reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(p) & ~(Arena::pageSize() - 1)));
       },
