@@ -33,9 +33,9 @@ std::atomic<uint64_t> gNextPassNs{0};
 // time of unspent budget, so the first pass after its heap turns sparse is not held back by
 // its own cost: in Redis LRU the spans freed by the second phase's evictions were otherwise
 // meshed a second after the insertion, 50 times a small early pass's cost later. Over any
-// interval of length T meshing uses at most budget x (T + this). The clock starts when the
-// policy does, so no credit is older than the program: over its whole life so far meshing
-// stays within the budget.
+// interval of length T meshing uses at most budget x (T + this). The bucket starts full, as
+// token buckets do: a program's first passes (thread-scaling's threads exiting 0.3 s after
+// start) are not held back by the passes it made while it grew.
 constexpr uint64_t kBudgetCreditNs = 5000 * kNanosPerMilli;
 // Written only by the thread running a pass (one at a time); atomic because inline passes run
 // on whichever thread refills.
@@ -95,7 +95,9 @@ void forkChild() {
 
 void MeshPolicy::init() {
   if (gInitialized.exchange(true)) return;
-  gBudgetClockNs.store(os::monotonicNanos(), std::memory_order_relaxed);
+  uint64_t now = os::monotonicNanos();
+  gBudgetClockNs.store(now > kBudgetCreditNs ? now - kBudgetCreditNs : 0,
+                       std::memory_order_relaxed);
   heap::setForkHooks({forkPrepareFirst, forkPrepare, forkParent, forkChild});
   heap::setRefillHook(onRefill);
   heap::setThreadExitHook(onThreadExit);
