@@ -43,7 +43,6 @@ inline void* allocate(size_t size) {
     ThreadHeap* heap = tlsThreadHeap;
     if (__builtin_expect(heap != nullptr, 1)) {
       ShuffleVector& v = heap->vector(SizeClasses::classOf(size));
-      if (v.recycledCount != 0) return v.popRecycled();
       if (__builtin_expect(v.length != 0, 1)) return v.pop();
     }
   }
@@ -92,11 +91,7 @@ __attribute__((always_inline)) inline void applyFree(ThreadHeap* heap, uintptr_t
   deallocateSlow(reinterpret_cast<void*>(address));
 }
 
-// Called for a free of a block that carries the recycled tag: reports a double free if some
-// thread holds it among its recycled blocks (else the tag was stale or program data).
-void checkRecycledFree(unsigned sizeClass, uintptr_t address);
-// A recycled block's free, applied to its span: its page-map entry is read again (meshing may
-// have changed it).
+// A deferred free, applied: its page-map entry is read again (meshing may have changed it).
 void applyDeferredFree(ThreadHeap* heap, uintptr_t address);
 
 inline void deallocate(void* pointer) {
@@ -109,27 +104,26 @@ inline void deallocate(void* pointer) {
     if (__builtin_expect(
             sizeClass < kNumSizeClasses && SizeClasses::slotOf(sizeClass, address - spanStart) >= 0,
             1)) {
-      // A span this thread may hold: free now (its MiniHeap is usually in cache). Frees into
-      // other spans are recycled (ShuffleVector), after every other kind of misuse has been
-      // checked. A second free of a recycled block is caught by the check below or, if the
-      // filter sends it on, by deallocateSlow; it cannot reach the local push, because its span
-      // was not attached here when it was recycled and a refill (the only way a span is
-      // attached) happens only with the class's recycled blocks gone.
-      if (__builtin_expect(ShuffleVector::isTaggedRecycled(address), 0))
-        checkRecycledFree(sizeClass, address);
-      ShuffleVector& v = heap->vector(sizeClass);
-      if (__builtin_expect(v.mayHoldSpanAt(spanStart), 1)) {
+      // A span this thread may hold: free now (its MiniHeap is usually in cache). Only frees
+      // into other spans are deferred, so every other kind of misuse is still reported by the
+      // call that commits it. A second free of a block still in the ring is caught by the
+      // check below or, if the filter sends it on, by deallocateSlow; it cannot reach the local
+      // push, because its span was not attached here when it was deferred and a refill (the
+      // only way a span is attached) applies the ring first.
+      if (__builtin_expect(heap->vector(sizeClass).mayHoldSpanAt(spanStart), 1)) {
         applyFree(heap, address, entry);
         return;
       }
-      // Both lines, for when this block is applied: a free reads the second, and the first
-      // free into a full span (or the last out of any) moves it between its size class's lists
-      // through the first. (Only here: a prefetch on every free cost larson about 5 %, its
-      // spans' lines bouncing between threads.)
+      DeferredFrees& deferred = heap->deferredFrees();
+      if (__builtin_expect(deferred.holds(address), 0))
+        reportHeapError(HeapError::kDoubleFree, "free", pointer);
+      // Both lines: a free reads the second, and the first free into a full span (or the last
+      // out of any) moves it between its size class's lists through the first. (Only here: a
+      // prefetch on every free cost larson about 5 %, its spans' lines bouncing between threads.)
       const char* mini = reinterpret_cast<const char*>(PageEntry::miniHeap(entry));
       __builtin_prefetch(mini, 1);
       __builtin_prefetch(mini + kCacheLine, 1);
-      uintptr_t due = v.pushRecycled(address);
+      uintptr_t due = deferred.replace(address);
       if (due) applyDeferredFree(heap, due);
       return;
     }
@@ -137,8 +131,7 @@ inline void deallocate(void* pointer) {
   deallocateSlow(pointer);
 }
 
-// Applies the calling thread's recycled blocks to their spans (before its slots are counted
-// or handed back).
+// Applies the calling thread's deferred frees (before its slots are counted or handed back).
 void flushDeferredFrees();
 
 // A block of at least `size` bytes aligned to `alignment` (a power of two); nullptr + ENOMEM.
