@@ -29,10 +29,11 @@ struct HeapConfig {
   // exited) will not touch again: at 1000 ms, 32 MiB of cache was a quarter of the live bytes
   // of the thread-scaling benchmark 300 ms after its threads exited.
   uint64_t decayMs = 250;
-  // Large objects start at a varying cache-line offset into their first page (jemalloc's
-  // cache_oblivious), using the tail slack or one extra page. Page-aligned buffers all share
-  // their low 12 address bits, so copies between them (a socket read into a page-aligned
-  // buffer, memcpy between two of them) collide in the cache's sets and in the CPU's 4 KiB
+  // Large objects under 32 KiB made by malloc/calloc start at a varying cache-line offset into
+  // their first page, within their tail slack (jemalloc's cache_oblivious; see
+  // GlobalHeap::allocateLarge for what is not coloured). Page-aligned buffers all share their
+  // low 12 address bits, so copies between them (a socket read into a page-aligned buffer,
+  // memcpy between two of them) collide in the cache's sets and in the CPU's 4 KiB
   // store-to-load alias check: Redis's reads into its 16 KiB query buffer took 5x as long.
   bool largeColouring = true;
   // Runs larger than this are decommitted at once instead of cached.

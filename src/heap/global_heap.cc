@@ -19,10 +19,9 @@ constexpr size_t kMaxColouredBytes = size_t{32} << 10;
 // Fibonacci hashing: spreads consecutive page numbers over the offsets.
 constexpr uint64_t kColourHashMultiplier = 0x9e3779b97f4a7c15ull;
 
-// A cache-line multiple below a page that still leaves `bytes` room in `pages` pages, varying
-// with the span's address (the same run reused keeps its colour; any two runs rarely share one).
-size_t colourOffset(uintptr_t start, size_t pages, size_t bytes) {
-  size_t slack = (pages << os::pageShift()) - bytes;
+// A cache-line multiple below a page and at most `slack`, varying with the span's address (the
+// same run reused keeps its colour; any two runs rarely share one).
+size_t colourOffset(uintptr_t start, size_t slack) {
   size_t limit = slack < os::pageSize() - kCacheLine ? slack : os::pageSize() - kCacheLine;
   size_t colours = limit / kCacheLine + 1;
   uint64_t hash = (static_cast<uint64_t>(start) >> os::pageShift()) * kColourHashMultiplier;
@@ -193,8 +192,9 @@ void* GlobalHeap::allocateLarge(size_t bytes, size_t alignment, bool* zeroed) {
   if (pages == 0) pages = 1;
   // Colouring (see HeapConfig::largeColouring) uses the tail slack only (a whole extra page
   // cost more than it saved); aligned requests beyond a line keep their span's alignment.
+  size_t slack = (pages << os::pageShift()) - bytes;
   bool colour = gHeapConfig.largeColouring && alignment <= kCacheLine &&
-                bytes < kMaxColouredBytes && (pages << os::pageShift()) - bytes >= kCacheLine;
+                bytes < kMaxColouredBytes && slack >= kCacheLine;
   MiniHeap* heap = static_cast<MiniHeap*>(InternalHeap::allocate(MiniHeap::bytesFor(1)));
   if (!heap) return nullptr;
   uintptr_t start = Arena::allocate(pages, alignment, zeroed);
@@ -203,7 +203,7 @@ void* GlobalHeap::allocateLarge(size_t bytes, size_t alignment, bool* zeroed) {
     return nullptr;
   }
   new (heap) MiniHeap();
-  if (colour) heap->largeOffset = static_cast<uint32_t>(colourOffset(start, pages, bytes));
+  if (colour) heap->largeOffset = static_cast<uint32_t>(colourOffset(start, slack));
   heap->sizeClass = kLargeClass;
   heap->objectCount = 1;
   heap->objectSize = static_cast<uint32_t>(pages > UINT32_MAX ? UINT32_MAX : pages);

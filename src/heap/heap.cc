@@ -310,15 +310,10 @@ void* reallocate(void* pointer, size_t size) {
   // A large block that realloc moves keeps page alignment: colouring it (large_colouring) made
   // growing buffers (the `realloc` benchmark) about 20 % slower, and the buffers whose copies
   // collide are made by malloc.
-  void* moved;
-  if (size > kMaxSmallSize) {
-    bool zeroed;
-    moved = GlobalHeap::allocateLarge(size, Arena::pageSize(), &zeroed);
-    if (!moved) return failNoMemory();
-  } else {
-    moved = allocate(size);
-  }
-  if (!moved) return nullptr;
+  bool zeroed;
+  void* moved = size > kMaxSmallSize ? GlobalHeap::allocateLarge(size, Arena::pageSize(), &zeroed)
+                                     : allocate(size);
+  if (!moved) return failNoMemory();
   memcpy(moved, pointer, oldSize < size ? oldSize : size);
   if (glibcOwned)
     __libc_free(pointer);

@@ -179,12 +179,11 @@ bool SpanBacking::absorb(MiniHeap* span, MiniHeap* source, bool* stranded) {
   MeshInfo* info = span->mesh;
   MeshInfo* absorbed = source->mesh;
   if (!info || !absorbed) return false;
-  uint32_t views = 1 + absorbed->aliasCount;
+  uintptr_t starts[kMaxVirtualSpans];
+  uint32_t views = 0;
+  forEachVirtualSpan(source, [&](uintptr_t start) { starts[views++] = start; });
   if (info->aliasCount + views > kMaxVirtualSpans - 1) return false;
   size_t bytes = span->spanBytes(Arena::pageSize());
-  uintptr_t starts[kMaxVirtualSpans];
-  starts[0] = source->spanStart;
-  for (uint32_t i = 0; i < absorbed->aliasCount; i++) starts[i + 1] = absorbed->aliases[i];
   LockGuard guard(lock_);
   // Read-only until all have moved: a write through one already moved would otherwise land in
   // the copy, and be lost if a later move fails and it has to go back.
@@ -260,10 +259,8 @@ void SpanBacking::setProtectionOfAll(bool (*protect)(void*, size_t)) {
   size_t pageSize = Arena::pageSize();
   for (MeshInfo* info = shared_.front(); info; info = shared_.next(info)) {
     size_t bytes = info->owner->spanBytes(pageSize);
-    protect(reinterpret_cast<void*>(info->owner->spanStart), bytes);
-    for (uint32_t i = 0; i < info->aliasCount; i++) {
-      protect(reinterpret_cast<void*>(info->aliases[i]), bytes);
-    }
+    forEachVirtualSpan(info->owner,
+                       [&](uintptr_t start) { protect(reinterpret_cast<void*>(start), bytes); });
   }
 }
 

@@ -55,6 +55,14 @@ class SpanBacking {
   static uint32_t virtualSpans(const MiniHeap* span) {
     return 1 + (span->mesh ? span->mesh->aliasCount : 0);
   }
+  // Calls fn(start) for each of them, its own first.
+  template <typename Fn>
+  static void forEachVirtualSpan(const MiniHeap* span, Fn fn) {
+    fn(span->spanStart);
+    if (span->mesh) {
+      for (uint32_t i = 0; i < span->mesh->aliasCount; i++) fn(span->mesh->aliases[i]);
+    }
+  }
   // Called when a shared span dies: every virtual span becomes plain private memory again
   // and the aliases go back to the arena; the file range is punched out. A virtual span that
   // cannot be made private again is leaked, never handed out twice.

@@ -53,13 +53,10 @@ bool busyWithIo(uintptr_t start, size_t bytes) {
 }
 
 bool spanBusyWithIo(MiniHeap* span, size_t bytes) {
-  if (busyWithIo(span->spanStart, bytes)) return true;
-  if (span->mesh) {
-    for (uint32_t i = 0; i < span->mesh->aliasCount; i++) {
-      if (busyWithIo(span->mesh->aliases[i], bytes)) return true;
-    }
-  }
-  return false;
+  bool busy = false;
+  SpanBacking::forEachVirtualSpan(
+      span, [&](uintptr_t start) { busy = busy || busyWithIo(start, bytes); });
+  return busy;
 }
 
 // Reading /proc/self/maps costs milliseconds once meshing has made thousands of mappings,
@@ -84,15 +81,6 @@ long mappingCount() {
                    ? static_cast<long>(virtualSpans - gVirtualSpansAtCount)
                    : 0;
   return gCountedMappings + added * Mesher::kMappingsPerMesh;
-}
-
-// Calls fn(start) for every virtual span that shows `span`'s pages.
-template <typename Fn>
-void forEachVirtualSpan(const MiniHeap* span, Fn fn) {
-  fn(span->spanStart);
-  if (span->mesh) {
-    for (uint32_t i = 0; i < span->mesh->aliasCount; i++) fn(span->mesh->aliases[i]);
-  }
 }
 
 }  // namespace
@@ -121,7 +109,7 @@ bool Mesher::absorbMeshedSource(MiniHeap* destination, MiniHeap* source) {
   uintptr_t protectedStarts[kMaxVirtualSpans];
   uint32_t protectedCount = 0;
   bool ok = true;
-  forEachVirtualSpan(source, [&](uintptr_t start) {
+  SpanBacking::forEachVirtualSpan(source, [&](uintptr_t start) {
     if (ok && os::protectReadOnly(reinterpret_cast<void*>(start), bytes))
       protectedStarts[protectedCount++] = start;
     else
@@ -224,7 +212,7 @@ void Mesher::commitSource(MiniHeap* destination, MiniHeap* source) {
   destination->liveCount.fetch_add(source->liveCount.load(std::memory_order_relaxed),
                                    std::memory_order_acq_rel);
   // From here on every address in the source's virtual spans resolves to the destination.
-  forEachVirtualSpan(
+  SpanBacking::forEachVirtualSpan(
       source, [&](uintptr_t start) { Arena::assign(start, source->spanPages, destination, true); });
   source->state = SpanState::kMeshedAway;
   gStats.meshedSpans++;
