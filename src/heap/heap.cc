@@ -79,6 +79,8 @@ bool initializeOnce() {
   os::initPlatform();
   loadConfigFromEnvironment();
   SizeClasses::init(os::pageSize());
+  // Odd, so never an aligned pointer a program would store in a freed block.
+  gRecycledTag = os::entropy64() | 1;
   if (!Arena::init()) return false;
   OperationGuard::init();
   if (pthread_key_create(&gThreadExitKey, onThreadExit) != 0) return false;
@@ -213,11 +215,12 @@ void* allocateSlow(size_t size) {
   ThreadHeap* heap = threadHeap();
   if (!heap) return failNoMemory();
   unsigned sizeClass = SizeClasses::classOf(size);
-  // Deferred frees are applied before a refill may attach their spans (see deallocate); their
-  // slots may also spare this refill a trip to the global heap.
-  flushDeferredFrees();
+  // A refill must not attach the span of a recycled block (see deallocate); the fast path gets
+  // here only with none left, but a thread's first allocation may come after frees.
+  ShuffleVector& v = heap->vector(sizeClass);
+  if (v.recycledCount != 0) return v.popRecycled();
   if (!heap->refill(sizeClass)) return failNoMemory();
-  void* block = heap->vector(sizeClass).pop();
+  void* block = v.pop();
   if (gRefillHook) gRefillHook();
   return block;
 }
@@ -225,8 +228,16 @@ void* allocateSlow(size_t size) {
 void deallocateSlow(void* pointer) {
   if (!pointer) return;
   uintptr_t address = reinterpret_cast<uintptr_t>(pointer);
-  if (ThreadHeap* heap = tlsThreadHeap; heap && heap->deferredFrees().holds(address))
-    reportHeapError(HeapError::kDoubleFree, "free", pointer);
+  // A second free of a recycled block (the fast path checks the tag too, but a thread without
+  // a heap comes straight here). Before the guard: the check may take the registry lock, which
+  // a mesh pause holds while it waits for guarded operations.
+  uint64_t peek = Arena::entryFor(address);
+  if (PageEntry::isMiniHeap(peek) && PageEntry::sizeClass(peek) < kNumSizeClasses &&
+      SizeClasses::slotOf(PageEntry::sizeClass(peek),
+                          address - Arena::spanStartOf(address, peek)) >= 0 &&
+      ShuffleVector::isTaggedRecycled(address)) {
+    checkRecycledFree(PageEntry::sizeClass(peek), address);
+  }
   OperationGuard guard;
   uint64_t entry = Arena::entryFor(address);
   // The common case first: a valid small object in a span this thread does not hold. The
@@ -345,6 +356,14 @@ size_t usableSize(const void* pointer) {
   return usableSizeOf(mini);
 }
 
+void checkRecycledFree(unsigned sizeClass, uintptr_t address) {
+  ThreadHeap* heap = tlsThreadHeap;
+  if ((heap && heap->vector(sizeClass).holdsRecycled(address)) ||
+      ThreadHeap::recycledAnywhere(sizeClass, address)) {
+    reportHeapError(HeapError::kDoubleFree, "free", reinterpret_cast<void*>(address));
+  }
+}
+
 void applyDeferredFree(ThreadHeap* heap, uintptr_t address) {
   applyFree(heap, address, Arena::entryFor(address));
 }
@@ -353,7 +372,9 @@ void flushDeferredFrees() {
   ThreadHeap* heap = tlsThreadHeap;
   if (!heap) return;
   uintptr_t block;
-  while (heap->deferredFrees().takeOldest(&block)) applyDeferredFree(heap, block);
+  for (unsigned c = 0; c < kNumSizeClasses; c++) {
+    while (heap->vector(c).takeOldestRecycled(&block)) applyDeferredFree(heap, block);
+  }
 }
 
 void flushThreadCache() {

@@ -44,6 +44,10 @@ inline void* allocate(size_t size) {
     if (__builtin_expect(heap != nullptr, 1)) {
       ShuffleVector& v = heap->vector(SizeClasses::classOf(size));
       if (__builtin_expect(v.length != 0, 1)) return v.pop();
+      // Recycled blocks only once the vector is empty, in place of a refill: served first, they
+      // kept a thread that frees other threads' blocks (larson) on them, so its frees stayed
+      // on the recycling path instead of becoming local pushes into its own spans.
+      if (v.recycledCount != 0) return v.popRecycled();
     }
   }
   return allocateSlow(size);
@@ -72,11 +76,14 @@ __attribute__((always_inline)) inline void applyFree(ThreadHeap* heap, uintptr_t
         // bitmap bit is clear if another thread already freed this slot (a double free); if
         // other threads' frees wait on the span's stack, the slow path drains them first so
         // that check sees them (remoteFrees shares the bitmap's cache line: no extra miss).
+        // A block with the recycled tag may sit in another thread's recycled blocks (its bit
+        // still set): the slow path looks.
         if (__builtin_expect(slot >= 0 && !v.contains(span, static_cast<size_t>(slot)) &&
                                  v.length < v.capacity &&
                                  mini->remoteFrees.load(std::memory_order_relaxed) ==
                                      MiniHeap::kRemoteFreesEmpty &&
-                                 mini->bitmap().isSet(static_cast<size_t>(slot)),
+                                 mini->bitmap().isSet(static_cast<size_t>(slot)) &&
+                                 !ShuffleVector::isTaggedRecycled(address),
                              1)) {
           if (heap->randomization() == Randomization::kOnRefillAndFree) {
             v.pushRandomly(span, static_cast<uint32_t>(slot), heap->rng());
@@ -91,7 +98,11 @@ __attribute__((always_inline)) inline void applyFree(ThreadHeap* heap, uintptr_t
   deallocateSlow(reinterpret_cast<void*>(address));
 }
 
-// A deferred free, applied: its page-map entry is read again (meshing may have changed it).
+// Called for a free of a block that carries the recycled tag: reports a double free if some
+// thread holds it among its recycled blocks (else the tag was stale or program data).
+void checkRecycledFree(unsigned sizeClass, uintptr_t address);
+// A recycled block's free, applied to its span: its page-map entry is read again (meshing may
+// have changed it).
 void applyDeferredFree(ThreadHeap* heap, uintptr_t address);
 
 inline void deallocate(void* pointer) {
@@ -104,26 +115,27 @@ inline void deallocate(void* pointer) {
     if (__builtin_expect(
             sizeClass < kNumSizeClasses && SizeClasses::slotOf(sizeClass, address - spanStart) >= 0,
             1)) {
-      // A span this thread may hold: free now (its MiniHeap is usually in cache). Only frees
-      // into other spans are deferred, so every other kind of misuse is still reported by the
-      // call that commits it. A second free of a block still in the ring is caught by the
-      // check below or, if the filter sends it on, by deallocateSlow; it cannot reach the local
-      // push, because its span was not attached here when it was deferred and a refill (the
-      // only way a span is attached) applies the ring first.
-      if (__builtin_expect(heap->vector(sizeClass).mayHoldSpanAt(spanStart), 1)) {
+      // A span this thread may hold: free now (its MiniHeap is usually in cache). Frees into
+      // other spans are recycled (ShuffleVector), after every other kind of misuse has been
+      // checked. A second free of a recycled block is caught by the tag: here for one in a span
+      // this thread does not hold (this thread's own recycled blocks are all such), and by
+      // applyFree's last check for one another thread recycled from a span since attached here.
+      // (Read here, before the filter, the tag cost larson about 10 %.)
+      ShuffleVector& v = heap->vector(sizeClass);
+      if (__builtin_expect(v.mayHoldSpanAt(spanStart), 1)) {
         applyFree(heap, address, entry);
         return;
       }
-      DeferredFrees& deferred = heap->deferredFrees();
-      if (__builtin_expect(deferred.holds(address), 0))
-        reportHeapError(HeapError::kDoubleFree, "free", pointer);
-      // Both lines: a free reads the second, and the first free into a full span (or the last
-      // out of any) moves it between its size class's lists through the first. (Only here: a
-      // prefetch on every free cost larson about 5 %, its spans' lines bouncing between threads.)
+      if (__builtin_expect(ShuffleVector::isTaggedRecycled(address), 0))
+        checkRecycledFree(sizeClass, address);
+      // Both lines, for when this block is applied: a free reads the second, and the first
+      // free into a full span (or the last out of any) moves it between its size class's lists
+      // through the first. (Only here: a prefetch on every free cost larson about 5 %, its
+      // spans' lines bouncing between threads.)
       const char* mini = reinterpret_cast<const char*>(PageEntry::miniHeap(entry));
       __builtin_prefetch(mini, 1);
       __builtin_prefetch(mini + kCacheLine, 1);
-      uintptr_t due = deferred.replace(address);
+      uintptr_t due = v.pushRecycled(address);
       if (due) applyDeferredFree(heap, due);
       return;
     }
@@ -131,7 +143,8 @@ inline void deallocate(void* pointer) {
   deallocateSlow(pointer);
 }
 
-// Applies the calling thread's deferred frees (before its slots are counted or handed back).
+// Applies the calling thread's recycled blocks to their spans (before its slots are counted
+// or handed back).
 void flushDeferredFrees();
 
 // A block of at least `size` bytes aligned to `alignment` (a power of two); nullptr + ENOMEM.

@@ -48,6 +48,10 @@ void ThreadHeap::initialize(char* storage) {
     v.objectSize = SizeClasses::plan(c).objectSize;
     v.wordsPerSpan = static_cast<uint32_t>(wordsPerSpan(c));
     v.capacity = vectorCapacity(c);
+    size_t recycled = kRecycledBytes / v.objectSize;
+    v.recycledCapacity = static_cast<uint32_t>(recycled > kMaxRecycled   ? kMaxRecycled
+                                               : recycled < kMinRecycled ? kMinRecycled
+                                                                         : recycled);
     v.inVector = reinterpret_cast<uint64_t*>(cursor);
     cursor += bitmapBytes(c);
     v.entries = reinterpret_cast<uint32_t*>(cursor);
@@ -273,6 +277,15 @@ void ThreadHeap::detachAll(unsigned sizeClass) {
 
 void ThreadHeap::detachAll() {
   for (unsigned c = 0; c < kNumSizeClasses; c++) detachAll(c);
+}
+
+bool ThreadHeap::recycledAnywhere(unsigned sizeClass, uintptr_t block) {
+  bool held = false;
+  lockRegistry();
+  for (ThreadHeap* heap = gRegistry; heap && !held; heap = heap->nextInRegistry())
+    held = heap->vectors_[sizeClass].holdsRecycled(block);
+  unlockRegistry();
+  return held;
 }
 
 ThreadHeap* ThreadHeap::registryHead() {

@@ -33,8 +33,17 @@ constexpr unsigned kRefillMinRoom = 16;
 // A vector holds at most max(objects per span, this) entries, so a thread's idle free slots
 // (memory other threads cannot use) stay bounded for every class.
 constexpr uint32_t kVectorEntryBudget = 512;
-// A free is applied this many frees after it is made (see DeferredFrees).
-constexpr unsigned kDeferredFrees = 8;
+// Blocks freed into spans this thread does not hold are kept for reuse (see ShuffleVector's
+// recycled blocks): at most this many per class, and at most kRecycledBytes of them.
+constexpr uint32_t kMaxRecycled = 16;
+constexpr uint32_t kMinRecycled = 2;
+constexpr size_t kRecycledBytes = 32 * 1024;
+static_assert((kMaxRecycled & (kMaxRecycled - 1)) == 0);
+// A recycled block carries this value (random per process, set at start-up) in its second word,
+// so that a second free of it is noticed from the block alone (heap::deallocate), as glibc's
+// tcache key does: scanning the rings on every free cost more than the free itself.
+inline uintptr_t gRecycledTag = 1;
+constexpr size_t kRecycledTagWord = 1;
 
 struct ShuffleVector {
   // An entry packs (attached span index, slot) so one vector can serve several spans.
@@ -42,6 +51,7 @@ struct ShuffleVector {
   static constexpr uint32_t kSlotMask = (1u << kSpanShift) - 1;
 
   uint32_t length = 0;  // free slots available, popped from the end
+  uint32_t recycledCount = 0;
   uint32_t objectSize = 0;
   uint32_t wordsPerSpan = 0;  // inVector words per attached span
   uint32_t attachedCount = 0;
@@ -86,6 +96,69 @@ struct ShuffleVector {
     }
   }
 
+  // Recycled blocks: this thread's latest frees into spans it does not hold, handed out again
+  // (newest first) before the vector's slots, as a thread cache does. Such a free would
+  // otherwise miss on the span's MiniHeap, and the slot come back only when a refill attaches
+  // its span; reused here, the block's memory and page-map entry are still in cache. A block
+  // stays live in its span's bitmap while it is here (statistics count it, meshing copies it).
+  // The oldest is applied to its span when the ring is full, and all of them whenever the
+  // thread's caches are flushed. A refill never attaches the span of a block held here: it
+  // only happens with the ring empty, so a second free of a held block is caught below.
+  uint32_t recycledHead = 0;  // next position written; the newest is just before it
+  uint32_t recycledCapacity = 0;
+  uintptr_t recycled[kMaxRecycled] = {};
+
+  static bool isTaggedRecycled(uintptr_t block) {
+    return reinterpret_cast<const uintptr_t*>(block)[kRecycledTagWord] == gRecycledTag;
+  }
+  // Other threads read the ring to report a double free (ThreadHeap::recycledAnywhere): the
+  // slots are single-copy atomic, with the same code as plain accesses.
+  uintptr_t recycledAt(uint32_t i) const { return __atomic_load_n(&recycled[i], __ATOMIC_RELAXED); }
+  void setRecycledAt(uint32_t i, uintptr_t block) {
+    __atomic_store_n(&recycled[i], block, __ATOMIC_RELAXED);
+  }
+  bool holdsRecycled(uintptr_t block) const {
+    bool held = false;
+    for (uint32_t i = 0; i < kMaxRecycled; i++) held |= recycledAt(i) == block;
+    return held;
+  }
+  // The block leaves the ring: its tag goes first, while the block is still this thread's.
+  static uintptr_t untag(uintptr_t block) {
+    reinterpret_cast<uintptr_t*>(block)[kRecycledTagWord] = 0;
+    return block;
+  }
+  void* popRecycled() {
+    recycledHead = (recycledHead - 1) & (kMaxRecycled - 1);
+    recycledCount--;
+    uintptr_t block = recycledAt(recycledHead);
+    setRecycledAt(recycledHead, 0);
+    return reinterpret_cast<void*>(untag(block));
+  }
+  // Adds `block`; returns the oldest block if that made room for it (to be applied), else 0.
+  uintptr_t pushRecycled(uintptr_t block) {
+    uintptr_t evicted = 0;
+    if (recycledCount == recycledCapacity) {
+      uint32_t oldest = (recycledHead - recycledCount) & (kMaxRecycled - 1);
+      evicted = untag(recycledAt(oldest));
+      setRecycledAt(oldest, 0);
+      recycledCount--;
+    }
+    reinterpret_cast<uintptr_t*>(block)[kRecycledTagWord] = gRecycledTag;
+    setRecycledAt(recycledHead, block);
+    recycledHead = (recycledHead + 1) & (kMaxRecycled - 1);
+    recycledCount++;
+    return evicted;
+  }
+  // Takes the oldest block (for applying them all); false once empty.
+  bool takeOldestRecycled(uintptr_t* block) {
+    if (recycledCount == 0) return false;
+    uint32_t oldest = (recycledHead - recycledCount) & (kMaxRecycled - 1);
+    *block = untag(recycledAt(oldest));
+    setRecycledAt(oldest, 0);
+    recycledCount--;
+    return true;
+  }
+
   void* pop() {
     uint32_t entry = entries[--length];
     unsigned span = entry >> kSpanShift;
@@ -108,42 +181,6 @@ struct ShuffleVector {
   }
 };
 
-// The last kDeferredFrees blocks this thread freed into spans it does not hold, not yet applied.
-// Such a free (an LRU cache evicting old entries, a consumer freeing what a producer made)
-// misses on the span's MiniHeap; delaying it by a few such frees lets it prefetch that line and
-// apply an older free whose line has arrived meanwhile, so the misses overlap with the
-// program's own work instead of stalling it one by one. A block in the ring is still live in
-// its bitmap: statistics count it and meshing copies it, and freeing it again is caught here.
-struct DeferredFrees {
-  uintptr_t blocks[kDeferredFrees] = {};
-  unsigned next = 0;
-
-  bool holds(uintptr_t block) const {
-    bool held = false;
-    for (unsigned i = 0; i < kDeferredFrees; i++) held |= blocks[i] == block;
-    return held;
-  }
-  // Puts `block` in the ring; returns the block it replaces (0 if that place was empty).
-  uintptr_t replace(uintptr_t block) {
-    uintptr_t due = blocks[next];
-    blocks[next] = block;
-    next = (next + 1) % kDeferredFrees;
-    return due;
-  }
-  // Empties the ring, oldest first; returns false once empty.
-  bool takeOldest(uintptr_t* block) {
-    for (unsigned i = 0; i < kDeferredFrees; i++) {
-      unsigned at = (next + i) % kDeferredFrees;
-      if (blocks[at]) {
-        *block = blocks[at];
-        blocks[at] = 0;
-        return true;
-      }
-    }
-    return false;
-  }
-};
-
 class ThreadHeap {
  public:
   // A heap for the calling thread (reusing one a finished thread left), or nullptr.
@@ -162,17 +199,19 @@ class ThreadHeap {
   // to be released. Reports a block freed twice.
   void drainRemoteFrees(ShuffleVector& v, unsigned span, uintptr_t leaveAs);
 
-  // Refills the (empty) vector of `sizeClass`; false when memory is exhausted. The caller
-  // applies this thread's deferred frees first (heap::allocateSlow does): a refill may attach
-  // a span with a block still in the ring, and a second free of that block would then take the
-  // local path, which does not look in the ring.
+  // Refills the (empty) vector of `sizeClass`; false when memory is exhausted. The class's
+  // recycled blocks must be empty (heap::allocateSlow applies them): a refill may attach the
+  // span of a block still held there, and a second free of that block would then take the
+  // local path, which does not look there.
   bool refill(unsigned sizeClass);
   // Returns the vector's slots and spans to the global heap (e.g. "thread.tcache.flush").
   void detachAll(unsigned sizeClass);
   void detachAll();
 
   ShuffleVector& vector(unsigned sizeClass) { return vectors_[sizeClass]; }
-  DeferredFrees& deferredFrees() { return deferredFrees_; }
+  // Whether any thread holds `block` among its recycled blocks of `sizeClass` (best effort
+  // across threads: for reporting a double free of a block that carries the tag).
+  static bool recycledAnywhere(unsigned sizeClass, uintptr_t block);
   Rng& rng() { return rng_; }
   Randomization randomization() const { return randomization_; }
   ThreadHeap* nextInRegistry() const { return registryNext_; }
@@ -194,7 +233,6 @@ class ThreadHeap {
   void removeSpan(ShuffleVector& v, unsigned span);
   void shuffle(ShuffleVector& v);
 
-  DeferredFrees deferredFrees_;
   ShuffleVector vectors_[kNumSizeClasses];
   Rng rng_;
   Randomization randomization_ = Randomization::kOnRefillAndFree;

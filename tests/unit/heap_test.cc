@@ -183,29 +183,54 @@ TEST_F(HeapTest, RemoteFreesIntoAttachedSpansAreReusedAndReturned) {
   EXPECT_EQ(liveObjects(), liveBefore) << "blocks left on an exiting owner's stacks leaked";
 }
 
-// A free into a span its thread does not hold waits in the thread's ring of deferred frees
-// (heap/thread_heap.h): it is applied kDeferredFrees such frees later, or when the thread's
-// frees are flushed (statistics, a refill, thread exit), and never lost.
-TEST_F(HeapTest, FreesIntoOtherSpansAreAppliedAFewFreesLater) {
+// A free into a span its thread does not hold is recycled (heap/thread_heap.h): the block is
+// handed out again by the next allocations of its class, newest first; when the class's ring
+// is full the oldest is applied to its span, and all of them when the thread's caches are
+// flushed (statistics, malloc_trim, thread exit). None is ever lost.
+TEST_F(HeapTest, FreesIntoOtherSpansAreRecycled) {
   constexpr size_t kSize = 256;
   constexpr size_t kCount = 200;
   const unsigned sizeClass = SizeClasses::classOf(kSize);
   auto liveObjects = [&] { return GlobalHeap::classStats(sizeClass).liveObjects; };
   const size_t before = liveObjects();
   onNewThread([&] {
+    ShuffleVector& v = heap::currentThreadHeap()->vector(sizeClass);
+    const size_t capacity = v.recycledCapacity;
+    ASSERT_GE(capacity, kMinRecycled);
+    ASSERT_LE(capacity, kMaxRecycled);
     std::vector<void*> blocks;
     for (size_t i = 0; i < kCount; i++) blocks.push_back(heap::allocate(kSize));
-    heap::flushThreadCache();  // every span detached: each free below is deferred
+    heap::flushThreadCache();  // every span detached: each free below is recycled
     const size_t live = liveObjects();
-    for (size_t i = 0; i < kDeferredFrees; i++) heap::deallocate(blocks[i]);
-    EXPECT_EQ(liveObjects(), live) << "a free into a detached span was not deferred";
-    heap::deallocate(blocks[kDeferredFrees]);
-    EXPECT_EQ(liveObjects(), live - 1) << "the oldest deferred free must be applied";
+    for (size_t i = 0; i < capacity; i++) heap::deallocate(blocks[i]);
+    EXPECT_EQ(liveObjects(), live) << "a free into a detached span was not recycled";
+    EXPECT_EQ(v.recycledCount, capacity);
+    heap::deallocate(blocks[capacity]);
+    EXPECT_EQ(liveObjects(), live - 1) << "the oldest recycled block must be applied";
+    // Reused newest first, with the tag gone.
+    void* again = heap::allocate(kSize);
+    EXPECT_EQ(again, blocks[capacity]);
+    EXPECT_FALSE(ShuffleVector::isTaggedRecycled(reinterpret_cast<uintptr_t>(again)));
+    EXPECT_EQ(heap::allocate(kSize), blocks[capacity - 1]);
+    heap::deallocate(blocks[capacity - 1]);
+    heap::deallocate(again);
     heap::flushDeferredFrees();
-    EXPECT_EQ(liveObjects(), live - kDeferredFrees - 1);
-    for (size_t i = kDeferredFrees + 1; i < kCount; i++) heap::deallocate(blocks[i]);
+    EXPECT_EQ(v.recycledCount, 0u);
+    EXPECT_EQ(liveObjects(), live - capacity - 1);
+    for (size_t i = capacity + 1; i < kCount; i++) heap::deallocate(blocks[i]);
   });  // the thread's exit applies the rest
-  EXPECT_EQ(liveObjects(), before) << "deferred frees were lost at thread exit";
+  EXPECT_EQ(liveObjects(), before) << "recycled blocks were lost at thread exit";
+}
+
+// Recycled blocks of the large classes are few: what a thread holds back stays bounded.
+TEST_F(HeapTest, RecycledBlocksAreBoundedInBytes) {
+  onNewThread([&] {
+    for (unsigned c = 0; c < kNumSizeClasses; c++) {
+      const ShuffleVector& v = heap::currentThreadHeap()->vector(c);
+      EXPECT_LE(v.recycledCapacity * static_cast<size_t>(kSizeClassSizes[c]),
+                std::max(kRecycledBytes, kMinRecycled * static_cast<size_t>(kSizeClassSizes[c])));
+    }
+  });
 }
 
 TEST_F(HeapTest, ThreadExitReturnsAttachedSpans) {
@@ -315,7 +340,8 @@ TEST_F(HeapDeathTest, MisuseIsReportedWithTheAddress) {
         api::freeImpl(p);
       },
       "meshalloc: double free of 0x[0-9a-f]+");
-  // A second free of a block whose first free is still deferred (its span is not attached).
+  // A second free of a recycled block (its span was not attached), from the same thread and
+  // from another one.
   EXPECT_DEATH(
       {
         void* p = api::mallocImpl(64);
@@ -324,6 +350,35 @@ TEST_F(HeapDeathTest, MisuseIsReportedWithTheAddress) {
         api::freeImpl(p);
         api::freeImpl(q);
         api::freeImpl(p);
+      },
+      "meshalloc: double free of 0x[0-9a-f]+");
+  EXPECT_DEATH(
+      {
+        void* p = api::mallocImpl(64);
+        heap::flushThreadCache();
+        api::freeImpl(p);
+        std::thread([p] { api::freeImpl(p); }).join();
+      },
+      "meshalloc: double free of 0x[0-9a-f]+");
+  // ... and from a thread that has since attached the block's span: there the free would be a
+  // local push but for the tag.
+  EXPECT_DEATH(
+      {
+        void* p = api::mallocImpl(64);
+        heap::flushThreadCache();
+        api::freeImpl(p);
+        std::thread([p] {
+          const uintptr_t page = reinterpret_cast<uintptr_t>(p) & ~(Arena::pageSize() - 1);
+          constexpr int kMaxTries = 100000;
+          for (int i = 0; i < kMaxTries; i++) {
+            void* mine = api::mallocImpl(64);
+            if ((reinterpret_cast<uintptr_t>(mine) & ~(Arena::pageSize() - 1)) == page) {
+              api::freeImpl(p);
+              return;
+            }
+          }
+          fprintf(stderr, "the span was never attached\n");
+        }).join();
       },
       "meshalloc: double free of 0x[0-9a-f]+");
   EXPECT_DEATH(
