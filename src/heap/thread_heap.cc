@@ -11,7 +11,8 @@
 
 namespace meshalloc {
 
-thread_local ThreadHeap* tlsThreadHeap __attribute__((tls_model("initial-exec"))) = nullptr;
+constinit thread_local ThreadHeap* tlsThreadHeap __attribute__((tls_model("initial-exec"))) =
+    nullptr;
 
 namespace {
 Mutex gRegistryLock;

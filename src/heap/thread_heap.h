@@ -244,6 +244,7 @@ class ThreadHeap {
 
 // initial-exec TLS: one %fs-relative load on the fast path, valid even for LD_PRELOAD since
 // glibc reserves static TLS surplus for preloaded libraries.
-extern thread_local ThreadHeap* tlsThreadHeap __attribute__((tls_model("initial-exec")));
+// constinit: no dynamic initialisation, so the fast paths read it without a TLS wrapper call.
+extern constinit thread_local ThreadHeap* tlsThreadHeap __attribute__((tls_model("initial-exec")));
 
 }  // namespace meshalloc
