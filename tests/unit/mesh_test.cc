@@ -72,10 +72,16 @@ std::vector<Survivor> makeDisjointSpans(size_t size, size_t spanCount) {
     size_t perSpan = SizeClasses::plan(SizeClasses::classOf(size)).objectCount;
     std::map<uintptr_t, std::vector<void*>> bySpan;
     std::vector<void*> all;
-    while (bySpan.size() < spanCount + 2) {  // a couple extra: the first may be a leftover
+    // Until spanCount spans were filled entirely here: partial spans left by earlier tests in
+    // the same process are handed out first, and never fill up.
+    constexpr size_t kMaxSpansTried = 4096;
+    size_t filled = 0;
+    while (filled < spanCount && bySpan.size() < kMaxSpansTried) {
       void* p = heap::allocate(size);
       all.push_back(p);
-      bySpan[spanStartOf(p)].push_back(p);
+      std::vector<void*>& objects = bySpan[spanStartOf(p)];
+      objects.push_back(p);
+      if (objects.size() == perSpan) filled++;
     }
     size_t k = 0;
     std::vector<void*> release;
