@@ -47,6 +47,8 @@ std::atomic<uint32_t> gWakeups{0};
 // started after the first exit would order the classes by that thread's spans alone, and the
 // budget then holds the next pass back for about 50 times the first one's CPU time.
 constexpr uint64_t kWakeupSettleNs = 10 * kNanosPerMilli;
+// The largest nice value Linux accepts (the lowest priority short of SCHED_IDLE).
+constexpr uint64_t kLowestPriorityNice = 19;
 int gForkPipe[2] = {-1, -1};
 
 void forkPrepareFirst() {
@@ -132,6 +134,10 @@ void MeshPolicy::runPassWithinBudget() {
 
 void* MeshPolicy::backgroundMain(void*) {
   pthread_setname_np(pthread_self(), "meshalloc-mesh");
+  // Housekeeping yields to the program's threads; a refusal only leaves it at the default.
+  uint64_t nice = gHeapConfig.meshThreadNice;
+  os::setCurrentThreadNice(
+      static_cast<int>(nice < kLowestPriorityNice ? nice : kLowestPriorityNice));
   for (;;) {
     // Every period, whatever the mesh budget says: the dirty cache decays on this tick.
     uint32_t wakeups = gWakeups.load(std::memory_order_acquire);

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -220,6 +221,10 @@ long maxMapCount() {
 
 int currentThreadId() {
   return static_cast<int>(syscall(SYS_gettid));
+}
+
+bool setCurrentThreadNice(int nice) {
+  return setpriority(PRIO_PROCESS, static_cast<id_t>(currentThreadId()), nice) == 0;
 }
 
 void futexWait(const void* addr, uint32_t expected) {

@@ -61,6 +61,8 @@ void sleepNanos(uint64_t nanos);
 uint64_t entropy64();
 long maxMapCount();
 int currentThreadId();
+// Sets the calling thread's nice value (Linux keeps one per thread); false if refused.
+bool setCurrentThreadNice(int nice);
 
 void futexWait(const void* addr, uint32_t expected);
 void futexWakeOne(const void* addr);

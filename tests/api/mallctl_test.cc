@@ -1,5 +1,6 @@
 // The control interface: meshalloc_mallctl, the exported jemalloc-compatible mallctl,
 // meshalloc_compact and meshalloc_print_stats.
+#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -241,6 +242,66 @@ TEST(PrintStats, TextAndJson) {
   EXPECT_EQ(depth, 0) << json;
   EXPECT_NE(json.find("allocated"), std::string::npos) << json;
   freeAll(keep);
+}
+
+// The nice value of this process's thread named `name`, or kNoThread while there is none.
+constexpr int kNoThread = -100;
+int niceOfThread(const char* name) {
+  DIR* tasks = opendir("/proc/self/task");
+  if (!tasks) return kNoThread;
+  int nice = kNoThread;
+  while (dirent* entry = readdir(tasks)) {
+    if (entry->d_name[0] == '.') continue;
+    std::string dir = std::string("/proc/self/task/") + entry->d_name;
+    char comm[64] = {};
+    FILE* file = fopen((dir + "/comm").c_str(), "r");
+    if (!file) continue;
+    bool match = fgets(comm, sizeof(comm), file) && strncmp(comm, name, strlen(name)) == 0;
+    fclose(file);
+    if (!match) continue;
+    // Field 19 of stat; the fields after the command name, which is in parentheses, are
+    // space-separated, and the first of them is field 3.
+    char stat[1024] = {};
+    file = fopen((dir + "/stat").c_str(), "r");
+    if (!file) continue;
+    size_t n = fread(stat, 1, sizeof(stat) - 1, file);
+    fclose(file);
+    const char* cursor = strrchr(stat, ')');
+    if (!cursor || n == 0) continue;
+    constexpr int kNiceField = 19;
+    int field = 2;
+    for (; *cursor && field < kNiceField; cursor++) field += *cursor == ' ';
+    nice = atoi(cursor);
+    break;
+  }
+  closedir(tasks);
+  return nice;
+}
+
+// The background mesher yields to the program's threads: it runs at the nice value of
+// mesh_thread_nice (19 unless configured), which Linux keeps per thread.
+TEST(MeshThread, RunsAtTheConfiguredNiceValue) {
+  uint64_t wanted = 0;
+  size_t len = sizeof(wanted);
+  ASSERT_EQ(mallctl("opt.mesh_thread_nice", &wanted, &len, nullptr, 0), 0);
+  bool background = false;
+  len = sizeof(background);
+  ASSERT_EQ(mallctl("opt.mesh_background", &background, &len, nullptr, 0), 0);
+  if (!background) GTEST_SKIP() << "mesh_background is off";
+  // The thread starts after a few refills: allocate through many spans of many classes.
+  constexpr int kBlocks = 200000;
+  constexpr int kClasses = 64;
+  std::vector<void*> blocks;
+  for (int i = 0; i < kBlocks; i++) blocks.push_back(malloc(16 + (i % kClasses) * 16));
+  for (void* p : blocks) free(p);
+  constexpr int kPolls = 200;
+  int nice = kNoThread;
+  for (int poll = 0; poll < kPolls && nice == kNoThread; poll++) {
+    nice = niceOfThread("meshalloc-mesh");
+    if (nice == kNoThread) usleep(10000);
+  }
+  ASSERT_NE(nice, kNoThread) << "no meshalloc-mesh thread";
+  EXPECT_EQ(nice, static_cast<int>(wanted > 19 ? 19 : wanted));
 }
 
 }  // namespace
