@@ -222,6 +222,39 @@ TEST_F(HeapTest, FreesIntoOtherSpansAreRecycled) {
   EXPECT_EQ(liveObjects(), before) << "recycled blocks were lost at thread exit";
 }
 
+// The vector comes first, the recycled blocks only once it is empty: a thread that frees blocks
+// of spans it does not hold (larson's, inherited from the thread before it) would otherwise
+// keep getting those blocks back, and its frees of them would never become local.
+TEST_F(HeapTest, RecycledBlocksServeOnlyAnEmptyVector) {
+  constexpr size_t kSize = 256;
+  const unsigned sizeClass = SizeClasses::classOf(kSize);
+  onNewThread([&] {
+    ShuffleVector& v = heap::currentThreadHeap()->vector(sizeClass);
+    // Another thread's blocks, in a span it filled: once that thread has exited the span is
+    // detached and full, so no refill here attaches it.
+    std::vector<void*> theirs(SizeClasses::plan(sizeClass).objectCount + 1);
+    std::thread([&] {
+      for (void*& block : theirs) block = heap::allocate(kSize);
+    }).join();
+    void* foreign = theirs.front();
+    void* mine = heap::allocate(kSize);
+    ASSERT_GT(v.length, 0u) << "the refill left slots in the vector";
+    heap::deallocate(foreign);
+    ASSERT_EQ(v.recycledCount, 1u) << "a free into a span not held here is recycled";
+    std::vector<void*> taken;
+    while (v.length > 0) {
+      void* block = heap::allocate(kSize);
+      EXPECT_NE(block, foreign) << "a recycled block was handed out before the vector's slots";
+      taken.push_back(block);
+    }
+    EXPECT_EQ(heap::allocate(kSize), foreign) << "with the vector empty, the recycled block";
+    EXPECT_EQ(v.recycledCount, 0u);
+    heap::deallocate(mine);
+    for (void* block : taken) heap::deallocate(block);
+    for (void* block : theirs) heap::deallocate(block);
+  });
+}
+
 // Recycled blocks of the large classes are few: what a thread holds back stays bounded.
 TEST_F(HeapTest, RecycledBlocksAreBoundedInBytes) {
   onNewThread([&] {
