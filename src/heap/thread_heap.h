@@ -97,7 +97,7 @@ struct ShuffleVector {
   }
 
   // Recycled blocks: this thread's latest frees into spans it does not hold, handed out again
-  // (newest first) before the vector's slots, as a thread cache does. Such a free would
+  // (newest first) once the vector is empty, in place of a refill. Such a free would
   // otherwise miss on the span's MiniHeap, and the slot come back only when a refill attaches
   // its span; reused here, the block's memory and page-map entry are still in cache. A block
   // stays live in its span's bitmap while it is here (statistics count it, meshing copies it).
