@@ -23,8 +23,8 @@ constexpr char kVersion[] = "0.1.0";
 HeapStats collectStats() {
   HeapStats stats = {};
   if (!heap::ensureInitialized()) return stats;
-  // The caller's own frees count as done (other threads' last few may still be deferred).
-  heap::flushDeferredFrees();
+  // The caller's own frees count as done (other threads' last few may still be recycled).
+  heap::flushRecycledBlocks();
   size_t pageSize = Arena::pageSize();
   for (unsigned c = 0; c < kNumSizeClasses; c++) stats.classes[c] = GlobalHeap::classStats(c);
   // Attached spans are counted through their threads; slots waiting in a shuffle vector are free.

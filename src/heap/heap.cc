@@ -36,7 +36,7 @@ void (*gThreadExitHook)() = nullptr;
 void onThreadExit(void* value) {
   ThreadHeap* heap = static_cast<ThreadHeap*>(value);
   if (tlsThreadHeap == heap) {
-    flushDeferredFrees();
+    flushRecycledBlocks();
     tlsThreadHeap = nullptr;
   }
   heap->retire();
@@ -215,8 +215,8 @@ void* allocateSlow(size_t size) {
   ThreadHeap* heap = threadHeap();
   if (!heap) return failNoMemory();
   unsigned sizeClass = SizeClasses::classOf(size);
-  // A refill must not attach the span of a recycled block (see deallocate); the fast path gets
-  // here only with none left, but a thread's first allocation may come after frees.
+  // The fast path gets here only with none left, so this only upholds refill's precondition
+  // (the class's recycled blocks are all gone; see ThreadHeap::refill).
   ShuffleVector& v = heap->vector(sizeClass);
   if (v.recycledCount != 0) return v.popRecycled();
   if (!heap->refill(sizeClass)) return failNoMemory();
@@ -232,26 +232,18 @@ void deallocateSlow(void* pointer) {
   // a heap comes straight here). Before the guard: the check may take the registry lock, which
   // a mesh pause holds while it waits for guarded operations.
   uint64_t peek = Arena::entryFor(address);
-  if (PageEntry::isMiniHeap(peek) && PageEntry::sizeClass(peek) < kNumSizeClasses &&
-      SizeClasses::slotOf(PageEntry::sizeClass(peek),
-                          address - Arena::spanStartOf(address, peek)) >= 0 &&
-      ShuffleVector::isTaggedRecycled(address)) {
+  if (smallSlotOf(address, peek) >= 0 && ShuffleVector::isTaggedRecycled(address))
     checkRecycledFree(PageEntry::sizeClass(peek), address);
-  }
   OperationGuard guard;
   uint64_t entry = Arena::entryFor(address);
   // The common case first: a valid small object in a span this thread does not hold. The
   // page-map entry gives the class, so the slot check needs no MiniHeap field.
-  if (__builtin_expect(PageEntry::isMiniHeap(entry), 1)) {
-    unsigned sizeClass = PageEntry::sizeClass(entry);
-    if (sizeClass < kNumSizeClasses) {
-      int64_t slot = SizeClasses::slotOf(sizeClass, address - Arena::spanStartOf(address, entry));
-      MiniHeap* mini = PageEntry::miniHeap(entry);
-      ThreadHeap* heap = tlsThreadHeap;
-      if (slot >= 0 && (heap == nullptr || mini->owner.load(std::memory_order_relaxed) != heap)) {
-        GlobalHeap::freeRemote(mini, sizeClass, static_cast<size_t>(slot), address);
-        return;
-      }
+  if (int64_t slot = smallSlotOf(address, entry); __builtin_expect(slot >= 0, 1)) {
+    MiniHeap* mini = PageEntry::miniHeap(entry);
+    ThreadHeap* heap = tlsThreadHeap;
+    if (heap == nullptr || mini->owner.load(std::memory_order_relaxed) != heap) {
+      GlobalHeap::freeRemote(mini, PageEntry::sizeClass(entry), static_cast<size_t>(slot), address);
+      return;
     }
   }
   int64_t slot;
@@ -339,13 +331,8 @@ size_t usableSize(const void* pointer) {
   // class's plan. Meshing never changes an address's class, so no guard is needed either.
   uintptr_t address = reinterpret_cast<uintptr_t>(pointer);
   uint64_t small = Arena::entryFor(address);
-  if (__builtin_expect(PageEntry::isMiniHeap(small), 1)) {
-    unsigned sizeClass = PageEntry::sizeClass(small);
-    if (sizeClass < kNumSizeClasses &&
-        SizeClasses::slotOf(sizeClass, address - Arena::spanStartOf(address, small)) >= 0) {
-      return kSizeClassSizes[sizeClass];
-    }
-  }
+  if (__builtin_expect(smallSlotOf(address, small) >= 0, 1))
+    return kSizeClassSizes[PageEntry::sizeClass(small)];
   // Everything else resolves the MiniHeap, so the entry is read again under the guard.
   OperationGuard guard;
   uint64_t entry = Arena::entryFor(address);
@@ -364,29 +351,29 @@ void checkRecycledFree(unsigned sizeClass, uintptr_t address) {
   }
 }
 
-void applyDeferredFree(ThreadHeap* heap, uintptr_t address) {
+void applyRecycledFree(ThreadHeap* heap, uintptr_t address) {
   applyFree(heap, address, Arena::entryFor(address));
 }
 
-void flushDeferredFrees() {
+void flushRecycledBlocks() {
   ThreadHeap* heap = tlsThreadHeap;
   if (!heap) return;
   uintptr_t block;
   for (unsigned c = 0; c < kNumSizeClasses; c++) {
-    while (heap->vector(c).takeOldestRecycled(&block)) applyDeferredFree(heap, block);
+    while (heap->vector(c).takeOldestRecycled(&block)) applyRecycledFree(heap, block);
   }
 }
 
 void flushThreadCache() {
   if (ThreadHeap* heap = tlsThreadHeap) {
-    flushDeferredFrees();
+    flushRecycledBlocks();
     heap->detachAll();
   }
 }
 
 size_t releaseFreeMemory() {
   if (!ensureInitialized()) return 0;
-  flushDeferredFrees();
+  flushRecycledBlocks();
   return Arena::purge(true);
 }
 

@@ -98,12 +98,21 @@ __attribute__((always_inline)) inline void applyFree(ThreadHeap* heap, uintptr_t
   deallocateSlow(reinterpret_cast<void*>(address));
 }
 
+// The slot `address` starts in a small-object span, from its page-map entry alone (no MiniHeap
+// field is read); -1 if the entry is not a small span's or `address` is not a slot's start.
+inline int64_t smallSlotOf(uintptr_t address, uint64_t entry) {
+  if (!PageEntry::isMiniHeap(entry)) return -1;
+  unsigned sizeClass = PageEntry::sizeClass(entry);
+  if (sizeClass >= kNumSizeClasses) return -1;
+  return SizeClasses::slotOf(sizeClass, address - Arena::spanStartOf(address, entry));
+}
+
 // Called for a free of a block that carries the recycled tag: reports a double free if some
 // thread holds it among its recycled blocks (else the tag was stale or program data).
 void checkRecycledFree(unsigned sizeClass, uintptr_t address);
 // A recycled block's free, applied to its span: its page-map entry is read again (meshing may
 // have changed it).
-void applyDeferredFree(ThreadHeap* heap, uintptr_t address);
+void applyRecycledFree(ThreadHeap* heap, uintptr_t address);
 
 inline void deallocate(void* pointer) {
   uintptr_t address = reinterpret_cast<uintptr_t>(pointer);
@@ -136,7 +145,7 @@ inline void deallocate(void* pointer) {
       __builtin_prefetch(mini, 1);
       __builtin_prefetch(mini + kCacheLine, 1);
       uintptr_t due = v.pushRecycled(address);
-      if (due) applyDeferredFree(heap, due);
+      if (due) applyRecycledFree(heap, due);
       return;
     }
   }
@@ -145,7 +154,7 @@ inline void deallocate(void* pointer) {
 
 // Applies the calling thread's recycled blocks to their spans (before its slots are counted
 // or handed back).
-void flushDeferredFrees();
+void flushRecycledBlocks();
 
 // A block of at least `size` bytes aligned to `alignment` (a power of two); nullptr + ENOMEM.
 void* allocateAligned(size_t size, size_t alignment);

@@ -137,12 +137,7 @@ struct ShuffleVector {
   // Adds `block`; returns the oldest block if that made room for it (to be applied), else 0.
   uintptr_t pushRecycled(uintptr_t block) {
     uintptr_t evicted = 0;
-    if (recycledCount == recycledCapacity) {
-      uint32_t oldest = (recycledHead - recycledCount) & (kMaxRecycled - 1);
-      evicted = untag(recycledAt(oldest));
-      setRecycledAt(oldest, 0);
-      recycledCount--;
-    }
+    if (recycledCount == recycledCapacity) takeOldestRecycled(&evicted);
     reinterpret_cast<uintptr_t*>(block)[kRecycledTagWord] = gRecycledTag;
     setRecycledAt(recycledHead, block);
     recycledHead = (recycledHead + 1) & (kMaxRecycled - 1);
@@ -200,9 +195,9 @@ class ThreadHeap {
   void drainRemoteFrees(ShuffleVector& v, unsigned span, uintptr_t leaveAs);
 
   // Refills the (empty) vector of `sizeClass`; false when memory is exhausted. The class's
-  // recycled blocks must be empty (heap::allocateSlow applies them): a refill may attach the
-  // span of a block still held there, and a second free of that block would then take the
-  // local path, which does not look there.
+  // recycled blocks must all be handed out first (heap::allocateSlow sees to it): a refill may
+  // attach the span of a block still held there, and a second free of that block would then take
+  // the local path, which does not look there.
   bool refill(unsigned sizeClass);
   // Returns the vector's slots and spans to the global heap (e.g. "thread.tcache.flush").
   void detachAll(unsigned sizeClass);

@@ -99,6 +99,18 @@ void Mesher::copyLiveObjects(MiniHeap* destination, MiniHeap* source) {
   }
 }
 
+uint32_t Mesher::claimSourceSlots(MiniHeap* destination, MiniHeap* source) {
+  AtomicBitmap src = source->bitmap();
+  AtomicBitmap dst = destination->bitmap();
+  uint32_t claimed = 0;
+  for (size_t w = 0; w < src.words(); w++) {
+    uint64_t bits = src.loadWord(w);
+    if (bits) dst.claimMask(w, bits);
+    claimed += static_cast<uint32_t>(__builtin_popcountll(bits));
+  }
+  return claimed;
+}
+
 // A source that is itself meshed: all its virtual spans are write-protected while its
 // objects are copied, then all move onto the destination's pages (SpanBacking::absorb), so
 // chains keep merging as their spans empty out. Without this, two meshed spans could never
@@ -125,15 +137,10 @@ bool Mesher::absorbMeshedSource(MiniHeap* destination, MiniHeap* source) {
     // copies in the destination's pages. The destination keeps those slots for good (a leak
     // of at most one span's slots), so it never hands them out while that span's objects live
     // there.
-    AtomicBitmap src = source->bitmap();
-    AtomicBitmap dst = destination->bitmap();
-    uint32_t claimed = 0;
-    for (size_t w = 0; w < src.words(); w++) {
-      uint64_t bits = src.loadWord(w);
-      if (bits) dst.claimMask(w, bits);
-      claimed += static_cast<uint32_t>(__builtin_popcountll(bits));
-    }
-    destination->liveCount.fetch_add(claimed, std::memory_order_acq_rel);
+    // The bits claimed, not source's live count: this runs without the pause, so the two can
+    // differ.
+    destination->liveCount.fetch_add(claimSourceSlots(destination, source),
+                                     std::memory_order_acq_rel);
     gStats.strandedSpans++;
   }
   // Writable again: on the destination's pages if the move succeeded, else on its own.
@@ -203,12 +210,7 @@ bool Mesher::meshGroup(MeshGroup& group, bool* merged) {
 }
 
 void Mesher::commitSource(MiniHeap* destination, MiniHeap* source) {
-  AtomicBitmap src = source->bitmap();
-  AtomicBitmap dst = destination->bitmap();
-  for (size_t w = 0; w < src.words(); w++) {
-    uint64_t bits = src.loadWord(w);
-    if (bits) dst.claimMask(w, bits);
-  }
+  claimSourceSlots(destination, source);
   destination->liveCount.fetch_add(source->liveCount.load(std::memory_order_relaxed),
                                    std::memory_order_acq_rel);
   // From here on every address in the source's virtual spans resolves to the destination.

@@ -64,6 +64,8 @@ class Mesher {
   // the source (merged[i] says which succeeded); the page map is not changed yet.
   static bool meshGroup(MeshGroup& group, bool* merged);
   static void copyLiveObjects(MiniHeap* destination, MiniHeap* source);
+  // Sets the destination's bits for the source's live slots; returns how many it set.
+  static uint32_t claimSourceSlots(MiniHeap* destination, MiniHeap* source);
   static bool absorbMeshedSource(MiniHeap* destination, MiniHeap* source);
   // With guarded operations paused: the source's live slots and virtual span go over to the
   // destination.

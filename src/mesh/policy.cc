@@ -40,6 +40,10 @@ constexpr uint64_t kBudgetCreditNs = 5000 * kNanosPerMilli;
 // Written only by the thread running a pass (one at a time); atomic because inline passes run
 // on whichever thread refills.
 std::atomic<uint64_t> gBudgetClockNs{0};
+// The budget clock never lags the wall clock by more than the credit.
+uint64_t earliestBudgetClock(uint64_t nowNs) {
+  return nowNs > kBudgetCreditNs ? nowNs - kBudgetCreditNs : 0;
+}
 // Bumped (and futex-woken) to bring the background thread's next pass forward.
 std::atomic<uint32_t> gWakeups{0};
 // A woken thread waits until no thread has exited for this long (at most a period) before its
@@ -97,9 +101,7 @@ void forkChild() {
 
 void MeshPolicy::init() {
   if (gInitialized.exchange(true)) return;
-  uint64_t now = os::monotonicNanos();
-  gBudgetClockNs.store(now > kBudgetCreditNs ? now - kBudgetCreditNs : 0,
-                       std::memory_order_relaxed);
+  gBudgetClockNs.store(earliestBudgetClock(os::monotonicNanos()), std::memory_order_relaxed);
   heap::setForkHooks({forkPrepareFirst, forkPrepare, forkParent, forkChild});
   heap::setRefillHook(onRefill);
   heap::setThreadExitHook(onThreadExit);
@@ -124,7 +126,7 @@ void MeshPolicy::runPassWithinBudget() {
   uint64_t budget = gHeapConfig.meshBudgetPermille ? gHeapConfig.meshBudgetPermille : 1;
   if (budget > kPermille) budget = kPermille;
   uint64_t now = os::monotonicNanos();
-  uint64_t earliest = now > kBudgetCreditNs ? now - kBudgetCreditNs : 0;
+  uint64_t earliest = earliestBudgetClock(now);
   uint64_t clock = gBudgetClockNs.load(std::memory_order_relaxed);
   clock = (clock > earliest ? clock : earliest) + spent * kPermille / budget;
   gBudgetClockNs.store(clock, std::memory_order_relaxed);

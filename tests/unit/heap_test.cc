@@ -214,7 +214,7 @@ TEST_F(HeapTest, FreesIntoOtherSpansAreRecycled) {
     EXPECT_EQ(heap::allocate(kSize), blocks[capacity - 1]);
     heap::deallocate(blocks[capacity - 1]);
     heap::deallocate(again);
-    heap::flushDeferredFrees();
+    heap::flushRecycledBlocks();
     EXPECT_EQ(v.recycledCount, 0u);
     EXPECT_EQ(liveObjects(), live - capacity - 1);
     for (size_t i = capacity + 1; i < kCount; i++) heap::deallocate(blocks[i]);
