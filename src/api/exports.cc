@@ -51,7 +51,7 @@ MESHALLOC_EXPORT void* pvalloc(size_t size) {
   return api::pvallocImpl(size);
 }
 MESHALLOC_EXPORT size_t malloc_usable_size(void* pointer) {
-  return api::usableSizeImpl(pointer);
+  return heap::usableSize(pointer);
 }
 MESHALLOC_EXPORT int malloc_trim(size_t pad) {
   return api::trimImpl(pad);

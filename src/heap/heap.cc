@@ -325,15 +325,10 @@ void* reallocate(void* pointer, size_t size) {
   return moved;
 }
 
-size_t usableSize(const void* pointer) {
+size_t usableSizeSlow(const void* pointer) {
   if (!pointer) return 0;
-  // Small objects: the page map entry alone says the class, and the slot check needs only the
-  // class's plan. Meshing never changes an address's class, so no guard is needed either.
+  // Resolves the MiniHeap, so the entry is read again under the guard.
   uintptr_t address = reinterpret_cast<uintptr_t>(pointer);
-  uint64_t small = Arena::entryFor(address);
-  if (__builtin_expect(smallSlotOf(address, small) >= 0, 1))
-    return kSizeClassSizes[PageEntry::sizeClass(small)];
-  // Everything else resolves the MiniHeap, so the entry is read again under the guard.
   OperationGuard guard;
   uint64_t entry = Arena::entryFor(address);
   int64_t slot;
@@ -352,7 +347,14 @@ void checkRecycledFree(unsigned sizeClass, uintptr_t address) {
 }
 
 void applyRecycledFree(ThreadHeap* heap, uintptr_t address) {
-  applyFree(heap, address, Arena::entryFor(address));
+  uint64_t entry = Arena::entryFor(address);
+  if (int64_t slot = smallSlotOf(address, entry); __builtin_expect(slot >= 0, 1)) {
+    unsigned sizeClass = PageEntry::sizeClass(entry);
+    if (pushLocalFree(heap, heap->vector(sizeClass), PageEntry::miniHeap(entry),
+                      Arena::spanStartOf(address, entry), static_cast<uint32_t>(slot), address))
+      return;
+  }
+  deallocateSlow(reinterpret_cast<void*>(address));
 }
 
 void flushRecycledBlocks() {
