@@ -350,9 +350,25 @@ void applyRecycledFree(ThreadHeap* heap, uintptr_t address) {
   uint64_t entry = Arena::entryFor(address);
   if (int64_t slot = smallSlotOf(address, entry); __builtin_expect(slot >= 0, 1)) {
     unsigned sizeClass = PageEntry::sizeClass(entry);
-    if (pushLocalFree(heap, heap->vector(sizeClass), PageEntry::miniHeap(entry),
-                      Arena::spanStartOf(address, entry), static_cast<uint32_t>(slot), address))
+    MiniHeap* mini = PageEntry::miniHeap(entry);
+    if (pushLocalFree(heap, heap->vector(sizeClass), mini, Arena::spanStartOf(address, entry),
+                      static_cast<uint32_t>(slot), address))
       return;
+    // Most recycled blocks lie in spans no thread holds (Redis's evictions, larson's blocks from
+    // other threads). deallocateSlow would first look for the recycled tag, but this block's
+    // was checked when it was recycled and cleared when it was taken out: straight to the
+    // bitmap, with the entry read again under the guard (meshing may have moved the span).
+    if (mini->owner.load(std::memory_order_relaxed) != heap) {
+      OperationGuard guard;
+      entry = Arena::entryFor(address);
+      slot = smallSlotOf(address, entry);
+      mini = PageEntry::miniHeap(entry);
+      if (slot >= 0 && mini->owner.load(std::memory_order_relaxed) != heap) {
+        GlobalHeap::freeRemote(mini, PageEntry::sizeClass(entry), static_cast<size_t>(slot),
+                               address);
+        return;
+      }
+    }
   }
   deallocateSlow(reinterpret_cast<void*>(address));
 }
