@@ -2,8 +2,9 @@
 // activity, wakes every `mesh_period_ms`: it returns dirty pages past their decay time (with
 // meshing on or off) and meshes when the detached spans hold enough free memory to be worth
 // it, sleeping longer after expensive passes so that meshing never takes more than
-// `mesh_budget_permille` of one core's time; a thread exit wakes it early (its spans are
-// candidates now), within the same budget. With the thread disabled, the
+// `mesh_budget_permille` of one core's time, and backing off while passes release nothing and
+// the heap stands still; a thread exit wakes it early (its spans are candidates now), within
+// the same budget. With the thread disabled, the
 // allocation slow path runs the same policy inline. meshalloc_compact() meshes at once.
 #pragma once
 
@@ -28,6 +29,8 @@ class MeshPolicy {
   static void* backgroundMain(void*);
   static void startBackgroundThread();
   static void runPassWithinBudget();
+  // The heap changed (a refill, a thread's exit): passes are due every period again.
+  static void endIdleBackoff();
 };
 
 }  // namespace meshalloc

@@ -304,4 +304,38 @@ TEST(MeshThread, RunsAtTheConfiguredNiceValue) {
   EXPECT_EQ(nice, static_cast<int>(wanted > 19 ? 19 : wanted));
 }
 
+// Spans about half full do not mesh (two of them almost never have disjoint slots), so once the
+// program stops allocating the background mesher's passes release nothing. They back off
+// instead of running every period: an idle program does not keep paying for them.
+TEST(MeshThread, BacksOffWhileIdlePassesReleaseNothing) {
+  bool meshing = false, background = false;
+  size_t len = sizeof(meshing);
+  ASSERT_EQ(mallctl("opt.mesh", &meshing, &len, nullptr, 0), 0);
+  len = sizeof(background);
+  ASSERT_EQ(mallctl("opt.mesh_background", &background, &len, nullptr, 0), 0);
+  if (!meshing || !background) GTEST_SKIP() << "meshing or its background thread is off";
+  uint64_t periodMs = 0;
+  len = sizeof(periodMs);
+  ASSERT_EQ(mallctl("opt.mesh_period_ms", &periodMs, &len, nullptr, 0), 0);
+  // Far more free bytes than mesh_min_gain, in spans that keep half their blocks.
+  constexpr size_t kBlocks = 200000;
+  constexpr size_t kSize = 64;
+  std::vector<void*> blocks = allocateTouched(kBlocks, kSize);
+  for (size_t i = 0; i < kBlocks; i += 2) {
+    free(blocks[i]);
+    blocks[i] = nullptr;
+  }
+  meshalloc_compact();  // the spans are detached candidates now; nothing meshes
+  constexpr unsigned kIdleSeconds = 3;
+  refresh();
+  uint64_t before = readCtl<uint64_t>("mesh.passes");
+  sleep(kIdleSeconds);
+  refresh();
+  uint64_t passes = readCtl<uint64_t>("mesh.passes") - before;
+  // Every period would be 30 passes at the default 100 ms; doubling waits, about 5.
+  uint64_t everyPeriod = kIdleSeconds * 1000 / (periodMs ? periodMs : 1);
+  EXPECT_LE(passes, everyPeriod / 3) << "passes while idle, period " << periodMs << " ms";
+  for (void* p : blocks) free(p);
+}
+
 }  // namespace
