@@ -166,6 +166,19 @@ size_t usableSizeOf(const MiniHeap* mini) {
   return mini->isLarge() ? mini->largeBytes(Arena::pageSize()) : mini->objectSize;
 }
 
+// Under a guard: frees `address` through its span's bitmap if it is a valid small block in a
+// span the calling thread does not hold (the page-map entry gives the class, so the slot check
+// needs no MiniHeap field); false leaves it to the caller.
+bool freeIntoUnheldSpan(uintptr_t address, uint64_t entry) {
+  int64_t slot = smallSlotOf(address, entry);
+  if (slot < 0) return false;
+  MiniHeap* mini = PageEntry::miniHeap(entry);
+  ThreadHeap* heap = tlsThreadHeap;
+  if (heap != nullptr && mini->owner.load(std::memory_order_relaxed) == heap) return false;
+  GlobalHeap::freeRemote(mini, PageEntry::sizeClass(entry), static_cast<size_t>(slot), address);
+  return true;
+}
+
 void* failNoMemory() {
   errno = ENOMEM;
   return nullptr;
@@ -236,16 +249,8 @@ void deallocateSlow(void* pointer) {
     checkRecycledFree(PageEntry::sizeClass(peek), address);
   OperationGuard guard;
   uint64_t entry = Arena::entryFor(address);
-  // The common case first: a valid small object in a span this thread does not hold. The
-  // page-map entry gives the class, so the slot check needs no MiniHeap field.
-  if (int64_t slot = smallSlotOf(address, entry); __builtin_expect(slot >= 0, 1)) {
-    MiniHeap* mini = PageEntry::miniHeap(entry);
-    ThreadHeap* heap = tlsThreadHeap;
-    if (heap == nullptr || mini->owner.load(std::memory_order_relaxed) != heap) {
-      GlobalHeap::freeRemote(mini, PageEntry::sizeClass(entry), static_cast<size_t>(slot), address);
-      return;
-    }
-  }
+  // The common case first: a valid small object in a span this thread does not hold.
+  if (__builtin_expect(freeIntoUnheldSpan(address, entry), 1)) return;
   int64_t slot;
   MiniHeap* mini = resolve(pointer, entry, "free", &slot);
   if (!mini) {
@@ -360,14 +365,7 @@ void applyRecycledFree(ThreadHeap* heap, uintptr_t address) {
     // bitmap, with the entry read again under the guard (meshing may have moved the span).
     if (mini->owner.load(std::memory_order_relaxed) != heap) {
       OperationGuard guard;
-      entry = Arena::entryFor(address);
-      slot = smallSlotOf(address, entry);
-      mini = PageEntry::miniHeap(entry);
-      if (slot >= 0 && mini->owner.load(std::memory_order_relaxed) != heap) {
-        GlobalHeap::freeRemote(mini, PageEntry::sizeClass(entry), static_cast<size_t>(slot),
-                               address);
-        return;
-      }
+      if (freeIntoUnheldSpan(address, Arena::entryFor(address))) return;
     }
   }
   deallocateSlow(reinterpret_cast<void*>(address));
