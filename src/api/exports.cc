@@ -2,6 +2,7 @@
 // this file and cxx_operators.cc give symbols default visibility.
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <malloc.h>
 #include <unistd.h>
 
@@ -106,7 +107,9 @@ __attribute__((destructor)) void printStatsAtExit() {
   if (gHeapConfig.statsAtExit == StatsFormat::kNone) return;
   int fd = gSavedStderr >= 0 ? gSavedStderr : STDERR_FILENO;
   if (gHeapConfig.statsFile) {
-    fd = open(gHeapConfig.statsFile, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    static char path[PATH_MAX];  // static: destructors may run on a small stack
+    if (!api::expandStatsPath(gHeapConfig.statsFile, getpid(), path, sizeof(path))) return;
+    fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) return;
   }
   api::writeStats(fd, gHeapConfig.statsAtExit == StatsFormat::kJson);

@@ -86,6 +86,37 @@ HeapStats collectStats() {
   return stats;
 }
 
+bool expandStatsPath(const char* pattern, long pid, char* out, size_t capacity) {
+  size_t length = 0;
+  auto put = [&](char c) {
+    if (length + 1 >= capacity) return false;
+    out[length++] = c;
+    return true;
+  };
+  for (const char* p = pattern; *p; p++) {
+    if (p[0] == '%' && p[1] == 'p') {
+      char digits[24];
+      size_t count = 0;
+      unsigned long value = pid < 0 ? 0 : static_cast<unsigned long>(pid);
+      do {
+        digits[count++] = static_cast<char>('0' + value % 10);
+        value /= 10;
+      } while (value);
+      while (count)
+        if (!put(digits[--count])) return false;
+      p++;
+    } else if (p[0] == '%' && p[1] == '%') {
+      if (!put('%')) return false;
+      p++;
+    } else if (!put(*p)) {
+      return false;
+    }
+  }
+  if (capacity == 0) return false;
+  out[length] = '\0';
+  return true;
+}
+
 void writeStats(int fd, bool json) {
   HeapStats stats = collectStats();
   static char buffer[kReportCapacity];  // static: a 32 KiB stack frame could overflow small stacks

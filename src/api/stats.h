@@ -46,5 +46,9 @@ struct HeapStats {
 HeapStats collectStats();
 // Writes the report (text or JSON) to a file descriptor; never allocates.
 void writeStats(int fd, bool json);
+// The report's file name for this process: `pattern` with "%p" replaced by `pid` and "%%" by
+// "%", so that every process of a preloaded tree (a shell, its children) writes its own file.
+// False if the result does not fit in `capacity` bytes.
+bool expandStatsPath(const char* pattern, long pid, char* out, size_t capacity);
 
 }  // namespace meshalloc::api

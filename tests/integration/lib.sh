@@ -56,7 +56,16 @@ PRELOAD_RUNS=0
 preloaded() {
   PRELOAD_RUNS=$((PRELOAD_RUNS + 1))
   local tag="$WORK/ld.$PRELOAD_RUNS" status=0
-  LD_PRELOAD="$MESHALLOC_LIB" LD_DEBUG=libs LD_DEBUG_OUTPUT="$tag" "$@" 2>"$tag.stderr" || status=$?
+  # Under the mesh-stress configuration every preloaded process writes its statistics, so that
+  # expect_meshing can check that meshing really happened while the program got its answers.
+  if [[ -n ${MESHALLOC_TEST_MESH_STRESS:-} && -z ${MESHALLOC_STATS:-} ]]; then
+    MESHALLOC_STATS=json MESHALLOC_STATS_FILE="$WORK/mesh-stats.%p.json" \
+      LD_PRELOAD="$MESHALLOC_LIB" LD_DEBUG=libs LD_DEBUG_OUTPUT="$tag" "$@" 2>"$tag.stderr" ||
+      status=$?
+  else
+    LD_PRELOAD="$MESHALLOC_LIB" LD_DEBUG=libs LD_DEBUG_OUTPUT="$tag" "$@" 2>"$tag.stderr" ||
+      status=$?
+  fi
   cat "$tag.stderr" >&2
   if ((status > 128)); then
     fail "'$*' was killed by signal $((status - 128)) under meshalloc"
@@ -71,6 +80,24 @@ preloaded() {
   fi
   rm -f "$tag".[0-9]*
   return "$status"
+}
+
+# expect_meshing: under the mesh-stress configuration (MESHALLOC_TEST_MESH_STRESS, set by CTest
+# with a 1 ms mesh period, no CPU budget and no minimum gain), fails unless the preloaded runs
+# so far meshed at least one span between them; otherwise does nothing. Called by the tests
+# whose programs run long enough to mesh, after their answers have been checked.
+expect_meshing() {
+  [[ -n ${MESHALLOC_TEST_MESH_STRESS:-} ]] || return 0
+  local file count total=0 files=0
+  for file in "$WORK"/mesh-stats.*.json; do
+    [[ -f $file ]] || continue
+    files=$((files + 1))
+    count=$(grep -o '"mesh_count": *[0-9]*' "$file" | grep -o '[0-9]*$' || true)
+    total=$((total + ${count:-0}))
+  done
+  ((files > 0)) || fail "mesh-stress: no preloaded process wrote its statistics"
+  ((total > 0)) || fail "mesh-stress: no span was meshed in $files preloaded processes"
+  log "ok: $total spans meshed in $files preloaded processes"
 }
 
 # expect_eq WHAT EXPECTED ACTUAL

@@ -29,3 +29,4 @@ expect_eq "result matches an unpreloaded run" "$expected" "$actual"
 read -r keys total _ <<<"$actual"
 expect_eq "keys" 150000 "$keys"
 expect_eq "total value length" 7200000 "$total"
+expect_meshing

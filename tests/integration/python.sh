@@ -14,3 +14,4 @@ actual=$(preloaded "$PYTHON" "$SCRIPT") || fail "python3 exited with status $?"
 expect_eq "checksum (pymalloc)" "$expected" "$actual"
 actual=$(PYTHONMALLOC=malloc preloaded "$PYTHON" "$SCRIPT") || fail "python3 exited with status $?"
 expect_eq "checksum (PYTHONMALLOC=malloc)" "$expected" "$actual"
+expect_meshing

@@ -29,3 +29,5 @@ read -r size _ _ tsum <<<"$actual"
 expect_eq "hash size" 160000 "$size"
 # Each thread: 3 bytes * sum(i % 20 for i in 1..20000) = 3 * 1000 * 190.
 expect_eq "thread string bytes" $((4 * 3 * 1000 * 190)) "$tsum"
+# No expect_meshing: this program frees a fifth of its strings, too few for spans to mesh
+# reliably (1-8 meshes per mesh-stress run); it still runs under that configuration.

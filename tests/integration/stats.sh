@@ -29,3 +29,17 @@ MESHALLOC_STATS=text MESHALLOC_STATS_FILE="$WORK/stats.txt" \
 [[ -s $WORK/stats.txt ]] || fail "MESHALLOC_STATS=text wrote nothing to MESHALLOC_STATS_FILE"
 grep -qi "allocated" "$WORK/stats.txt" || fail "the text report has no 'allocated' line"
 log "ok: text report, $(wc -l <"$WORK/stats.txt") lines"
+
+# "%p" in MESHALLOC_STATS_FILE is the process id, so that each process of a preloaded tree
+# (here a shell and the two sorts it starts) writes its own report; "%%" is a literal "%".
+MESHALLOC_STATS=json MESHALLOC_STATS_FILE="$WORK/tree.%p.%%.json" \
+  preloaded bash -c 'sort -n "$1" >/dev/null; sort -rn "$1" >/dev/null; true' bash "$WORK/input" ||
+  fail "bash -c 'sort; sort' failed"
+reports=("$WORK"/tree.*.%.json)
+((${#reports[@]} >= 3)) ||
+  fail "expected a report per process (bash and two sorts), got: ${reports[*]##*/}"
+for report in "${reports[@]}"; do
+  [[ ${report##*/} =~ ^tree\.[0-9]+\.%\.json$ ]] || fail "unexpected report name ${report##*/}"
+  grep -q '"mesh_count"' "$report" || fail "${report##*/} is not a JSON report"
+done
+log "ok: MESHALLOC_STATS_FILE with %p: ${#reports[@]} reports (${reports[*]##*/})"
