@@ -33,7 +33,8 @@ std::atomic<uint64_t> gNextPassNs{0};
 // time of unspent budget, so the first pass after its heap turns sparse is not held back by
 // its own cost: in Redis LRU the spans freed by the second phase's evictions were otherwise
 // meshed a second after the insertion, 50 times a small early pass's cost later. Over any
-// interval of length T meshing uses at most budget x (T + this). The bucket starts full, as
+// interval of length T meshing uses at most budget x (T + this), plus the pass in progress (a
+// pass is not cut short: thread-scaling's exit pass needs more). The bucket starts full, as
 // token buckets do: a program's first passes (thread-scaling's threads exiting 0.3 s after
 // start) are not held back by the passes it made while it grew.
 constexpr uint64_t kBudgetCreditNs = 5000 * kNanosPerMilli;
