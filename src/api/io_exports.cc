@@ -7,10 +7,16 @@
 // glibc's, found with dlsym(RTLD_NEXT), so cancellation points and errno behave as usual.
 #include <dlfcn.h>
 #include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/epoll.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/uio.h>
 #include <unistd.h>
+
+#include <cstdint>
 
 #include <atomic>
 
@@ -38,11 +44,30 @@ bool inHeap(uintptr_t start, uintptr_t end) {
   return Arena::contains(start) || Arena::contains(end - 1);
 }
 
-template <typename Call>
-ssize_t guarded(const void* buffer, size_t length, Call call) {
-  uintptr_t start = reinterpret_cast<uintptr_t>(buffer);
-  uintptr_t end = start + length;
-  if (length == 0 || end < start || !inHeap(start, end)) return call();
+// The part of the heap a call may write into: the smallest range covering every piece of its
+// buffers that lies in the arena (pieces elsewhere need no protection). One range per thread
+// is published, so calls with several buffers (readv, recvmsg) cover the gaps between them
+// too: the mesher then leaves a few more spans alone for the duration of the call.
+struct HeapRange {
+  uintptr_t start = UINTPTR_MAX;
+  uintptr_t end = 0;
+  void add(const void* buffer, size_t length) {
+    uintptr_t first = reinterpret_cast<uintptr_t>(buffer);
+    uintptr_t last = first + length;
+    if (length == 0 || last < first || !inHeap(first, last)) return;
+    if (first < start) start = first;
+    if (last > end) end = last;
+  }
+  void addVector(const struct iovec* vector, int count) {
+    if (!vector || count <= 0) return;
+    for (int i = 0; i < count; i++) add(vector[i].iov_base, vector[i].iov_len);
+  }
+  bool empty() const { return end == 0; }
+};
+
+template <typename Result, typename Call>
+Result guardedRange(const HeapRange& range, Call call) {
+  if (range.empty()) return call();
   // A thread that never allocated still needs a record to publish its buffer in.
   ThreadHeap* heap = heap::currentThreadHeap();
   if (!heap) return call();
@@ -51,15 +76,15 @@ ssize_t guarded(const void* buffer, size_t length, Call call) {
   // only if the outer one does, and the outer call republishes nothing on return.
   if (activity.ioBufferEnd.load(std::memory_order_relaxed) != 0) return call();
   for (;;) {
-    activity.ioBufferStart.store(start, std::memory_order_seq_cst);
-    activity.ioBufferEnd.store(end, std::memory_order_seq_cst);
+    activity.ioBufferStart.store(range.start, std::memory_order_seq_cst);
+    activity.ioBufferEnd.store(range.end, std::memory_order_seq_cst);
     uint32_t sequence = WriteBarrier::sequence();
     if (sequence & 1) {
       activity.ioBufferEnd.store(0, std::memory_order_seq_cst);
       WriteBarrier::waitForEnd(sequence);
       continue;
     }
-    ssize_t result = call();
+    Result result = call();
     int error = errno;
     activity.ioBufferEnd.store(0, std::memory_order_release);
     if (result < 0 && error == EFAULT && WriteBarrier::sequence() != sequence) {
@@ -72,6 +97,13 @@ ssize_t guarded(const void* buffer, size_t length, Call call) {
   }
 }
 
+template <typename Call>
+ssize_t guarded(const void* buffer, size_t length, Call call) {
+  HeapRange range;
+  range.add(buffer, length);
+  return guardedRange<ssize_t>(range, call);
+}
+
 using ReadFn = ssize_t (*)(int, void*, size_t);
 using PreadFn = ssize_t (*)(int, void*, size_t, off_t);
 using RecvFn = ssize_t (*)(int, void*, size_t, int);
@@ -81,6 +113,53 @@ std::atomic<PreadFn> gPread{nullptr};
 std::atomic<PreadFn> gPread64{nullptr};
 std::atomic<RecvFn> gRecv{nullptr};
 std::atomic<RecvfromFn> gRecvfrom{nullptr};
+using ReadvFn = ssize_t (*)(int, const struct iovec*, int);
+using PreadvFn = ssize_t (*)(int, const struct iovec*, int, off_t);
+using Preadv2Fn = ssize_t (*)(int, const struct iovec*, int, off_t, int);
+using RecvmsgFn = ssize_t (*)(int, struct msghdr*, int);
+using GetrandomFn = ssize_t (*)(void*, size_t, unsigned);
+using PollFn = int (*)(struct pollfd*, nfds_t, int);
+using PpollFn = int (*)(struct pollfd*, nfds_t, const struct timespec*, const sigset_t*);
+using EpollWaitFn = int (*)(int, struct epoll_event*, int, int);
+using EpollPwaitFn = int (*)(int, struct epoll_event*, int, int, const sigset_t*);
+using AcceptFn = int (*)(int, struct sockaddr*, socklen_t*);
+using Accept4Fn = int (*)(int, struct sockaddr*, socklen_t*, int);
+std::atomic<ReadvFn> gReadv{nullptr};
+std::atomic<PreadvFn> gPreadv{nullptr};
+std::atomic<PreadvFn> gPreadv64{nullptr};
+std::atomic<Preadv2Fn> gPreadv2{nullptr};
+std::atomic<Preadv2Fn> gPreadv64v2{nullptr};
+std::atomic<RecvmsgFn> gRecvmsg{nullptr};
+std::atomic<GetrandomFn> gGetrandom{nullptr};
+std::atomic<PollFn> gPoll{nullptr};
+std::atomic<PpollFn> gPpoll{nullptr};
+std::atomic<EpollWaitFn> gEpollWait{nullptr};
+std::atomic<EpollPwaitFn> gEpollPwait{nullptr};
+std::atomic<AcceptFn> gAccept{nullptr};
+std::atomic<Accept4Fn> gAccept4{nullptr};
+
+// recvmsg writes the data, the sender's address, the control data and, in the header itself,
+// their lengths and the flags.
+HeapRange messageRange(struct msghdr* message) {
+  HeapRange range;
+  if (!message) return range;
+  range.add(message, sizeof(*message));
+  range.add(message->msg_name, message->msg_namelen);
+  range.add(message->msg_control, message->msg_controllen);
+  if (message->msg_iovlen <= static_cast<size_t>(INT32_MAX))
+    range.addVector(message->msg_iov, static_cast<int>(message->msg_iovlen));
+  return range;
+}
+
+// accept writes the peer's address and its length.
+HeapRange addressRange(struct sockaddr* address, socklen_t* length) {
+  HeapRange range;
+  if (address && length) {
+    range.add(length, sizeof(*length));
+    range.add(address, *length);
+  }
+  return range;
+}
 
 }  // namespace
 }  // namespace meshalloc
@@ -112,4 +191,93 @@ MESHALLOC_EXPORT ssize_t recvfrom(int fd, void* buffer, size_t length, int flags
   RecvfromFn real = realFunction(gRecvfrom, "recvfrom");
   return guarded(buffer, length,
                  [&] { return real(fd, buffer, length, flags, address, addressLength); });
+}
+
+MESHALLOC_EXPORT ssize_t readv(int fd, const struct iovec* vector, int count) {
+  ReadvFn real = realFunction(gReadv, "readv");
+  HeapRange range;
+  range.addVector(vector, count);
+  return guardedRange<ssize_t>(range, [&] { return real(fd, vector, count); });
+}
+
+MESHALLOC_EXPORT ssize_t preadv(int fd, const struct iovec* vector, int count, off_t offset) {
+  PreadvFn real = realFunction(gPreadv, "preadv");
+  HeapRange range;
+  range.addVector(vector, count);
+  return guardedRange<ssize_t>(range, [&] { return real(fd, vector, count, offset); });
+}
+
+MESHALLOC_EXPORT ssize_t preadv64(int fd, const struct iovec* vector, int count, off_t offset) {
+  PreadvFn real = realFunction(gPreadv64, "preadv64");
+  HeapRange range;
+  range.addVector(vector, count);
+  return guardedRange<ssize_t>(range, [&] { return real(fd, vector, count, offset); });
+}
+
+MESHALLOC_EXPORT ssize_t preadv2(int fd, const struct iovec* vector, int count, off_t offset,
+                                 int flags) {
+  Preadv2Fn real = realFunction(gPreadv2, "preadv2");
+  HeapRange range;
+  range.addVector(vector, count);
+  return guardedRange<ssize_t>(range, [&] { return real(fd, vector, count, offset, flags); });
+}
+
+MESHALLOC_EXPORT ssize_t preadv64v2(int fd, const struct iovec* vector, int count, off_t offset,
+                                    int flags) {
+  Preadv2Fn real = realFunction(gPreadv64v2, "preadv64v2");
+  HeapRange range;
+  range.addVector(vector, count);
+  return guardedRange<ssize_t>(range, [&] { return real(fd, vector, count, offset, flags); });
+}
+
+MESHALLOC_EXPORT ssize_t recvmsg(int fd, struct msghdr* message, int flags) {
+  RecvmsgFn real = realFunction(gRecvmsg, "recvmsg");
+  return guardedRange<ssize_t>(messageRange(message), [&] { return real(fd, message, flags); });
+}
+
+MESHALLOC_EXPORT ssize_t getrandom(void* buffer, size_t length, unsigned flags) {
+  GetrandomFn real = realFunction(gGetrandom, "getrandom");
+  return guarded(buffer, length, [&] { return real(buffer, length, flags); });
+}
+
+MESHALLOC_EXPORT int poll(struct pollfd* fds, nfds_t count, int timeout) {
+  PollFn real = realFunction(gPoll, "poll");
+  HeapRange range;
+  if (count <= SIZE_MAX / sizeof(struct pollfd)) range.add(fds, count * sizeof(struct pollfd));
+  return guardedRange<int>(range, [&] { return real(fds, count, timeout); });
+}
+
+MESHALLOC_EXPORT int ppoll(struct pollfd* fds, nfds_t count, const struct timespec* timeout,
+                           const sigset_t* mask) {
+  PpollFn real = realFunction(gPpoll, "ppoll");
+  HeapRange range;
+  if (count <= SIZE_MAX / sizeof(struct pollfd)) range.add(fds, count * sizeof(struct pollfd));
+  return guardedRange<int>(range, [&] { return real(fds, count, timeout, mask); });
+}
+
+MESHALLOC_EXPORT int epoll_wait(int epfd, struct epoll_event* events, int maxEvents, int timeout) {
+  EpollWaitFn real = realFunction(gEpollWait, "epoll_wait");
+  HeapRange range;
+  if (maxEvents > 0) range.add(events, static_cast<size_t>(maxEvents) * sizeof(*events));
+  return guardedRange<int>(range, [&] { return real(epfd, events, maxEvents, timeout); });
+}
+
+MESHALLOC_EXPORT int epoll_pwait(int epfd, struct epoll_event* events, int maxEvents, int timeout,
+                                 const sigset_t* mask) {
+  EpollPwaitFn real = realFunction(gEpollPwait, "epoll_pwait");
+  HeapRange range;
+  if (maxEvents > 0) range.add(events, static_cast<size_t>(maxEvents) * sizeof(*events));
+  return guardedRange<int>(range, [&] { return real(epfd, events, maxEvents, timeout, mask); });
+}
+
+MESHALLOC_EXPORT int accept(int fd, struct sockaddr* address, socklen_t* length) {
+  AcceptFn real = realFunction(gAccept, "accept");
+  return guardedRange<int>(addressRange(address, length),
+                           [&] { return real(fd, address, length); });
+}
+
+MESHALLOC_EXPORT int accept4(int fd, struct sockaddr* address, socklen_t* length, int flags) {
+  Accept4Fn real = realFunction(gAccept4, "accept4");
+  return guardedRange<int>(addressRange(address, length),
+                           [&] { return real(fd, address, length, flags); });
 }

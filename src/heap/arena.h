@@ -109,9 +109,11 @@ class Arena {
   static uintptr_t spanStartOf(uintptr_t address, uint64_t entry) {
     return (address & ~(pageSize_ - 1)) - (PageEntry::pageIndex(entry) << pageShift_);
   }
+  // False before the arena exists (the exported system-call wrappers may run that early).
   static bool contains(uintptr_t address) {
     size_t granule = address >> kGranuleShift;
-    return granule < kTopEntries && pageMaps_[granule].load(std::memory_order_relaxed) != 0;
+    std::atomic<uintptr_t>* maps = pageMaps_;
+    return maps && granule < kTopEntries && maps[granule].load(std::memory_order_relaxed) != 0;
   }
 
   // For error reports only: the owner of the nearest owned page at or below `address` in the

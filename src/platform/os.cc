@@ -199,7 +199,10 @@ uint64_t monotonicNanos() {
 
 uint64_t entropy64() {
   uint64_t value = 0;
-  if (getrandom(&value, sizeof(value), GRND_NONBLOCK) != sizeof(value)) {
+  // The raw system call: the library exports a getrandom of its own (api/io_exports.cc), which
+  // the dynamic linker would bind this call to, before the heap it consults exists.
+  if (syscall(SYS_getrandom, &value, sizeof(value), GRND_NONBLOCK) !=
+      static_cast<long>(sizeof(value))) {
     // Early in boot getrandom may not be ready; time and address bits are enough for shuffling.
     value = monotonicNanos() ^ (reinterpret_cast<uintptr_t>(&value) << 16);
   }

@@ -5,16 +5,22 @@
 // objects are split among writer threads, which repeatedly check that each object still holds
 // the value they last wrote and then write a new one, while a mesher thread calls
 // meshalloc_compact() in a loop, so spans are write-protected, copied and remapped under the
-// writers' feet. A reader thread meanwhile read()s from a pipe straight into surviving
-// objects: the kernel must never see a protected page (no EFAULT, no short read). A freer
+// writers' feet. A reader thread meanwhile receives from a socket straight into surviving
+// objects, with read, readv, recv or recvmsg (its header in a heap object too) by round, and
+// before each receive has getrandom and poll (its pollfd array in the object) write into it:
+// the kernel must never see a protected page (no EFAULT, no short read). A freer
 // thread frees its share of the survivors one by one meanwhile, so frees land in spans between
 // their copy and the switch of the page map; after each round, once everything is freed, the
 // class must hold exactly the objects it held before the round (no slot lost or counted twice).
 //
 // Linked with libmeshalloc. Prints the totals; exits 1 on any lost write or failed read.
 #include <errno.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -39,6 +45,9 @@ struct Options {
 };
 
 std::atomic<bool> gFailed{false};
+// getrandom calls into the reader's object before each receive: cheap system calls that write
+// into the heap, so that an unwrapped one meets a write-protected span within a few rounds.
+constexpr unsigned kRandomFillsPerReceive = 4;
 
 void failure(const char* what, const void* where, uint64_t expected, uint64_t found) {
   fprintf(stderr, "mesh_writers: %s at %p: expected %016" PRIx64 " found %016" PRIx64 "\n", what,
@@ -147,9 +156,12 @@ int main(int argc, char** argv) {
       std::thread mesher([&] {
         while (!stop) meshalloc_compact();
       });
-      // The reader: read() into heap objects while they are being meshed.
+      // The reader: system calls write into heap objects while they are being meshed.
       int fds[2];
-      if (pipe(fds) != 0) return 2;
+      if (socketpair(AF_UNIX, SOCK_STREAM, 0, fds) != 0) return 2;
+      // recvmsg's header lives in the heap as well (the kernel writes its lengths and flags).
+      auto* header = static_cast<struct msghdr*>(malloc(sizeof(struct msghdr)));
+      auto* vector = static_cast<struct iovec*>(malloc(2 * sizeof(struct iovec)));
       std::thread feeder([&] {
         std::vector<char> message(size);
         for (size_t i = 0; i < readerShare.size() * 4; i++) {
@@ -158,10 +170,50 @@ int main(int argc, char** argv) {
         }
         close(fds[1]);
       });
+      // One kind of receive per round: calls that wait out the barrier (as the wrapped ones do)
+      // fall into step with the mesher's batches, which hid unwrapped calls made between them.
+      const unsigned receiveKind = round % 4;
       std::thread reader([&] {
         for (size_t i = 0; i < readerShare.size() * 4 && !gFailed; i++) {
           Owned& o = readerShare[i % readerShare.size()];
-          ssize_t n = read(fds[0], o.object, size);
+          char* bytes = reinterpret_cast<char*>(o.object);
+          bool filled = true;
+          for (unsigned r = 0; r < kRandomFillsPerReceive && filled; r++)
+            filled = getrandom(bytes, size, 0) == static_cast<ssize_t>(size);
+          if (!filled) {
+            fprintf(stderr, "mesh_writers: getrandom into %p failed (%s)\n", bytes,
+                    strerror(errno));
+            gFailed = true;
+            break;
+          }
+          auto* waiting = reinterpret_cast<struct pollfd*>(bytes);
+          *waiting = {fds[0], POLLIN, 0};
+          if (poll(waiting, 1, -1) != 1 || !(waiting->revents & POLLIN)) {
+            fprintf(stderr, "mesh_writers: poll on %p failed (%s)\n", bytes, strerror(errno));
+            gFailed = true;
+            break;
+          }
+          ssize_t n = 0;
+          switch (receiveKind) {
+            case 0:
+              n = read(fds[0], bytes, size);
+              break;
+            case 1:
+              vector[0] = {bytes, size / 2};
+              vector[1] = {bytes + size / 2, size - size / 2};
+              n = readv(fds[0], vector, 2);
+              break;
+            case 2:
+              n = recv(fds[0], bytes, size, MSG_WAITALL);
+              break;
+            default:
+              vector[0] = {bytes, size};
+              *header = {};
+              header->msg_iov = vector;
+              header->msg_iovlen = 1;
+              n = recvmsg(fds[0], header, MSG_WAITALL);
+              break;
+          }
           if (n != static_cast<ssize_t>(size)) {
             fprintf(stderr, "mesh_writers: read into %p returned %zd (%s)\n",
                     static_cast<void*>(o.object), n, n < 0 ? strerror(errno) : "short read");
@@ -176,6 +228,7 @@ int main(int argc, char** argv) {
         }
         // Closing the read end makes a feeder still writing get EPIPE (SIGPIPE is ignored), so a
         // failed read ends the test instead of hanging it.
+        shutdown(fds[0], SHUT_RDWR);
         close(fds[0]);
         // Leave the reader's objects in the writers' format again.
         for (Owned& o : readerShare) {
@@ -204,6 +257,8 @@ int main(int argc, char** argv) {
       feeder.join();
       stop = true;
       mesher.join();
+      free(vector);
+      free(header);
       // Final check, then free everything from this thread (frees through meshed aliases).
       for (auto& share : shares) totalChecked += writeAndCheck(share, 1);
       for (auto& share : shares) {
