@@ -151,6 +151,24 @@ HeapRange messageRange(struct msghdr* message) {
   return range;
 }
 
+HeapRange vectorRange(const struct iovec* vector, int count) {
+  HeapRange range;
+  range.addVector(vector, count);
+  return range;
+}
+
+HeapRange pollRange(struct pollfd* fds, nfds_t count) {
+  HeapRange range;
+  if (count <= SIZE_MAX / sizeof(struct pollfd)) range.add(fds, count * sizeof(struct pollfd));
+  return range;
+}
+
+HeapRange eventsRange(struct epoll_event* events, int maxEvents) {
+  HeapRange range;
+  if (maxEvents > 0) range.add(events, static_cast<size_t>(maxEvents) * sizeof(*events));
+  return range;
+}
+
 // accept writes the peer's address and its length.
 HeapRange addressRange(struct sockaddr* address, socklen_t* length) {
   HeapRange range;
@@ -195,39 +213,33 @@ MESHALLOC_EXPORT ssize_t recvfrom(int fd, void* buffer, size_t length, int flags
 
 MESHALLOC_EXPORT ssize_t readv(int fd, const struct iovec* vector, int count) {
   ReadvFn real = realFunction(gReadv, "readv");
-  HeapRange range;
-  range.addVector(vector, count);
-  return guardedRange<ssize_t>(range, [&] { return real(fd, vector, count); });
+  return guardedRange<ssize_t>(vectorRange(vector, count), [&] { return real(fd, vector, count); });
 }
 
 MESHALLOC_EXPORT ssize_t preadv(int fd, const struct iovec* vector, int count, off_t offset) {
   PreadvFn real = realFunction(gPreadv, "preadv");
-  HeapRange range;
-  range.addVector(vector, count);
-  return guardedRange<ssize_t>(range, [&] { return real(fd, vector, count, offset); });
+  return guardedRange<ssize_t>(vectorRange(vector, count),
+                               [&] { return real(fd, vector, count, offset); });
 }
 
 MESHALLOC_EXPORT ssize_t preadv64(int fd, const struct iovec* vector, int count, off_t offset) {
   PreadvFn real = realFunction(gPreadv64, "preadv64");
-  HeapRange range;
-  range.addVector(vector, count);
-  return guardedRange<ssize_t>(range, [&] { return real(fd, vector, count, offset); });
+  return guardedRange<ssize_t>(vectorRange(vector, count),
+                               [&] { return real(fd, vector, count, offset); });
 }
 
 MESHALLOC_EXPORT ssize_t preadv2(int fd, const struct iovec* vector, int count, off_t offset,
                                  int flags) {
   Preadv2Fn real = realFunction(gPreadv2, "preadv2");
-  HeapRange range;
-  range.addVector(vector, count);
-  return guardedRange<ssize_t>(range, [&] { return real(fd, vector, count, offset, flags); });
+  return guardedRange<ssize_t>(vectorRange(vector, count),
+                               [&] { return real(fd, vector, count, offset, flags); });
 }
 
 MESHALLOC_EXPORT ssize_t preadv64v2(int fd, const struct iovec* vector, int count, off_t offset,
                                     int flags) {
   Preadv2Fn real = realFunction(gPreadv64v2, "preadv64v2");
-  HeapRange range;
-  range.addVector(vector, count);
-  return guardedRange<ssize_t>(range, [&] { return real(fd, vector, count, offset, flags); });
+  return guardedRange<ssize_t>(vectorRange(vector, count),
+                               [&] { return real(fd, vector, count, offset, flags); });
 }
 
 MESHALLOC_EXPORT ssize_t recvmsg(int fd, struct msghdr* message, int flags) {
@@ -242,32 +254,26 @@ MESHALLOC_EXPORT ssize_t getrandom(void* buffer, size_t length, unsigned flags) 
 
 MESHALLOC_EXPORT int poll(struct pollfd* fds, nfds_t count, int timeout) {
   PollFn real = realFunction(gPoll, "poll");
-  HeapRange range;
-  if (count <= SIZE_MAX / sizeof(struct pollfd)) range.add(fds, count * sizeof(struct pollfd));
-  return guardedRange<int>(range, [&] { return real(fds, count, timeout); });
+  return guardedRange<int>(pollRange(fds, count), [&] { return real(fds, count, timeout); });
 }
 
 MESHALLOC_EXPORT int ppoll(struct pollfd* fds, nfds_t count, const struct timespec* timeout,
                            const sigset_t* mask) {
   PpollFn real = realFunction(gPpoll, "ppoll");
-  HeapRange range;
-  if (count <= SIZE_MAX / sizeof(struct pollfd)) range.add(fds, count * sizeof(struct pollfd));
-  return guardedRange<int>(range, [&] { return real(fds, count, timeout, mask); });
+  return guardedRange<int>(pollRange(fds, count), [&] { return real(fds, count, timeout, mask); });
 }
 
 MESHALLOC_EXPORT int epoll_wait(int epfd, struct epoll_event* events, int maxEvents, int timeout) {
   EpollWaitFn real = realFunction(gEpollWait, "epoll_wait");
-  HeapRange range;
-  if (maxEvents > 0) range.add(events, static_cast<size_t>(maxEvents) * sizeof(*events));
-  return guardedRange<int>(range, [&] { return real(epfd, events, maxEvents, timeout); });
+  return guardedRange<int>(eventsRange(events, maxEvents),
+                           [&] { return real(epfd, events, maxEvents, timeout); });
 }
 
 MESHALLOC_EXPORT int epoll_pwait(int epfd, struct epoll_event* events, int maxEvents, int timeout,
                                  const sigset_t* mask) {
   EpollPwaitFn real = realFunction(gEpollPwait, "epoll_pwait");
-  HeapRange range;
-  if (maxEvents > 0) range.add(events, static_cast<size_t>(maxEvents) * sizeof(*events));
-  return guardedRange<int>(range, [&] { return real(epfd, events, maxEvents, timeout, mask); });
+  return guardedRange<int>(eventsRange(events, maxEvents),
+                           [&] { return real(epfd, events, maxEvents, timeout, mask); });
 }
 
 MESHALLOC_EXPORT int accept(int fd, struct sockaddr* address, socklen_t* length) {
