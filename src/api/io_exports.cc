@@ -122,6 +122,9 @@ using PollFn = int (*)(struct pollfd*, nfds_t, int);
 using PpollFn = int (*)(struct pollfd*, nfds_t, const struct timespec*, const sigset_t*);
 using EpollWaitFn = int (*)(int, struct epoll_event*, int, int);
 using EpollPwaitFn = int (*)(int, struct epoll_event*, int, int, const sigset_t*);
+using RecvmmsgFn = int (*)(int, struct mmsghdr*, unsigned, int, struct timespec*);
+using ReadlinkFn = ssize_t (*)(const char*, char*, size_t);
+using ReadlinkatFn = ssize_t (*)(int, const char*, char*, size_t);
 using AcceptFn = int (*)(int, struct sockaddr*, socklen_t*);
 using Accept4Fn = int (*)(int, struct sockaddr*, socklen_t*, int);
 std::atomic<ReadvFn> gReadv{nullptr};
@@ -135,19 +138,36 @@ std::atomic<PollFn> gPoll{nullptr};
 std::atomic<PpollFn> gPpoll{nullptr};
 std::atomic<EpollWaitFn> gEpollWait{nullptr};
 std::atomic<EpollPwaitFn> gEpollPwait{nullptr};
+std::atomic<RecvmmsgFn> gRecvmmsg{nullptr};
+std::atomic<ReadlinkFn> gReadlink{nullptr};
+std::atomic<ReadlinkatFn> gReadlinkat{nullptr};
 std::atomic<AcceptFn> gAccept{nullptr};
 std::atomic<Accept4Fn> gAccept4{nullptr};
 
 // recvmsg writes the data, the sender's address, the control data and, in the header itself,
 // their lengths and the flags.
-HeapRange messageRange(struct msghdr* message) {
-  HeapRange range;
-  if (!message) return range;
+void addMessage(HeapRange& range, struct msghdr* message) {
   range.add(message, sizeof(*message));
   range.add(message->msg_name, message->msg_namelen);
   range.add(message->msg_control, message->msg_controllen);
   if (message->msg_iovlen <= static_cast<size_t>(INT32_MAX))
     range.addVector(message->msg_iov, static_cast<int>(message->msg_iovlen));
+}
+
+HeapRange messageRange(struct msghdr* message) {
+  HeapRange range;
+  if (message) addMessage(range, message);
+  return range;
+}
+
+// recvmmsg also writes each message's length into its mmsghdr.
+HeapRange messagesRange(struct mmsghdr* messages, unsigned count) {
+  HeapRange range;
+  if (!messages) return range;
+  for (unsigned i = 0; i < count; i++) {
+    range.add(&messages[i].msg_len, sizeof(messages[i].msg_len));
+    addMessage(range, &messages[i].msg_hdr);
+  }
   return range;
 }
 
@@ -286,4 +306,21 @@ MESHALLOC_EXPORT int accept4(int fd, struct sockaddr* address, socklen_t* length
   Accept4Fn real = realFunction(gAccept4, "accept4");
   return guardedRange<int>(addressRange(address, length),
                            [&] { return real(fd, address, length, flags); });
+}
+
+MESHALLOC_EXPORT int recvmmsg(int fd, struct mmsghdr* messages, unsigned count, int flags,
+                              struct timespec* timeout) {
+  RecvmmsgFn real = realFunction(gRecvmmsg, "recvmmsg");
+  return guardedRange<int>(messagesRange(messages, count),
+                           [&] { return real(fd, messages, count, flags, timeout); });
+}
+
+MESHALLOC_EXPORT ssize_t readlink(const char* path, char* buffer, size_t size) {
+  ReadlinkFn real = realFunction(gReadlink, "readlink");
+  return guarded(buffer, size, [&] { return real(path, buffer, size); });
+}
+
+MESHALLOC_EXPORT ssize_t readlinkat(int dirfd, const char* path, char* buffer, size_t size) {
+  ReadlinkatFn real = realFunction(gReadlinkat, "readlinkat");
+  return guarded(buffer, size, [&] { return real(dirfd, path, buffer, size); });
 }

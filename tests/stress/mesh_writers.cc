@@ -6,8 +6,9 @@
 // the value they last wrote and then write a new one, while a mesher thread calls
 // meshalloc_compact() in a loop, so spans are write-protected, copied and remapped under the
 // writers' feet. A reader thread meanwhile receives from a socket straight into surviving
-// objects, with read, readv, recv or recvmsg (its header in a heap object too) by round, and
-// before each receive has getrandom and poll (its pollfd array in the object) write into it:
+// objects, with read, readv, recv or recvmsg/recvmmsg (its header in a heap object too) by
+// round, and before each receive has getrandom, readlink and poll (its pollfd array in the
+// object) write into it:
 // the kernel must never see a protected page (no EFAULT, no short read). A freer
 // thread frees its share of the survivors one by one meanwhile, so frees land in spans between
 // their copy and the switch of the page map; after each round, once everything is freed, the
@@ -160,7 +161,7 @@ int main(int argc, char** argv) {
       int fds[2];
       if (socketpair(AF_UNIX, SOCK_STREAM, 0, fds) != 0) return 2;
       // recvmsg's header lives in the heap as well (the kernel writes its lengths and flags).
-      auto* header = static_cast<struct msghdr*>(malloc(sizeof(struct msghdr)));
+      auto* header = static_cast<struct mmsghdr*>(malloc(sizeof(struct mmsghdr)));
       auto* vector = static_cast<struct iovec*>(malloc(2 * sizeof(struct iovec)));
       std::thread feeder([&] {
         std::vector<char> message(size);
@@ -180,8 +181,9 @@ int main(int argc, char** argv) {
           bool filled = true;
           for (unsigned r = 0; r < kRandomFillsPerReceive && filled; r++)
             filled = getrandom(bytes, size, 0) == static_cast<ssize_t>(size);
+          filled = filled && readlink("/proc/self/exe", bytes, size) > 0;
           if (!filled) {
-            fprintf(stderr, "mesh_writers: getrandom into %p failed (%s)\n", bytes,
+            fprintf(stderr, "mesh_writers: getrandom or readlink into %p failed (%s)\n", bytes,
                     strerror(errno));
             gFailed = true;
             break;
@@ -207,11 +209,18 @@ int main(int argc, char** argv) {
               n = recv(fds[0], bytes, size, MSG_WAITALL);
               break;
             default:
+              // recvmsg and recvmmsg in turn, the header (mmsghdr's first member) in the heap.
               vector[0] = {bytes, size};
               *header = {};
-              header->msg_iov = vector;
-              header->msg_iovlen = 1;
-              n = recvmsg(fds[0], header, MSG_WAITALL);
+              header->msg_hdr.msg_iov = vector;
+              header->msg_hdr.msg_iovlen = 1;
+              if (i % 2 == 0) {
+                n = recvmsg(fds[0], &header->msg_hdr, MSG_WAITALL);
+              } else {
+                n = recvmmsg(fds[0], header, 1, MSG_WAITALL, nullptr) == 1
+                        ? static_cast<ssize_t>(header->msg_len)
+                        : -1;
+              }
               break;
           }
           if (n != static_cast<ssize_t>(size)) {
