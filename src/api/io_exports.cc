@@ -44,6 +44,22 @@ bool inHeap(uintptr_t start, uintptr_t end) {
   return Arena::contains(start) || Arena::contains(end - 1);
 }
 
+// Descriptor arrays (iovecs, message headers, an address length) are read here only where
+// reading cannot fault: in the heap, or on the caller's stack just above this frame. Anywhere
+// else (a static array, or a bad pointer the kernel would answer with EFAULT) they are left
+// to the kernel, so a wrapper never crashes where the plain call would have failed cleanly;
+// the buffers they point to then go unprotected.
+constexpr uintptr_t kCallerStackWindow = uintptr_t{1} << 20;
+
+__attribute__((noinline)) bool safeToRead(const void* pointer, size_t length) {
+  uintptr_t first = reinterpret_cast<uintptr_t>(pointer);
+  uintptr_t last = first + length;
+  if (pointer == nullptr || last < first) return false;
+  if (Arena::contains(first) && Arena::contains(last - 1)) return true;
+  uintptr_t frame = reinterpret_cast<uintptr_t>(__builtin_frame_address(0));
+  return first >= frame && last <= frame + kCallerStackWindow && last > frame;
+}
+
 // The part of the heap a call may write into: the smallest range covering every piece of its
 // buffers that lies in the arena (pieces elsewhere need no protection). One range per thread
 // is published, so calls with several buffers (readv, recvmsg) cover the gaps between them
@@ -59,7 +75,7 @@ struct HeapRange {
     if (last > end) end = last;
   }
   void addVector(const struct iovec* vector, int count) {
-    if (!vector || count <= 0) return;
+    if (count <= 0 || !safeToRead(vector, static_cast<size_t>(count) * sizeof(*vector))) return;
     for (int i = 0; i < count; i++) add(vector[i].iov_base, vector[i].iov_len);
   }
   bool empty() const { return end == 0; }
@@ -156,14 +172,14 @@ void addMessage(HeapRange& range, struct msghdr* message) {
 
 HeapRange messageRange(struct msghdr* message) {
   HeapRange range;
-  if (message) addMessage(range, message);
+  if (safeToRead(message, sizeof(*message))) addMessage(range, message);
   return range;
 }
 
 // recvmmsg also writes each message's length into its mmsghdr.
 HeapRange messagesRange(struct mmsghdr* messages, unsigned count) {
   HeapRange range;
-  if (!messages) return range;
+  if (!safeToRead(messages, static_cast<size_t>(count) * sizeof(*messages))) return range;
   for (unsigned i = 0; i < count; i++) {
     range.add(&messages[i].msg_len, sizeof(messages[i].msg_len));
     addMessage(range, &messages[i].msg_hdr);
@@ -192,7 +208,7 @@ HeapRange eventsRange(struct epoll_event* events, int maxEvents) {
 // accept writes the peer's address and its length.
 HeapRange addressRange(struct sockaddr* address, socklen_t* length) {
   HeapRange range;
-  if (address && length) {
+  if (address && safeToRead(length, sizeof(*length))) {
     range.add(length, sizeof(*length));
     range.add(address, *length);
   }

@@ -1,0 +1,171 @@
+// The system-call wrappers (src/api/io_exports.cc) read the descriptors a call is given (iovec
+// arrays, message headers, an address length) to find the heap buffers to protect. Given bad
+// pointers they must behave exactly like the plain system call, which fails with EFAULT:
+// never crash where glibc would not.
+#include <errno.h>
+#include <poll.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#include <gtest/gtest.h>
+
+namespace {
+
+// Addresses no program maps: the zero page and the top of the address space.
+void* const kBadPointers[] = {reinterpret_cast<void*>(8), reinterpret_cast<void*>(-4096)};
+
+struct Outcome {
+  long result;
+  int error;
+};
+
+template <typename Call>
+Outcome outcomeOf(Call call) {
+  errno = 0;
+  long result = call();
+  return {result, result < 0 ? errno : 0};
+}
+
+void expectSame(const Outcome& wrapped, const Outcome& raw, const char* what) {
+  EXPECT_EQ(wrapped.result, raw.result) << what;
+  EXPECT_EQ(wrapped.error, raw.error)
+      << what << ": " << strerror(wrapped.error) << " against " << strerror(raw.error);
+}
+
+// A socket pair with a message waiting on fds[0].
+struct Pair {
+  int fds[2] = {-1, -1};
+  Pair() {
+    EXPECT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
+    EXPECT_EQ(write(fds[1], "message", 7), 7);
+  }
+  ~Pair() {
+    close(fds[0]);
+    close(fds[1]);
+  }
+};
+
+TEST(IoWrappers, ReadvWithABadVectorFailsLikeTheSystemCall) {
+  for (void* bad : kBadPointers) {
+    Pair pair;
+    auto* vector = static_cast<const struct iovec*>(bad);
+    Outcome wrapped = outcomeOf([&] { return readv(pair.fds[0], vector, 2); });
+    Outcome raw = outcomeOf([&] { return syscall(SYS_readv, pair.fds[0], vector, 2); });
+    expectSame(wrapped, raw, "readv");
+    EXPECT_EQ(wrapped.error, EFAULT);
+  }
+}
+
+TEST(IoWrappers, ReadvIntoABadBufferFailsLikeTheSystemCall) {
+  for (void* bad : kBadPointers) {
+    Pair pair;
+    struct iovec vector[1] = {{bad, 7}};
+    Outcome wrapped = outcomeOf([&] { return readv(pair.fds[0], vector, 1); });
+    Outcome raw = outcomeOf([&] { return syscall(SYS_readv, pair.fds[0], vector, 1); });
+    expectSame(wrapped, raw, "readv");
+  }
+}
+
+TEST(IoWrappers, RecvmsgAndRecvmmsgWithABadHeaderFailLikeTheSystemCall) {
+  for (void* bad : kBadPointers) {
+    Pair pair;
+    auto* header = static_cast<struct msghdr*>(bad);
+    expectSame(outcomeOf([&] { return recvmsg(pair.fds[0], header, MSG_DONTWAIT); }),
+               outcomeOf([&] { return syscall(SYS_recvmsg, pair.fds[0], header, MSG_DONTWAIT); }),
+               "recvmsg");
+    auto* headers = static_cast<struct mmsghdr*>(bad);
+    expectSame(outcomeOf([&] { return recvmmsg(pair.fds[0], headers, 2, MSG_DONTWAIT, nullptr); }),
+               outcomeOf([&] {
+                 return syscall(SYS_recvmmsg, pair.fds[0], headers, 2, MSG_DONTWAIT, nullptr);
+               }),
+               "recvmmsg");
+  }
+}
+
+TEST(IoWrappers, PollAndEpollWithBadArraysFailLikeTheSystemCall) {
+  for (void* bad : kBadPointers) {
+    auto* fds = static_cast<struct pollfd*>(bad);
+    expectSame(outcomeOf([&] { return poll(fds, 1, 0); }),
+               outcomeOf([&] { return syscall(SYS_poll, fds, 1, 0); }), "poll");
+    Pair pair;
+    int epfd = epoll_create1(0);
+    ASSERT_GE(epfd, 0);
+    struct epoll_event event = {};
+    event.events = EPOLLIN;
+    ASSERT_EQ(epoll_ctl(epfd, EPOLL_CTL_ADD, pair.fds[0], &event), 0);
+    auto* events = static_cast<struct epoll_event*>(bad);
+    expectSame(outcomeOf([&] { return epoll_wait(epfd, events, 4, 0); }),
+               outcomeOf([&] { return syscall(SYS_epoll_wait, epfd, events, 4, 0); }),
+               "epoll_wait");
+    close(epfd);
+  }
+}
+
+TEST(IoWrappers, AcceptWithABadAddressLengthFailsLikeTheSystemCall) {
+  int listener = socket(AF_UNIX, SOCK_STREAM, 0);
+  ASSERT_GE(listener, 0);
+  struct sockaddr_un address = {};
+  address.sun_family = AF_UNIX;
+  // An abstract address: nothing to clean up in the file system.
+  snprintf(address.sun_path + 1, sizeof(address.sun_path) - 1, "meshalloc-accept-%d", getpid());
+  socklen_t length = static_cast<socklen_t>(offsetof(struct sockaddr_un, sun_path) + 1 +
+                                            strlen(address.sun_path + 1));
+  ASSERT_EQ(bind(listener, reinterpret_cast<struct sockaddr*>(&address), length), 0);
+  ASSERT_EQ(listen(listener, 8), 0);
+  for (void* bad : kBadPointers) {
+    // One pending connection for each of the two calls.
+    int clients[2];
+    for (int& client : clients) {
+      client = socket(AF_UNIX, SOCK_STREAM, 0);
+      ASSERT_EQ(connect(client, reinterpret_cast<struct sockaddr*>(&address), length), 0);
+    }
+    struct sockaddr_un peer;
+    auto* badLength = static_cast<socklen_t*>(bad);
+    Outcome wrapped = outcomeOf(
+        [&] { return accept(listener, reinterpret_cast<struct sockaddr*>(&peer), badLength); });
+    Outcome raw = outcomeOf([&] {
+      return syscall(SYS_accept, listener, reinterpret_cast<struct sockaddr*>(&peer), badLength);
+    });
+    expectSame(wrapped, raw, "accept");
+    if (wrapped.result >= 0) close(static_cast<int>(wrapped.result));
+    if (raw.result >= 0) close(static_cast<int>(raw.result));
+    for (int client : clients) close(client);
+  }
+  close(listener);
+}
+
+// The wrappers still work on good arguments, heap buffers included.
+TEST(IoWrappers, ReceiveIntoHeapBuffers) {
+  Pair pair;
+  char* first = static_cast<char*>(malloc(4));
+  char* second = static_cast<char*>(malloc(3));
+  auto* vector = static_cast<struct iovec*>(malloc(2 * sizeof(struct iovec)));
+  vector[0] = {first, 4};
+  vector[1] = {second, 3};
+  ASSERT_EQ(readv(pair.fds[0], vector, 2), 7);
+  EXPECT_EQ(memcmp(first, "mess", 4), 0);
+  EXPECT_EQ(memcmp(second, "age", 3), 0);
+  ASSERT_EQ(write(pair.fds[1], "again", 5), 5);
+  auto* header = static_cast<struct msghdr*>(calloc(1, sizeof(struct msghdr)));
+  vector[0] = {first, 4};
+  vector[1] = {second, 1};
+  header->msg_iov = vector;
+  header->msg_iovlen = 2;
+  ASSERT_EQ(recvmsg(pair.fds[0], header, 0), 5);
+  EXPECT_EQ(memcmp(first, "agai", 4), 0);
+  EXPECT_EQ(second[0], 'n');
+  free(header);
+  free(vector);
+  free(second);
+  free(first);
+}
+
+}  // namespace
