@@ -86,6 +86,11 @@ ThreadHeap* ThreadHeap::create() {
 
 void ThreadHeap::retire() {
   detachAll();
+  // A thread cancelled inside a wrapped system call (poll, accept, read: cancellation points)
+  // never took its buffer back: the mesher would skip that range for good, and the next
+  // thread to reuse this heap would take its own calls for nested ones and publish nothing.
+  activity_.ioBufferStart.store(0, std::memory_order_relaxed);
+  activity_.ioBufferEnd.store(0, std::memory_order_release);
   LockGuard guard(gRegistryLock);
   inUse_ = false;
   poolNext_ = gPool;
