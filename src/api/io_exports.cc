@@ -12,6 +12,7 @@
 #include <sys/epoll.h>
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -141,6 +142,13 @@ using EpollPwaitFn = int (*)(int, struct epoll_event*, int, int, const sigset_t*
 using RecvmmsgFn = int (*)(int, struct mmsghdr*, unsigned, int, struct timespec*);
 using ReadlinkFn = ssize_t (*)(const char*, char*, size_t);
 using ReadlinkatFn = ssize_t (*)(int, const char*, char*, size_t);
+using StatFn = int (*)(const char*, struct stat*);
+using FstatFn = int (*)(int, struct stat*);
+using FstatatFn = int (*)(int, const char*, struct stat*, int);
+using Stat64Fn = int (*)(const char*, struct stat64*);
+using Fstat64Fn = int (*)(int, struct stat64*);
+using Fstatat64Fn = int (*)(int, const char*, struct stat64*, int);
+using StatxFn = int (*)(int, const char*, int, unsigned, struct statx*);
 using AcceptFn = int (*)(int, struct sockaddr*, socklen_t*);
 using Accept4Fn = int (*)(int, struct sockaddr*, socklen_t*, int);
 std::atomic<ReadvFn> gReadv{nullptr};
@@ -157,6 +165,15 @@ std::atomic<EpollPwaitFn> gEpollPwait{nullptr};
 std::atomic<RecvmmsgFn> gRecvmmsg{nullptr};
 std::atomic<ReadlinkFn> gReadlink{nullptr};
 std::atomic<ReadlinkatFn> gReadlinkat{nullptr};
+std::atomic<StatFn> gStat{nullptr};
+std::atomic<StatFn> gLstat{nullptr};
+std::atomic<FstatFn> gFstat{nullptr};
+std::atomic<FstatatFn> gFstatat{nullptr};
+std::atomic<Stat64Fn> gStat64{nullptr};
+std::atomic<Stat64Fn> gLstat64{nullptr};
+std::atomic<Fstat64Fn> gFstat64{nullptr};
+std::atomic<Fstatat64Fn> gFstatat64{nullptr};
+std::atomic<StatxFn> gStatx{nullptr};
 std::atomic<AcceptFn> gAccept{nullptr};
 std::atomic<Accept4Fn> gAccept4{nullptr};
 
@@ -185,6 +202,14 @@ HeapRange messagesRange(struct mmsghdr* messages, unsigned count) {
     addMessage(range, &messages[i].msg_hdr);
   }
   return range;
+}
+
+// The stat family writes one structure.
+template <typename Result, typename Status, typename Call>
+Result guardedStatus(Status* status, Call call) {
+  HeapRange range;
+  range.add(status, sizeof(*status));
+  return guardedRange<Result>(range, call);
 }
 
 HeapRange vectorRange(const struct iovec* vector, int count) {
@@ -339,4 +364,50 @@ MESHALLOC_EXPORT ssize_t readlink(const char* path, char* buffer, size_t size) {
 MESHALLOC_EXPORT ssize_t readlinkat(int dirfd, const char* path, char* buffer, size_t size) {
   ReadlinkatFn real = realFunction(gReadlinkat, "readlinkat");
   return guarded(buffer, size, [&] { return real(dirfd, path, buffer, size); });
+}
+
+MESHALLOC_EXPORT int stat(const char* path, struct stat* status) {
+  StatFn real = realFunction(gStat, "stat");
+  return guardedStatus<int>(status, [&] { return real(path, status); });
+}
+
+MESHALLOC_EXPORT int lstat(const char* path, struct stat* status) {
+  StatFn real = realFunction(gLstat, "lstat");
+  return guardedStatus<int>(status, [&] { return real(path, status); });
+}
+
+MESHALLOC_EXPORT int fstat(int fd, struct stat* status) {
+  FstatFn real = realFunction(gFstat, "fstat");
+  return guardedStatus<int>(status, [&] { return real(fd, status); });
+}
+
+MESHALLOC_EXPORT int fstatat(int dirfd, const char* path, struct stat* status, int flags) {
+  FstatatFn real = realFunction(gFstatat, "fstatat");
+  return guardedStatus<int>(status, [&] { return real(dirfd, path, status, flags); });
+}
+
+MESHALLOC_EXPORT int stat64(const char* path, struct stat64* status) {
+  Stat64Fn real = realFunction(gStat64, "stat64");
+  return guardedStatus<int>(status, [&] { return real(path, status); });
+}
+
+MESHALLOC_EXPORT int lstat64(const char* path, struct stat64* status) {
+  Stat64Fn real = realFunction(gLstat64, "lstat64");
+  return guardedStatus<int>(status, [&] { return real(path, status); });
+}
+
+MESHALLOC_EXPORT int fstat64(int fd, struct stat64* status) {
+  Fstat64Fn real = realFunction(gFstat64, "fstat64");
+  return guardedStatus<int>(status, [&] { return real(fd, status); });
+}
+
+MESHALLOC_EXPORT int fstatat64(int dirfd, const char* path, struct stat64* status, int flags) {
+  Fstatat64Fn real = realFunction(gFstatat64, "fstatat64");
+  return guardedStatus<int>(status, [&] { return real(dirfd, path, status, flags); });
+}
+
+MESHALLOC_EXPORT int statx(int dirfd, const char* path, int flags, unsigned mask,
+                           struct statx* status) {
+  StatxFn real = realFunction(gStatx, "statx");
+  return guardedStatus<int>(status, [&] { return real(dirfd, path, flags, mask, status); });
 }

@@ -3,10 +3,12 @@
 // pointers they must behave exactly like the plain system call, which fails with EFAULT:
 // never crash where glibc would not.
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <sys/un.h>
@@ -145,6 +147,32 @@ TEST(IoWrappers, AcceptWithABadAddressLengthFailsLikeTheSystemCall) {
     for (int client : clients) close(client);
   }
   close(listener);
+}
+
+TEST(IoWrappers, StatFamilyIntoHeapAndBadBuffers) {
+  auto* status = static_cast<struct stat*>(malloc(sizeof(struct stat)));
+  struct stat reference;
+  ASSERT_EQ(syscall(SYS_stat, "/proc/self/exe", &reference), 0);
+  ASSERT_EQ(stat("/proc/self/exe", status), 0);
+  EXPECT_EQ(status->st_ino, reference.st_ino);
+  ASSERT_EQ(fstatat(AT_FDCWD, "/proc/self/exe", status, 0), 0);
+  EXPECT_EQ(status->st_ino, reference.st_ino);
+  ASSERT_EQ(lstat("/proc/self/exe", status), 0);
+  EXPECT_TRUE(S_ISLNK(status->st_mode));
+  struct stat standardInput;
+  ASSERT_EQ(fstat(0, status), syscall(SYS_fstat, 0, &standardInput));
+  auto* extended = static_cast<struct statx*>(malloc(sizeof(struct statx)));
+  ASSERT_EQ(statx(AT_FDCWD, "/proc/self/exe", 0, STATX_INO, extended), 0);
+  EXPECT_EQ(extended->stx_ino, reference.st_ino);
+  for (void* bad : kBadPointers) {
+    auto* badStatus = static_cast<struct stat*>(bad);
+    expectSame(outcomeOf([&] { return stat("/proc/self/exe", badStatus); }),
+               outcomeOf([&] { return syscall(SYS_stat, "/proc/self/exe", badStatus); }), "stat");
+    expectSame(outcomeOf([&] { return fstat(0, badStatus); }),
+               outcomeOf([&] { return syscall(SYS_fstat, 0, badStatus); }), "fstat");
+  }
+  free(extended);
+  free(status);
 }
 
 // The wrappers still work on good arguments, heap buffers included.

@@ -7,8 +7,8 @@
 // meshalloc_compact() in a loop, so spans are write-protected, copied and remapped under the
 // writers' feet. A reader thread meanwhile receives from a socket straight into surviving
 // objects, with read, readv, recv or recvmsg/recvmmsg (its header in a heap object too) by
-// round, and before each receive has getrandom, readlink and poll (its pollfd array in the
-// object) write into it:
+// round, and before each receive has getrandom, readlink, fstat (objects large enough) and poll
+// (its pollfd array in the object) write into it:
 // the kernel must never see a protected page (no EFAULT, no short read). A freer
 // thread frees its share of the survivors one by one meanwhile, so frees land in spans between
 // their copy and the switch of the page map; after each round, once everything is freed, the
@@ -21,6 +21,7 @@
 #include <signal.h>
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -182,9 +183,11 @@ int main(int argc, char** argv) {
           for (unsigned r = 0; r < kRandomFillsPerReceive && filled; r++)
             filled = getrandom(bytes, size, 0) == static_cast<ssize_t>(size);
           filled = filled && readlink("/proc/self/exe", bytes, size) > 0;
+          if (size >= sizeof(struct stat))
+            filled = filled && fstat(fds[0], reinterpret_cast<struct stat*>(bytes)) == 0;
           if (!filled) {
-            fprintf(stderr, "mesh_writers: getrandom or readlink into %p failed (%s)\n", bytes,
-                    strerror(errno));
+            fprintf(stderr, "mesh_writers: getrandom, readlink or fstat into %p failed (%s)\n",
+                    bytes, strerror(errno));
             gFailed = true;
             break;
           }
