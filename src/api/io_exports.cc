@@ -82,8 +82,8 @@ struct HeapRange {
   bool empty() const { return end == 0; }
 };
 
-template <typename Result, typename Call>
-Result guardedRange(const HeapRange& range, Call call) {
+template <typename Call>
+auto guardedRange(const HeapRange& range, Call call) -> decltype(call()) {
   if (range.empty()) return call();
   // A thread that never allocated still needs a record to publish its buffer in.
   ThreadHeap* heap = heap::currentThreadHeap();
@@ -101,7 +101,7 @@ Result guardedRange(const HeapRange& range, Call call) {
       WriteBarrier::waitForEnd(sequence);
       continue;
     }
-    Result result = call();
+    auto result = call();
     int error = errno;
     activity.ioBufferEnd.store(0, std::memory_order_release);
     if (result < 0 && error == EFAULT && WriteBarrier::sequence() != sequence) {
@@ -115,10 +115,10 @@ Result guardedRange(const HeapRange& range, Call call) {
 }
 
 template <typename Call>
-ssize_t guarded(const void* buffer, size_t length, Call call) {
+auto guarded(const void* buffer, size_t length, Call call) -> decltype(call()) {
   HeapRange range;
   range.add(buffer, length);
-  return guardedRange<ssize_t>(range, call);
+  return guardedRange(range, call);
 }
 
 using ReadFn = ssize_t (*)(int, void*, size_t);
@@ -204,14 +204,6 @@ HeapRange messagesRange(struct mmsghdr* messages, unsigned count) {
   return range;
 }
 
-// The stat family writes one structure.
-template <typename Result, typename Status, typename Call>
-Result guardedStatus(Status* status, Call call) {
-  HeapRange range;
-  range.add(status, sizeof(*status));
-  return guardedRange<Result>(range, call);
-}
-
 HeapRange vectorRange(const struct iovec* vector, int count) {
   HeapRange range;
   range.addVector(vector, count);
@@ -274,38 +266,36 @@ MESHALLOC_EXPORT ssize_t recvfrom(int fd, void* buffer, size_t length, int flags
 
 MESHALLOC_EXPORT ssize_t readv(int fd, const struct iovec* vector, int count) {
   ReadvFn real = realFunction(gReadv, "readv");
-  return guardedRange<ssize_t>(vectorRange(vector, count), [&] { return real(fd, vector, count); });
+  return guardedRange(vectorRange(vector, count), [&] { return real(fd, vector, count); });
 }
 
 MESHALLOC_EXPORT ssize_t preadv(int fd, const struct iovec* vector, int count, off_t offset) {
   PreadvFn real = realFunction(gPreadv, "preadv");
-  return guardedRange<ssize_t>(vectorRange(vector, count),
-                               [&] { return real(fd, vector, count, offset); });
+  return guardedRange(vectorRange(vector, count), [&] { return real(fd, vector, count, offset); });
 }
 
 MESHALLOC_EXPORT ssize_t preadv64(int fd, const struct iovec* vector, int count, off_t offset) {
   PreadvFn real = realFunction(gPreadv64, "preadv64");
-  return guardedRange<ssize_t>(vectorRange(vector, count),
-                               [&] { return real(fd, vector, count, offset); });
+  return guardedRange(vectorRange(vector, count), [&] { return real(fd, vector, count, offset); });
 }
 
 MESHALLOC_EXPORT ssize_t preadv2(int fd, const struct iovec* vector, int count, off_t offset,
                                  int flags) {
   Preadv2Fn real = realFunction(gPreadv2, "preadv2");
-  return guardedRange<ssize_t>(vectorRange(vector, count),
-                               [&] { return real(fd, vector, count, offset, flags); });
+  return guardedRange(vectorRange(vector, count),
+                      [&] { return real(fd, vector, count, offset, flags); });
 }
 
 MESHALLOC_EXPORT ssize_t preadv64v2(int fd, const struct iovec* vector, int count, off_t offset,
                                     int flags) {
   Preadv2Fn real = realFunction(gPreadv64v2, "preadv64v2");
-  return guardedRange<ssize_t>(vectorRange(vector, count),
-                               [&] { return real(fd, vector, count, offset, flags); });
+  return guardedRange(vectorRange(vector, count),
+                      [&] { return real(fd, vector, count, offset, flags); });
 }
 
 MESHALLOC_EXPORT ssize_t recvmsg(int fd, struct msghdr* message, int flags) {
   RecvmsgFn real = realFunction(gRecvmsg, "recvmsg");
-  return guardedRange<ssize_t>(messageRange(message), [&] { return real(fd, message, flags); });
+  return guardedRange(messageRange(message), [&] { return real(fd, message, flags); });
 }
 
 MESHALLOC_EXPORT ssize_t getrandom(void* buffer, size_t length, unsigned flags) {
@@ -315,45 +305,44 @@ MESHALLOC_EXPORT ssize_t getrandom(void* buffer, size_t length, unsigned flags) 
 
 MESHALLOC_EXPORT int poll(struct pollfd* fds, nfds_t count, int timeout) {
   PollFn real = realFunction(gPoll, "poll");
-  return guardedRange<int>(pollRange(fds, count), [&] { return real(fds, count, timeout); });
+  return guardedRange(pollRange(fds, count), [&] { return real(fds, count, timeout); });
 }
 
 MESHALLOC_EXPORT int ppoll(struct pollfd* fds, nfds_t count, const struct timespec* timeout,
                            const sigset_t* mask) {
   PpollFn real = realFunction(gPpoll, "ppoll");
-  return guardedRange<int>(pollRange(fds, count), [&] { return real(fds, count, timeout, mask); });
+  return guardedRange(pollRange(fds, count), [&] { return real(fds, count, timeout, mask); });
 }
 
 MESHALLOC_EXPORT int epoll_wait(int epfd, struct epoll_event* events, int maxEvents, int timeout) {
   EpollWaitFn real = realFunction(gEpollWait, "epoll_wait");
-  return guardedRange<int>(eventsRange(events, maxEvents),
-                           [&] { return real(epfd, events, maxEvents, timeout); });
+  return guardedRange(eventsRange(events, maxEvents),
+                      [&] { return real(epfd, events, maxEvents, timeout); });
 }
 
 MESHALLOC_EXPORT int epoll_pwait(int epfd, struct epoll_event* events, int maxEvents, int timeout,
                                  const sigset_t* mask) {
   EpollPwaitFn real = realFunction(gEpollPwait, "epoll_pwait");
-  return guardedRange<int>(eventsRange(events, maxEvents),
-                           [&] { return real(epfd, events, maxEvents, timeout, mask); });
+  return guardedRange(eventsRange(events, maxEvents),
+                      [&] { return real(epfd, events, maxEvents, timeout, mask); });
 }
 
 MESHALLOC_EXPORT int accept(int fd, struct sockaddr* address, socklen_t* length) {
   AcceptFn real = realFunction(gAccept, "accept");
-  return guardedRange<int>(addressRange(address, length),
-                           [&] { return real(fd, address, length); });
+  return guardedRange(addressRange(address, length), [&] { return real(fd, address, length); });
 }
 
 MESHALLOC_EXPORT int accept4(int fd, struct sockaddr* address, socklen_t* length, int flags) {
   Accept4Fn real = realFunction(gAccept4, "accept4");
-  return guardedRange<int>(addressRange(address, length),
-                           [&] { return real(fd, address, length, flags); });
+  return guardedRange(addressRange(address, length),
+                      [&] { return real(fd, address, length, flags); });
 }
 
 MESHALLOC_EXPORT int recvmmsg(int fd, struct mmsghdr* messages, unsigned count, int flags,
                               struct timespec* timeout) {
   RecvmmsgFn real = realFunction(gRecvmmsg, "recvmmsg");
-  return guardedRange<int>(messagesRange(messages, count),
-                           [&] { return real(fd, messages, count, flags, timeout); });
+  return guardedRange(messagesRange(messages, count),
+                      [&] { return real(fd, messages, count, flags, timeout); });
 }
 
 MESHALLOC_EXPORT ssize_t readlink(const char* path, char* buffer, size_t size) {
@@ -368,46 +357,46 @@ MESHALLOC_EXPORT ssize_t readlinkat(int dirfd, const char* path, char* buffer, s
 
 MESHALLOC_EXPORT int stat(const char* path, struct stat* status) {
   StatFn real = realFunction(gStat, "stat");
-  return guardedStatus<int>(status, [&] { return real(path, status); });
+  return guarded(status, sizeof(*status), [&] { return real(path, status); });
 }
 
 MESHALLOC_EXPORT int lstat(const char* path, struct stat* status) {
   StatFn real = realFunction(gLstat, "lstat");
-  return guardedStatus<int>(status, [&] { return real(path, status); });
+  return guarded(status, sizeof(*status), [&] { return real(path, status); });
 }
 
 MESHALLOC_EXPORT int fstat(int fd, struct stat* status) {
   FstatFn real = realFunction(gFstat, "fstat");
-  return guardedStatus<int>(status, [&] { return real(fd, status); });
+  return guarded(status, sizeof(*status), [&] { return real(fd, status); });
 }
 
 MESHALLOC_EXPORT int fstatat(int dirfd, const char* path, struct stat* status, int flags) {
   FstatatFn real = realFunction(gFstatat, "fstatat");
-  return guardedStatus<int>(status, [&] { return real(dirfd, path, status, flags); });
+  return guarded(status, sizeof(*status), [&] { return real(dirfd, path, status, flags); });
 }
 
 MESHALLOC_EXPORT int stat64(const char* path, struct stat64* status) {
   Stat64Fn real = realFunction(gStat64, "stat64");
-  return guardedStatus<int>(status, [&] { return real(path, status); });
+  return guarded(status, sizeof(*status), [&] { return real(path, status); });
 }
 
 MESHALLOC_EXPORT int lstat64(const char* path, struct stat64* status) {
   Stat64Fn real = realFunction(gLstat64, "lstat64");
-  return guardedStatus<int>(status, [&] { return real(path, status); });
+  return guarded(status, sizeof(*status), [&] { return real(path, status); });
 }
 
 MESHALLOC_EXPORT int fstat64(int fd, struct stat64* status) {
   Fstat64Fn real = realFunction(gFstat64, "fstat64");
-  return guardedStatus<int>(status, [&] { return real(fd, status); });
+  return guarded(status, sizeof(*status), [&] { return real(fd, status); });
 }
 
 MESHALLOC_EXPORT int fstatat64(int dirfd, const char* path, struct stat64* status, int flags) {
   Fstatat64Fn real = realFunction(gFstatat64, "fstatat64");
-  return guardedStatus<int>(status, [&] { return real(dirfd, path, status, flags); });
+  return guarded(status, sizeof(*status), [&] { return real(dirfd, path, status, flags); });
 }
 
 MESHALLOC_EXPORT int statx(int dirfd, const char* path, int flags, unsigned mask,
                            struct statx* status) {
   StatxFn real = realFunction(gStatx, "statx");
-  return guardedStatus<int>(status, [&] { return real(dirfd, path, flags, mask, status); });
+  return guarded(status, sizeof(*status), [&] { return real(dirfd, path, flags, mask, status); });
 }

@@ -87,6 +87,7 @@ HeapStats collectStats() {
 }
 
 bool expandStatsPath(const char* pattern, long pid, char* out, size_t capacity) {
+  if (capacity == 0) return false;
   size_t length = 0;
   auto put = [&](char c) {
     if (length + 1 >= capacity) return false;
@@ -112,7 +113,6 @@ bool expandStatsPath(const char* pattern, long pid, char* out, size_t capacity) 
       return false;
     }
   }
-  if (capacity == 0) return false;
   out[length] = '\0';
   return true;
 }
