@@ -108,10 +108,6 @@ void* pvallocImpl(size_t size) {
   return heap::allocateAligned(rounded ? rounded : page, page);
 }
 
-size_t usableSizeImpl(const void* pointer) {
-  return heap::usableSize(pointer);
-}
-
 int trimImpl(size_t /*pad: we never keep a top chunk to pad*/) {
   heap::flushThreadCache();
   return heap::releaseFreeMemory() > 0 ? 1 : 0;

@@ -19,7 +19,6 @@ int posixMemalignImpl(void** result, size_t alignment, size_t size);
 void* alignedAllocImpl(size_t alignment, size_t size);
 void* vallocImpl(size_t size);
 void* pvallocImpl(size_t size);
-size_t usableSizeImpl(const void* pointer);
 int trimImpl(size_t pad);
 struct mallinfo2 mallinfo2Impl();
 struct mallinfo mallinfoImpl();

@@ -70,7 +70,7 @@ TEST(EntryPoints, AlignmentRules) {
     for (size_t size : {0ul, 1ul, 100ul, 5000ul, 70000ul}) {
       ASSERT_EQ(posixMemalignImpl(&out, alignment, size), 0);
       EXPECT_EQ(reinterpret_cast<uintptr_t>(out) % alignment, 0u) << alignment << "/" << size;
-      EXPECT_GE(usableSizeImpl(out), size);
+      EXPECT_GE(heap::usableSize(out), size);
       memset(out, 1, size);
       freeImpl(out);
     }
@@ -90,7 +90,7 @@ TEST(EntryPoints, PageAlignedVariants) {
   EXPECT_EQ(reinterpret_cast<uintptr_t>(v) % page, 0u);
   void* pv = pvallocImpl(page + 1);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(pv) % page, 0u);
-  EXPECT_GE(usableSizeImpl(pv), 2 * page);
+  EXPECT_GE(heap::usableSize(pv), 2 * page);
   errno = 0;
   EXPECT_EQ(pvallocImpl(SIZE_MAX), nullptr);
   EXPECT_EQ(errno, ENOMEM);

@@ -288,7 +288,7 @@ TEST_F(HeapTest, LargeObjectsAreZeroedAndResizeInPlace) {
   char* grown = static_cast<char*>(api::reallocImpl(p, 3 * kSize));
   ASSERT_NE(grown, nullptr);
   for (size_t i = 0; i < kSize; i += 4096) ASSERT_EQ(grown[i], 'y');
-  EXPECT_GE(api::usableSizeImpl(grown), 3 * kSize);
+  EXPECT_GE(heap::usableSize(grown), 3 * kSize);
   api::freeImpl(grown);
 }
 
@@ -306,7 +306,7 @@ TEST_F(HeapTest, LargeObjectsStartAtVaryingCacheLineOffsets) {
     uintptr_t address = reinterpret_cast<uintptr_t>(p);
     EXPECT_EQ(address % kCacheLine, 0u);
     offsets.insert(address % Arena::pageSize());
-    size_t usable = api::usableSizeImpl(p);
+    size_t usable = heap::usableSize(p);
     EXPECT_GE(usable, size);
     memset(p, static_cast<int>(i), usable);
     blocks.emplace_back(p, usable);
@@ -323,8 +323,8 @@ TEST_F(HeapTest, LargeObjectsStartAtVaryingCacheLineOffsets) {
   ASSERT_NE(grown, nullptr);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(grown) % kCacheLine, 0u);
   for (size_t at = 0; at < firstUsable; at += 512) ASSERT_EQ(grown[at], 0);
-  EXPECT_GE(api::usableSizeImpl(grown), 4 * firstUsable);
-  memset(grown, 1, api::usableSizeImpl(grown));
+  EXPECT_GE(heap::usableSize(grown), 4 * firstUsable);
+  memset(grown, 1, heap::usableSize(grown));
   blocks[0].first = grown;
   for (auto [p, usable] : blocks) api::freeImpl(p);
   // Page-aligned requests, whole pages and big blocks stay page-aligned.
@@ -345,7 +345,7 @@ TEST_F(HeapTest, LargeColouringOffLeavesLargeObjectsPageAligned) {
     void* p = api::mallocImpl(pages * Arena::pageSize() - 100);
     ASSERT_NE(p, nullptr);
     EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % Arena::pageSize(), 0u);
-    EXPECT_EQ(api::usableSizeImpl(p), pages * Arena::pageSize());
+    EXPECT_EQ(heap::usableSize(p), pages * Arena::pageSize());
     api::freeImpl(p);
   }
 }
@@ -357,7 +357,7 @@ TEST_F(HeapTest, ReallocKeepsContentsAcrossClasses) {
     p = static_cast<char*>(api::reallocImpl(p, size));
     ASSERT_NE(p, nullptr);
     ASSERT_EQ(memcmp(p, "0123456789", 10), 0) << size;
-    EXPECT_GE(api::usableSizeImpl(p), size);
+    EXPECT_GE(heap::usableSize(p), size);
   }
   api::freeImpl(p);
 }
