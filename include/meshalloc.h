@@ -44,6 +44,8 @@ extern "C" {
  *                                 remote frees, realloc and malloc_usable_size while meshing
  *   "mesh.barrier_max_ns"         uint64_t  the longest a write into a span being meshed
  *                                 could wait
+ *   "mesh.pinned_spans"           size_t    spans never meshed: they hold buffers glibc's
+ *                                 internal reads fill (stdio's)
  *   "opt.<name>"                  the value of an option (see docs/options.md)
  * Actions (no value): "arena.<i>.purge", "arena.<i>.decay", "thread.tcache.flush",
  *   "mesh.compact".

@@ -144,6 +144,7 @@ int statValue(const char* name, void* oldp, size_t* oldlenp) {
       {"mesh.barrier_max_ns", s.barrierMaxNs},
       {"mesh.cpu_ns", s.meshCpuNs},
       {"mesh.barrier_faults", s.barrierFaults},
+      {"mesh.pinned_spans", s.pinnedSpans},
   };
   for (const Entry& e : entries) {
     if (!strcmp(name, e.name)) return readValue<size_t>(oldp, oldlenp, e.value);

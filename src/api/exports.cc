@@ -8,6 +8,7 @@
 
 #include "api/ctl.h"
 #include "api/entry_points.h"
+#include "api/libc_buffers.h"
 #include "api/stats.h"
 #include "heap/config.h"
 #include "heap/heap.h"
@@ -19,6 +20,10 @@
 using namespace meshalloc;
 
 MESHALLOC_EXPORT void* malloc(size_t size) {
+  if (__builtin_expect(size >= api::kLibcBufferMinBytes, 0) &&
+      api::calledFromLibc(__builtin_return_address(0))) {
+    return heap::allocatePinned(size);
+  }
   return heap::allocate(size);
 }
 MESHALLOC_EXPORT void free(void* pointer) {
@@ -97,6 +102,7 @@ constexpr int kLowestSavedFd = 64;
 int gSavedStderr = -1;
 
 __attribute__((constructor)) void initializeAtLoad() {
+  api::findLibcCode();
   if (heap::ensureInitialized()) MeshPolicy::init();
   if (gHeapConfig.statsAtExit != StatsFormat::kNone && !gHeapConfig.statsFile) {
     gSavedStderr = fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, kLowestSavedFd);

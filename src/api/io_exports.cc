@@ -5,21 +5,29 @@
 // barrier that is already up, and, should fork's snapshot barrier (which protects every
 // meshed span) catch it anyway, retries once the barrier is down. The real functions are
 // glibc's, found with dlsym(RTLD_NEXT), so cancellation points and errno behave as usual.
+#include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdio.h>
 #include <sys/epoll.h>
 #include <sys/random.h>
+#include <sys/resource.h>
+#include <sys/select.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/uio.h>
+#include <sys/utsname.h>
+#include <sys/wait.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <cstdint>
 
 #include <atomic>
+#include <type_traits>
 
 #include "heap/arena.h"
 #include "heap/heap.h"
@@ -82,6 +90,19 @@ struct HeapRange {
   bool empty() const { return end == 0; }
 };
 
+// fread's size_t result cannot tell an EFAULT apart: it is never retried (only fork's snapshot
+// barrier, which protects spans regardless of published buffers, could cause one).
+template <typename Result>
+bool failedWithEfault(Result result, int error) {
+  if constexpr (std::is_signed_v<Result>) {
+    return result < 0 && error == EFAULT;
+  } else {
+    (void)result;
+    (void)error;
+    return false;
+  }
+}
+
 template <typename Call>
 auto guardedRange(const HeapRange& range, Call call) -> decltype(call()) {
   if (range.empty()) return call();
@@ -104,7 +125,7 @@ auto guardedRange(const HeapRange& range, Call call) -> decltype(call()) {
     auto result = call();
     int error = errno;
     activity.ioBufferEnd.store(0, std::memory_order_release);
-    if (result < 0 && error == EFAULT && WriteBarrier::sequence() != sequence) {
+    if (failedWithEfault(result, error) && WriteBarrier::sequence() != sequence) {
       uint32_t now = WriteBarrier::sequence();
       if (now & 1) WriteBarrier::waitForEnd(now);
       continue;
@@ -176,6 +197,49 @@ std::atomic<Fstatat64Fn> gFstatat64{nullptr};
 std::atomic<StatxFn> gStatx{nullptr};
 std::atomic<AcceptFn> gAccept{nullptr};
 std::atomic<Accept4Fn> gAccept4{nullptr};
+std::atomic<AcceptFn> gGetsockname{nullptr};
+std::atomic<AcceptFn> gGetpeername{nullptr};
+using GetsockoptFn = int (*)(int, int, int, void*, socklen_t*);
+using SelectFn = int (*)(int, fd_set*, fd_set*, fd_set*, struct timeval*);
+using PselectFn = int (*)(int, fd_set*, fd_set*, fd_set*, const struct timespec*, const sigset_t*);
+using WaitFn = pid_t (*)(int*);
+using WaitpidFn = pid_t (*)(pid_t, int*, int);
+using Wait3Fn = pid_t (*)(int*, int, struct rusage*);
+using Wait4Fn = pid_t (*)(pid_t, int*, int, struct rusage*);
+using WaitidFn = int (*)(idtype_t, id_t, siginfo_t*, int);
+using PipeFn = int (*)(int*);
+using Pipe2Fn = int (*)(int*, int);
+using SocketpairFn = int (*)(int, int, int, int*);
+using Getdents64Fn = ssize_t (*)(int, void*, size_t);
+using GetxattrFn = ssize_t (*)(const char*, const char*, void*, size_t);
+using FgetxattrFn = ssize_t (*)(int, const char*, void*, size_t);
+using ListxattrFn = ssize_t (*)(const char*, char*, size_t);
+using FlistxattrFn = ssize_t (*)(int, char*, size_t);
+using FreadFn = size_t (*)(void*, size_t, size_t, FILE*);
+using UnameFn = int (*)(struct utsname*);
+using GetrusageFn = int (*)(int, struct rusage*);
+std::atomic<GetsockoptFn> gGetsockopt{nullptr};
+std::atomic<SelectFn> gSelect{nullptr};
+std::atomic<PselectFn> gPselect{nullptr};
+std::atomic<WaitFn> gWait{nullptr};
+std::atomic<WaitpidFn> gWaitpid{nullptr};
+std::atomic<Wait3Fn> gWait3{nullptr};
+std::atomic<Wait4Fn> gWait4{nullptr};
+std::atomic<WaitidFn> gWaitid{nullptr};
+std::atomic<PipeFn> gPipe{nullptr};
+std::atomic<Pipe2Fn> gPipe2{nullptr};
+std::atomic<SocketpairFn> gSocketpair{nullptr};
+std::atomic<Getdents64Fn> gGetdents64{nullptr};
+std::atomic<GetxattrFn> gGetxattr{nullptr};
+std::atomic<GetxattrFn> gLgetxattr{nullptr};
+std::atomic<FgetxattrFn> gFgetxattr{nullptr};
+std::atomic<ListxattrFn> gListxattr{nullptr};
+std::atomic<ListxattrFn> gLlistxattr{nullptr};
+std::atomic<FlistxattrFn> gFlistxattr{nullptr};
+std::atomic<FreadFn> gFread{nullptr};
+std::atomic<FreadFn> gFreadUnlocked{nullptr};
+std::atomic<UnameFn> gUname{nullptr};
+std::atomic<GetrusageFn> gGetrusage{nullptr};
 
 // recvmsg writes the data, the sender's address, the control data and, in the header itself,
 // their lengths and the flags.
@@ -229,6 +293,44 @@ HeapRange addressRange(struct sockaddr* address, socklen_t* length) {
     range.add(length, sizeof(*length));
     range.add(address, *length);
   }
+  return range;
+}
+
+// getsockopt writes the option's value and its length.
+HeapRange optionRange(void* value, socklen_t* length) {
+  HeapRange range;
+  if (value && safeToRead(length, sizeof(*length))) {
+    range.add(length, sizeof(*length));
+    range.add(value, *length);
+  }
+  return range;
+}
+
+// select writes back the three descriptor sets, as many bytes of each as cover `count` bits in
+// whole longs (the kernel's FDS_BYTES), and the time left.
+HeapRange selectRange(int count, fd_set* sets[3], struct timeval* timeout) {
+  HeapRange range;
+  if (count > 0) {
+    constexpr size_t kBitsPerWord = 8 * sizeof(long);
+    size_t bytes = (static_cast<size_t>(count) + kBitsPerWord - 1) / kBitsPerWord * sizeof(long);
+    for (int i = 0; i < 3; i++) range.add(sets[i], bytes);
+  }
+  range.add(timeout, sizeof(*timeout));
+  return range;
+}
+
+// wait3/wait4 write the status and the child's resource usage.
+HeapRange statusRange(int* status, struct rusage* usage) {
+  HeapRange range;
+  range.add(status, sizeof(*status));
+  range.add(usage, sizeof(*usage));
+  return range;
+}
+
+// fread writes `count` items of `size` bytes at most.
+HeapRange itemsRange(void* buffer, size_t size, size_t count) {
+  HeapRange range;
+  if (size == 0 || count <= SIZE_MAX / size) range.add(buffer, size * count);
   return range;
 }
 
@@ -399,4 +501,137 @@ MESHALLOC_EXPORT int statx(int dirfd, const char* path, int flags, unsigned mask
                            struct statx* status) {
   StatxFn real = realFunction(gStatx, "statx");
   return guarded(status, sizeof(*status), [&] { return real(dirfd, path, flags, mask, status); });
+}
+
+MESHALLOC_EXPORT int getsockname(int fd, struct sockaddr* address, socklen_t* length) {
+  AcceptFn real = realFunction(gGetsockname, "getsockname");
+  return guardedRange(addressRange(address, length), [&] { return real(fd, address, length); });
+}
+
+MESHALLOC_EXPORT int getpeername(int fd, struct sockaddr* address, socklen_t* length) {
+  AcceptFn real = realFunction(gGetpeername, "getpeername");
+  return guardedRange(addressRange(address, length), [&] { return real(fd, address, length); });
+}
+
+MESHALLOC_EXPORT int getsockopt(int fd, int level, int name, void* value, socklen_t* length) {
+  GetsockoptFn real = realFunction(gGetsockopt, "getsockopt");
+  return guardedRange(optionRange(value, length),
+                      [&] { return real(fd, level, name, value, length); });
+}
+
+MESHALLOC_EXPORT int select(int count, fd_set* readable, fd_set* writable, fd_set* exceptional,
+                            struct timeval* timeout) {
+  SelectFn real = realFunction(gSelect, "select");
+  fd_set* sets[3] = {readable, writable, exceptional};
+  return guardedRange(selectRange(count, sets, timeout),
+                      [&] { return real(count, readable, writable, exceptional, timeout); });
+}
+
+MESHALLOC_EXPORT int pselect(int count, fd_set* readable, fd_set* writable, fd_set* exceptional,
+                             const struct timespec* timeout, const sigset_t* mask) {
+  PselectFn real = realFunction(gPselect, "pselect");
+  fd_set* sets[3] = {readable, writable, exceptional};
+  return guardedRange(selectRange(count, sets, nullptr),
+                      [&] { return real(count, readable, writable, exceptional, timeout, mask); });
+}
+
+MESHALLOC_EXPORT pid_t wait(int* status) {
+  WaitFn real = realFunction(gWait, "wait");
+  return guarded(status, sizeof(*status), [&] { return real(status); });
+}
+
+MESHALLOC_EXPORT pid_t waitpid(pid_t pid, int* status, int options) {
+  WaitpidFn real = realFunction(gWaitpid, "waitpid");
+  return guarded(status, sizeof(*status), [&] { return real(pid, status, options); });
+}
+
+MESHALLOC_EXPORT pid_t wait3(int* status, int options, struct rusage* usage) {
+  Wait3Fn real = realFunction(gWait3, "wait3");
+  return guardedRange(statusRange(status, usage), [&] { return real(status, options, usage); });
+}
+
+MESHALLOC_EXPORT pid_t wait4(pid_t pid, int* status, int options, struct rusage* usage) {
+  Wait4Fn real = realFunction(gWait4, "wait4");
+  return guardedRange(statusRange(status, usage),
+                      [&] { return real(pid, status, options, usage); });
+}
+
+MESHALLOC_EXPORT int waitid(idtype_t type, id_t id, siginfo_t* info, int options) {
+  WaitidFn real = realFunction(gWaitid, "waitid");
+  return guarded(info, sizeof(*info), [&] { return real(type, id, info, options); });
+}
+
+MESHALLOC_EXPORT int pipe(int fds[2]) {
+  PipeFn real = realFunction(gPipe, "pipe");
+  return guarded(fds, 2 * sizeof(int), [&] { return real(fds); });
+}
+
+MESHALLOC_EXPORT int pipe2(int fds[2], int flags) {
+  Pipe2Fn real = realFunction(gPipe2, "pipe2");
+  return guarded(fds, 2 * sizeof(int), [&] { return real(fds, flags); });
+}
+
+MESHALLOC_EXPORT int socketpair(int domain, int type, int protocol, int fds[2]) {
+  SocketpairFn real = realFunction(gSocketpair, "socketpair");
+  return guarded(fds, 2 * sizeof(int), [&] { return real(domain, type, protocol, fds); });
+}
+
+MESHALLOC_EXPORT ssize_t getdents64(int fd, void* buffer, size_t length) {
+  Getdents64Fn real = realFunction(gGetdents64, "getdents64");
+  return guarded(buffer, length, [&] { return real(fd, buffer, length); });
+}
+
+MESHALLOC_EXPORT ssize_t getxattr(const char* path, const char* name, void* value, size_t size) {
+  GetxattrFn real = realFunction(gGetxattr, "getxattr");
+  return guarded(value, size, [&] { return real(path, name, value, size); });
+}
+
+MESHALLOC_EXPORT ssize_t lgetxattr(const char* path, const char* name, void* value, size_t size) {
+  GetxattrFn real = realFunction(gLgetxattr, "lgetxattr");
+  return guarded(value, size, [&] { return real(path, name, value, size); });
+}
+
+MESHALLOC_EXPORT ssize_t fgetxattr(int fd, const char* name, void* value, size_t size) {
+  FgetxattrFn real = realFunction(gFgetxattr, "fgetxattr");
+  return guarded(value, size, [&] { return real(fd, name, value, size); });
+}
+
+MESHALLOC_EXPORT ssize_t listxattr(const char* path, char* list, size_t size) {
+  ListxattrFn real = realFunction(gListxattr, "listxattr");
+  return guarded(list, size, [&] { return real(path, list, size); });
+}
+
+MESHALLOC_EXPORT ssize_t llistxattr(const char* path, char* list, size_t size) {
+  ListxattrFn real = realFunction(gLlistxattr, "llistxattr");
+  return guarded(list, size, [&] { return real(path, list, size); });
+}
+
+MESHALLOC_EXPORT ssize_t flistxattr(int fd, char* list, size_t size) {
+  FlistxattrFn real = realFunction(gFlistxattr, "flistxattr");
+  return guarded(list, size, [&] { return real(fd, list, size); });
+}
+
+// A large fread goes around the stream's buffer: glibc reads straight into the caller's buffer
+// with its internal read(), which the read wrapper never sees. (The stream's own buffer is
+// pinned instead: api/libc_buffers.h.)
+MESHALLOC_EXPORT size_t fread(void* buffer, size_t size, size_t count, FILE* stream) {
+  FreadFn real = realFunction(gFread, "fread");
+  return guardedRange(itemsRange(buffer, size, count),
+                      [&] { return real(buffer, size, count, stream); });
+}
+
+MESHALLOC_EXPORT size_t fread_unlocked(void* buffer, size_t size, size_t count, FILE* stream) {
+  FreadFn real = realFunction(gFreadUnlocked, "fread_unlocked");
+  return guardedRange(itemsRange(buffer, size, count),
+                      [&] { return real(buffer, size, count, stream); });
+}
+
+MESHALLOC_EXPORT int uname(struct utsname* name) {
+  UnameFn real = realFunction(gUname, "uname");
+  return guarded(name, sizeof(*name), [&] { return real(name); });
+}
+
+MESHALLOC_EXPORT int getrusage(int who, struct rusage* usage) {
+  GetrusageFn real = realFunction(gGetrusage, "getrusage");
+  return guarded(usage, sizeof(*usage), [&] { return real(who, usage); });
 }

@@ -72,6 +72,7 @@ HeapStats collectStats() {
   stats.meshFailed = mesh.failedMeshes;
   stats.meshStranded = mesh.strandedSpans;
   stats.meshSkippedForIo = mesh.skippedForIo;
+  stats.pinnedSpans = GlobalHeap::pinnedSpans();
   stats.pauseCount = mesh.pauseCount;
   stats.pauseTotalNs = mesh.pauseTotalNs;
   stats.pauseMaxNs = mesh.pauseMaxNs;
@@ -157,6 +158,7 @@ void writeStats(int fd, bool json) {
       {"mesh_barrier_max_ns", stats.barrierMaxNs},
       {"mesh_cpu_ns", stats.meshCpuNs},
       {"barrier_faults", stats.barrierFaults},
+      {"pinned_spans", stats.pinnedSpans},
   };
   if (json) {
     out.text("{\"version\":\"")

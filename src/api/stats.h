@@ -40,6 +40,7 @@ struct HeapStats {
   uint64_t barrierMaxNs;  // a write into a span being meshed held up (longest batch)
   uint64_t meshCpuNs;
   uint64_t barrierFaults;  // writes that waited on the write barrier
+  size_t pinnedSpans;      // spans never meshed: they hold buffers glibc has the kernel fill
   SizeClassStats classes[kNumSizeClasses];
 };
 

@@ -65,7 +65,14 @@ MiniHeap* GlobalHeap::createSpan(unsigned sizeClass) {
   return heap;
 }
 
+void GlobalHeap::pin(MiniHeap* heap) {
+  if (!heap->pinned.exchange(true, std::memory_order_relaxed))
+    pinnedSpans_.fetch_add(1, std::memory_order_relaxed);
+}
+
 void GlobalHeap::destroySpan(ClassState& state, MiniHeap* heap) {
+  if (heap->pinned.load(std::memory_order_relaxed))
+    pinnedSpans_.fetch_sub(1, std::memory_order_relaxed);
   unlink(state, heap);
   heap->state = SpanState::kFreed;
   state.spans--;
@@ -270,7 +277,7 @@ size_t GlobalHeap::takeMeshCandidates(unsigned sizeClass, uint32_t maxLive, Mini
     while (heap && count < max) {
       MiniHeap* next = state.partial[bin].next(heap);
       uint32_t live = heap->liveCount.load(std::memory_order_acquire);
-      if (live > 0 && live <= maxLive) {
+      if (live > 0 && live <= maxLive && !heap->pinned.load(std::memory_order_relaxed)) {
         state.partial[bin].remove(heap);
         heap->state = SpanState::kMeshing;
         out[count++] = heap;

@@ -69,6 +69,10 @@ class GlobalHeap {
   static SizeClassStats classStats(unsigned sizeClass);
   static size_t largeBytes();
   static size_t largeCount();
+  // Pins `heap` (attached to the calling thread) against meshing: see MiniHeap::pinned.
+  static void pin(MiniHeap* heap);
+  // Spans that are pinned now.
+  static size_t pinnedSpans() { return pinnedSpans_.load(std::memory_order_relaxed); }
 
   static void lockForFork();
   static void unlockAfterFork();
@@ -97,6 +101,7 @@ class GlobalHeap {
   static inline Mutex largeLock_;
   static inline size_t largeBytes_ = 0;
   static inline size_t largeCount_ = 0;
+  static inline std::atomic<size_t> pinnedSpans_{0};
 };
 
 }  // namespace meshalloc

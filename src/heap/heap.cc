@@ -260,6 +260,28 @@ void deallocateSlow(void* pointer) {
   freeResolved(pointer, mini, slot);
 }
 
+void* allocatePinned(size_t size) {
+  if (size > kMaxSmallSize) return allocate(size);  // large objects are never meshed
+  // A recycled block may lie in a span a mesh pass holds right now; such blocks are set aside
+  // until the class's vector serves one (after at most the ring's worth), then freed again.
+  void* setAside[kMaxRecycled];
+  unsigned setAsideCount = 0;
+  void* block;
+  for (;;) {
+    block = allocate(size);
+    if (!block) break;
+    MiniHeap* mini = PageEntry::miniHeap(Arena::entryFor(reinterpret_cast<uintptr_t>(block)));
+    if (mini->owner.load(std::memory_order_relaxed) == tlsThreadHeap ||
+        setAsideCount == kMaxRecycled) {
+      GlobalHeap::pin(mini);
+      break;
+    }
+    setAside[setAsideCount++] = block;
+  }
+  for (unsigned i = 0; i < setAsideCount; i++) deallocate(setAside[i]);
+  return block;
+}
+
 void* allocateAligned(size_t size, size_t alignment) {
   if (alignment <= kMinAlignment) return allocate(size);
   if (size > kMaxRequest || alignment > kMaxRequest) return failNoMemory();

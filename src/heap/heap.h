@@ -146,6 +146,12 @@ inline void deallocate(void* pointer) {
   deallocateSlow(pointer);
 }
 
+// allocate(size) from a span that is never meshed, for buffers the kernel may fill from inside
+// glibc (stdio's buffers, which glibc's internal read() fills: a wrapper cannot publish them,
+// and a write-protected span would make the read fail with EFAULT). The block comes from a span
+// this thread holds, which no mesh pass can be working on; pinning affects only its span.
+void* allocatePinned(size_t size);
+
 // Applies the calling thread's recycled blocks to their spans (before its slots are counted
 // or handed back).
 void flushRecycledBlocks();

@@ -66,6 +66,10 @@ struct MiniHeap : ListNode {
   // Blocks waiting in remoteFrees still count as owned until the owner drains them.
   std::atomic<uint32_t> liveCount{0};
   uint8_t attachIndex = 0;  // position in the owner's shuffle vector while attached
+  // Never meshed (heap::allocatePinned): a block of it may be written by the kernel from inside
+  // glibc, where no wrapper can publish it. Set by the owner while attached, read by the mesher
+  // once the span is detached (under its class's lock); cleared only when the span is recreated.
+  std::atomic<bool> pinned{false};
   // Trailing storage: AtomicBitmap words (objectCount bits), on the same line as liveCount.
 
   // remoteFrees holds kRemoteFreesClosed while the span is detached (remote frees go straight

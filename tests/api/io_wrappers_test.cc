@@ -7,17 +7,21 @@
 #include <poll.h>
 #include <pthread.h>
 #include <sys/epoll.h>
+#include <sys/select.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -268,4 +272,109 @@ TEST(IoWrappers, ACancelledCallLeavesNothingPublished) {
   close(gBlockedPipe[1]);
   free(vector);
   for (char* object : kept) free(object);
+}
+
+// glibc fills a stream's buffer with its internal read(), which no wrapper sees: malloc pins the
+// spans of the buffers glibc allocates (api/libc_buffers.h), and only for as long as they hold
+// some.
+TEST(IoWrappers, StdioBuffersLieInPinnedSpans) {
+  constexpr int kStreams = 32;
+  uint64_t before = readCounter("mesh.pinned_spans");
+  uint64_t during = 0;
+  std::thread([&] {
+    FILE* streams[kStreams];
+    int writeEnds[kStreams];
+    for (int i = 0; i < kStreams; i++) {
+      int fds[2];
+      ASSERT_EQ(pipe(fds), 0);
+      ASSERT_EQ(write(fds[1], "line\n", 5), 5);
+      streams[i] = fdopen(fds[0], "r");
+      ASSERT_NE(streams[i], nullptr);
+      writeEnds[i] = fds[1];
+      char line[8];
+      ASSERT_NE(fgets(line, sizeof(line), streams[i]), nullptr);  // allocates the buffer
+      EXPECT_STREQ(line, "line\n");
+    }
+    during = readCounter("mesh.pinned_spans");
+    for (int i = 0; i < kStreams; i++) {
+      fclose(streams[i]);
+      close(writeEnds[i]);
+    }
+  }).join();
+  EXPECT_GT(during, before) << "stdio's buffers are not pinned";
+  EXPECT_EQ(readCounter("mesh.pinned_spans"), before) << "emptied spans are still pinned";
+}
+
+// The other wrapped calls, into heap buffers (they must still work) and into bad ones (they
+// must fail as the system call does).
+TEST(IoWrappers, MoreCallsIntoHeapAndBadBuffers) {
+  int* fds = static_cast<int*>(malloc(2 * sizeof(int)));
+  ASSERT_EQ(pipe(fds), 0);
+  ASSERT_EQ(write(fds[1], "abc", 3), 3);
+  auto* readable = static_cast<fd_set*>(malloc(sizeof(fd_set)));
+  FD_ZERO(readable);
+  FD_SET(fds[0], readable);
+  struct timeval* timeout = static_cast<struct timeval*>(malloc(sizeof(struct timeval)));
+  *timeout = {1, 0};
+  EXPECT_EQ(select(fds[0] + 1, readable, nullptr, nullptr, timeout), 1);
+  EXPECT_TRUE(FD_ISSET(fds[0], readable));
+  FILE* stream = fdopen(fds[0], "r");
+  ASSERT_NE(stream, nullptr);
+  char* buffer = static_cast<char*>(malloc(8));
+  close(fds[1]);
+  EXPECT_EQ(fread(buffer, 1, 8, stream), 3u);
+  EXPECT_EQ(memcmp(buffer, "abc", 3), 0);
+  fclose(stream);
+
+  int* pair = static_cast<int*>(malloc(2 * sizeof(int)));
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, pair), 0);
+  int* value = static_cast<int*>(malloc(sizeof(int)));
+  auto* length = static_cast<socklen_t*>(malloc(sizeof(socklen_t)));
+  *length = sizeof(int);
+  ASSERT_EQ(getsockopt(pair[0], SOL_SOCKET, SO_TYPE, value, length), 0);
+  EXPECT_EQ(*value, SOCK_STREAM);
+
+  pid_t child = fork();
+  if (child == 0) _exit(7);
+  int* status = static_cast<int*>(malloc(sizeof(int)));
+  ASSERT_EQ(waitpid(child, status, 0), child);
+  EXPECT_TRUE(WIFEXITED(*status));
+  EXPECT_EQ(WEXITSTATUS(*status), 7);
+
+  for (void* bad : kBadPointers) {
+    expectSame(outcomeOf([&] { return pipe(static_cast<int*>(bad)); }),
+               outcomeOf([&] { return syscall(SYS_pipe2, bad, 0); }), "pipe");
+    socklen_t goodLength = sizeof(int);
+    expectSame(
+        outcomeOf([&] { return getsockopt(pair[0], SOL_SOCKET, SO_TYPE, bad, &goodLength); }),
+        outcomeOf([&] {
+          return syscall(SYS_getsockopt, pair[0], SOL_SOCKET, SO_TYPE, bad, &goodLength);
+        }),
+        "getsockopt");
+    expectSame(
+        outcomeOf([&] {
+          return getsockopt(pair[0], SOL_SOCKET, SO_TYPE, value, static_cast<socklen_t*>(bad));
+        }),
+        outcomeOf(
+            [&] { return syscall(SYS_getsockopt, pair[0], SOL_SOCKET, SO_TYPE, value, bad); }),
+        "getsockopt length");
+    expectSame(
+        outcomeOf([&] {
+          return select(pair[0] + 1, static_cast<fd_set*>(bad), nullptr, nullptr, nullptr);
+        }),
+        outcomeOf([&] { return syscall(SYS_select, pair[0] + 1, bad, nullptr, nullptr, nullptr); }),
+        "select");
+    expectSame(outcomeOf([&] { return waitpid(-1, static_cast<int*>(bad), WNOHANG); }),
+               outcomeOf([&] { return syscall(SYS_wait4, -1, bad, WNOHANG, nullptr); }), "waitpid");
+  }
+  close(pair[0]);
+  close(pair[1]);
+  free(status);
+  free(length);
+  free(value);
+  free(pair);
+  free(buffer);
+  free(timeout);
+  free(readable);
+  free(fds);
 }

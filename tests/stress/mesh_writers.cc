@@ -1,4 +1,5 @@
 // Writers against the mesher: no write may ever be lost, no system call may fail.
+// (--stdio-rounds N runs only the stdio reader described below, N rounds of 100 ms.)
 //
 // Each round, a short-lived thread allocates many small objects, fills them and frees a
 // random three quarters, leaving sparse detached spans (ideal mesh candidates). The surviving
@@ -9,13 +10,17 @@
 // objects, with read, readv, recv or recvmsg/recvmmsg (its header in a heap object too) by
 // round, and before each receive has getrandom, readlink, fstat (objects large enough) and poll
 // (its pollfd array in the object) write into it:
-// the kernel must never see a protected page (no EFAULT, no short read). A freer
+// the kernel must never see a protected page (no EFAULT, no short read). A stdio reader reads
+// lines with fgets and blocks with fread from a pipe: glibc fills the FILE's buffer (allocated
+// among sparse blocks of its class) and, for a block as large as that buffer, the destination
+// (a surviving block) with its internal read(), which no wrapper sees. A freer
 // thread frees its share of the survivors one by one meanwhile, so frees land in spans between
 // their copy and the switch of the page map; after each round, once everything is freed, the
 // class must hold exactly the objects it held before the round (no slot lost or counted twice).
 //
 // Linked with libmeshalloc. Prints the totals; exits 1 on any lost write or failed read.
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -44,9 +49,21 @@ struct Options {
   uint64_t targetWrites = 10'000'000;
   size_t objectsPerRound = 60000;
   unsigned passesPerRound = 40;
+  // --stdio-rounds N: only the stdio reader against the mesher, N rounds of kStdioRoundMs.
+  unsigned stdioRounds = 0;
 };
 
 std::atomic<bool> gFailed{false};
+// The stdio reader: glibc's buffer for a pipe is st_blksize (4 KiB) bytes, allocated among
+// as many sparse blocks of its class; fread reads blocks twice that size straight into the
+// block (glibc reads a whole number of buffers past what the buffer holds), which are sparse
+// in their class too.
+constexpr size_t kStdioBufferClassBlock = 4096;
+constexpr size_t kStdioBlock = 8192;
+constexpr size_t kStdioBlocksPerRound = 3000;
+constexpr size_t kStdioItemsPerFillerFree = 4;
+constexpr size_t kStdioMinKept = 64;
+constexpr int kStdioPipeBytes = 1 << 20;
 // getrandom calls into the reader's object before each receive: cheap system calls that write
 // into the heap, so that an unwrapped one meets a write-protected span within a few rounds.
 constexpr unsigned kRandomFillsPerReceive = 4;
@@ -103,6 +120,162 @@ uint64_t liveObjectsOfClass(size_t size) {
   }
 }
 
+// Fills `pattern` with item `i`'s bytes: a line for even items, a block for odd ones.
+size_t stdioItem(size_t i, char* pattern) {
+  if (i % 2 == 0) return static_cast<size_t>(snprintf(pattern, 64, "line %zu of the feeder\n", i));
+  memset(pattern, static_cast<int>('a' + i % 26), kStdioBlock);
+  return kStdioBlock;
+}
+
+// The stdio side of one round: a FILE whose buffer lies among sparse blocks, read through while
+// the mesher runs. Returns the items read.
+class StdioRound {
+ public:
+  explicit StdioRound(std::mt19937_64& rng) {
+    if (pipe(fds_) != 0) return;
+    // A deep pipe lets the feeder run far ahead: with every CPU busy, a reader that waited
+    // for each item would do a few hundred reads a round.
+    fcntl(fds_[1], F_SETPIPE_SZ, kStdioPipeBytes);
+    // A thread of its own allocates the blocks and the FILE's buffer and exits: its spans are
+    // detached, mostly empty, and mesh candidates at once.
+    std::thread populate([&] {
+      std::vector<char*> all, fillers;
+      for (size_t i = 0; i < kStdioBlocksPerRound; i++) {
+        all.push_back(static_cast<char*>(malloc(kStdioBlock)));
+        fillers.push_back(static_cast<char*>(malloc(kStdioBufferClassBlock)));
+        if (i == kStdioBlocksPerRound / 2) {
+          in_ = fdopen(fds_[0], "r");
+          char line[8];
+          // glibc allocates the buffer on the first read.
+          if (!in_ || write(fds_[1], "x\n", 2) != 2 || !fgets(line, sizeof(line), in_)) return;
+        }
+      }
+      for (char* block : all) {
+        if (rng() % 4 == 0)
+          kept_.push_back(block);
+        else
+          free(block);
+      }
+      for (char* filler : fillers) {
+        if (rng() % 2 == 0)
+          fillers_.push_back(filler);
+        else
+          free(filler);
+      }
+    });
+    populate.join();
+  }
+  ~StdioRound() {
+    if (in_) fclose(in_);
+    if (fds_[1] >= 0) close(fds_[1]);
+    for (char* block : kept_) free(block);
+    for (char* filler : fillers_) free(filler);
+  }
+
+  // Until `stop`: the reader reads for as long as the writers write.
+  void feed(const std::atomic<bool>& stop) {
+    std::vector<char> pattern(kStdioBlock);
+    for (size_t i = 0; !stop; i++) {
+      size_t length = stdioItem(i, pattern.data());
+      if (write(fds_[1], pattern.data(), length) != static_cast<ssize_t>(length)) break;
+    }
+    close(fds_[1]);
+    fds_[1] = -1;
+  }
+
+  uint64_t read() {
+    if (!in_ || kept_.empty()) {
+      fprintf(stderr, "mesh_writers: cannot set up the stdio reader\n");
+      gFailed = true;
+      return 0;
+    }
+    std::vector<char> expected(kStdioBlock);
+    uint64_t done = 0;
+    for (size_t i = 0; !gFailed; i++) {
+      size_t length = stdioItem(i, expected.data());
+      char* block = kept_[i % kept_.size()];
+      bool ok = i % 2 == 0 ? fgets(block, static_cast<int>(kStdioBlock), in_) != nullptr &&
+                                 strcmp(block, expected.data()) == 0
+                           : fread(block, 1, length, in_) == length &&
+                                 memcmp(block, expected.data(), length) == 0;
+      if (!ok && feof(in_) && !ferror(in_)) break;  // the feeder stopped between two items
+      if (!ok) {
+        fprintf(stderr, "mesh_writers: stdio %s into %p failed (%s)\n",
+                i % 2 == 0 ? "fgets" : "fread", static_cast<void*>(block),
+                ferror(in_) ? strerror(errno) : "wrong data");
+        gFailed = true;
+        break;
+      }
+      done++;
+      // Freeing blocks as it goes keeps their spans (the buffer's and the destinations')
+      // sparse enough to be meshed again and again while the stream is read.
+      if (i % kStdioItemsPerFillerFree == 0) {
+        if (!fillers_.empty()) {
+          free(fillers_.back());
+          fillers_.pop_back();
+        }
+        if (kept_.size() > kStdioMinKept) {
+          free(kept_.back());
+          kept_.pop_back();
+        }
+      }
+    }
+    // Drain what a failed reader left, so that the feeder is never stuck on a full pipe.
+    if (gFailed) {
+      char sink[512];
+      while (fread(sink, 1, sizeof(sink), in_) > 0) {
+      }
+    }
+    return done;
+  }
+
+ private:
+  int fds_[2] = {-1, -1};
+  FILE* in_ = nullptr;
+  std::vector<char*> kept_;
+  std::vector<char*> fillers_;  // keep the buffer's span sparse, not empty
+};
+
+constexpr unsigned kStdioRoundMs = 100;
+
+uint64_t readCounter(const char* name) {
+  uint64_t epoch = 1, value = 0;
+  size_t length = sizeof(epoch);
+  meshalloc_mallctl("epoch", &epoch, &length, &epoch, sizeof(epoch));
+  length = sizeof(value);
+  meshalloc_mallctl(name, &value, &length, nullptr, 0);
+  return value;
+}
+
+// The stdio reader alone, round after round, against a mesher meshing its spans.
+int runStdioRounds(unsigned rounds) {
+  std::mt19937_64 rng(7);
+  uint64_t reads = 0;
+  uint64_t meshesBefore = readCounter("mesh.count");
+  for (unsigned round = 0; round < rounds && !gFailed; round++) {
+    StdioRound stdio(rng);
+    std::atomic<bool> stop{false};
+    std::thread mesher([&] {
+      while (!stop) meshalloc_compact();
+    });
+    std::thread feeder([&] { stdio.feed(stop); });
+    std::thread reader([&] { reads += stdio.read(); });
+    usleep(kStdioRoundMs * 1000);
+    stop = true;
+    feeder.join();
+    reader.join();
+    mesher.join();
+  }
+  uint64_t meshes = readCounter("mesh.count") - meshesBefore;
+  printf("mesh_writers: %u stdio rounds, %" PRIu64 " stdio reads, %" PRIu64 " meshes, %s\n", rounds,
+         reads, meshes, gFailed ? "FAILED" : "no read failed");
+  if (!gFailed && meshes == 0) {
+    fprintf(stderr, "mesh_writers: nothing was meshed; the test did not test anything\n");
+    return 1;
+  }
+  return gFailed ? 1 : 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -114,14 +287,18 @@ int main(int argc, char** argv) {
       options.targetWrites = strtoull(argv[i + 1], nullptr, 10);
     else if (!strcmp(argv[i], "--objects"))
       options.objectsPerRound = strtoull(argv[i + 1], nullptr, 10);
+    else if (!strcmp(argv[i], "--stdio-rounds"))
+      options.stdioRounds = static_cast<unsigned>(atoi(argv[i + 1]));
     else {
       fprintf(stderr, "mesh_writers: unknown option %s\n", argv[i]);
       return 2;
     }
   }
   signal(SIGPIPE, SIG_IGN);
+  if (options.stdioRounds) return runStdioRounds(options.stdioRounds);
   std::atomic<uint64_t> totalChecked{0};
   uint64_t readsDone = 0;
+  uint64_t stdioReads = 0;
   unsigned round = 0;
   std::mt19937_64 rng(42);
   const size_t sizes[] = {64, 48, 128, 256, 96};
@@ -153,6 +330,11 @@ int main(int argc, char** argv) {
       std::vector<Owned>& readerShare = shares[options.writers];
       std::vector<Owned> freerShare = std::move(shares.back());
       shares.pop_back();
+
+      StdioRound stdio(rng);
+      std::atomic<bool> stopStdio{false};
+      std::thread stdioFeeder([&] { stdio.feed(stopStdio); });
+      std::thread stdioReader([&] { stdioReads += stdio.read(); });
 
       std::atomic<bool> stop{false};
       std::thread mesher([&] {
@@ -264,9 +446,12 @@ int main(int argc, char** argv) {
             [&, t] { totalChecked += writeAndCheck(shares[t], options.passesPerRound); });
       }
       for (auto& w : writers) w.join();
+      stopStdio = true;
       freer.join();
       reader.join();
       feeder.join();
+      stdioReader.join();
+      stdioFeeder.join();
       stop = true;
       mesher.join();
       free(vector);
@@ -279,10 +464,15 @@ int main(int argc, char** argv) {
     }
     const uint64_t liveAfter = liveObjectsOfClass(size);
     if (liveAfter != liveBefore) {
+      // Measured again a moment later, so that the report tells a slot lost for good from one
+      // still on its way back; then the whole heap's statistics.
+      usleep(200000);
+      const uint64_t liveLater = liveObjectsOfClass(size);
       fprintf(stderr,
               "mesh_writers: round %u: %" PRIu64 " live objects of %zu bytes before, %" PRIu64
-              " after everything was freed\n",
-              round, liveBefore, size, liveAfter);
+              " after everything was freed (%" PRIu64 " 200 ms later)\n",
+              round, liveBefore, size, liveAfter, liveLater);
+      meshalloc_print_stats(STDERR_FILENO, 0);
       gFailed = true;
     }
     round++;
@@ -295,8 +485,8 @@ int main(int argc, char** argv) {
   length = sizeof(faults);
   meshalloc_mallctl("mesh.barrier_faults", &faults, &length, nullptr, 0);
   printf("mesh_writers: %u rounds, %" PRIu64 " checked writes, %" PRIu64 " reads, %" PRIu64
-         " meshes, %" PRIu64 " writes waited on the barrier, %s\n",
-         round, totalChecked.load(), readsDone, meshes, faults,
+         " stdio reads, %" PRIu64 " meshes, %" PRIu64 " writes waited on the barrier, %s\n",
+         round, totalChecked.load(), readsDone, stdioReads, meshes, faults,
          gFailed ? "FAILED" : "no write lost");
   if (!gFailed && meshes == 0) {
     fprintf(stderr, "mesh_writers: nothing was meshed; the test did not test anything\n");

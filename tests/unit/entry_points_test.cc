@@ -1,7 +1,9 @@
 // glibc semantics of the entry points, in-process (the exported symbols are tested against
 // glibc itself in tests/api).
 #include "api/entry_points.h"
+#include "api/libc_buffers.h"
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <gtest/gtest.h>
 #include <stdint.h>
@@ -109,6 +111,28 @@ TEST(EntryPoints, IntrospectionIsPlausible) {
   EXPECT_EQ(malloptImpl(M_MXFAST, 100000), 0);
   EXPECT_GE(trimImpl(0), 0);
   EXPECT_EQ(infoImpl(1, stdout), EINVAL);
+}
+
+// malloc pins the blocks glibc allocates for the kernel to fill (stdio's buffers), telling them
+// by their caller's address: inside glibc's code, and nowhere else.
+void notInLibc() {}
+
+TEST(EntryPoints, LibcCallersAreToldByAddress) {
+  findLibcCode();
+  ASSERT_LT(gLibcCode.start, gLibcCode.end) << "glibc's code was not found";
+  // glibc's own functions, not the sanitizers' interceptors that &fopen names under ASan.
+  void* libc = dlopen("libc.so.6", RTLD_NOW | RTLD_NOLOAD);
+  ASSERT_NE(libc, nullptr);
+  for (const char* name : {"fopen", "qsort", "_IO_file_doallocate"}) {
+    void* function = dlsym(libc, name);
+    ASSERT_NE(function, nullptr) << name;
+    EXPECT_TRUE(calledFromLibc(function)) << name;
+  }
+  dlclose(libc);
+  EXPECT_FALSE(calledFromLibc(reinterpret_cast<const void*>(&notInLibc)));
+  EXPECT_FALSE(calledFromLibc(nullptr));
+  int onStack = 0;
+  EXPECT_FALSE(calledFromLibc(&onStack));
 }
 
 }  // namespace

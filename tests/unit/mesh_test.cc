@@ -17,6 +17,7 @@
 
 #include "heap/arena.h"
 #include "heap/config.h"
+#include "heap/global_heap.h"
 #include "heap/heap.h"
 #include "heap/span_backing.h"
 #include "mesh/mesher.h"
@@ -419,6 +420,55 @@ TEST_F(MeshTest, OverlappingSpansAreNotMeshable) {
   EXPECT_TRUE(SplitMesher::disjoint(b, a));
   EXPECT_FALSE(SplitMesher::disjoint(a, a));
   for (const Survivor& s : survivors) heap::deallocate(s.pointer);
+}
+
+// A pinned span (one holding a buffer glibc has the kernel fill) is never a mesh candidate, so
+// two spans that would mesh stay apart while one of them is pinned, and mesh once neither is.
+TEST_F(MeshTest, PinnedSpansAreNeverMeshed) {
+  constexpr size_t kSize = 160;
+  auto survivors = makeDisjointSpans(kSize, 2);
+  ASSERT_FALSE(survivors.empty());
+  MiniHeap* a = ownerOf(survivors.front().spanStart);
+  MiniHeap* b = ownerOf(survivors.back().spanStart);
+  ASSERT_NE(a, b);
+  size_t pinnedBefore = GlobalHeap::pinnedSpans();
+  GlobalHeap::pin(a);
+  GlobalHeap::pin(a);  // counted once
+  EXPECT_EQ(GlobalHeap::pinnedSpans(), pinnedBefore + 1);
+  MeshPolicy::compactNow();
+  EXPECT_NE(ownerOf(survivors.front().spanStart), ownerOf(survivors.back().spanStart))
+      << "a pinned span was meshed";
+  EXPECT_EQ(a->mesh, nullptr);
+  for (const Survivor& s : survivors) {
+    EXPECT_TRUE(holds(s.pointer, kSize, 1, reinterpret_cast<uintptr_t>(s.pointer)));
+    heap::deallocate(s.pointer);
+  }
+  EXPECT_EQ(GlobalHeap::pinnedSpans(), pinnedBefore) << "an emptied pinned span is still counted";
+  // The same layout without the pin meshes: the test above could fail.
+  auto unpinned = makeDisjointSpans(kSize, 2);
+  MeshPolicy::compactNow();
+  EXPECT_EQ(ownerOf(unpinned.front().spanStart), ownerOf(unpinned.back().spanStart));
+  for (const Survivor& s : unpinned) heap::deallocate(s.pointer);
+}
+
+// allocatePinned pins the span of the block it returns, which the calling thread holds.
+TEST_F(MeshTest, AllocatePinnedPinsAnAttachedSpan) {
+  std::thread([] {
+    constexpr size_t kSize = 4096;
+    void* plain = heap::allocate(kSize);
+    void* pinned = heap::allocatePinned(kSize);
+    ASSERT_NE(pinned, nullptr);
+    MiniHeap* span = ownerOf(reinterpret_cast<uintptr_t>(pinned));
+    EXPECT_TRUE(span->pinned.load());
+    EXPECT_EQ(span->owner.load(), tlsThreadHeap);
+    memset(pinned, 7, kSize);
+    heap::deallocate(pinned);
+    heap::deallocate(plain);
+    // Large blocks are never meshed: nothing to pin.
+    void* large = heap::allocatePinned(kMaxSmallSize + 1);
+    ASSERT_NE(large, nullptr);
+    heap::deallocate(large);
+  }).join();
 }
 
 // Refills on a fresh thread: each one runs the meshing policy's slow-path hook.
