@@ -49,6 +49,21 @@ Function realFunction(std::atomic<Function>& cache, const char* name) {
   return f;
 }
 
+// The real function of a name glibc keeps only as a compatibility symbol (no default version:
+// dlsym does not see it), under the base version of the architectures we build for.
+template <typename Function>
+Function realCompatFunction(std::atomic<Function>& cache, const char* name) {
+  static const char* const kBaseVersions[] = {"GLIBC_2.2.5", "GLIBC_2.17", "GLIBC_2.27",
+                                              "GLIBC_2.0"};
+  Function f = cache.load(std::memory_order_acquire);
+  for (const char* version : kBaseVersions) {
+    if (f) break;
+    f = reinterpret_cast<Function>(dlvsym(RTLD_NEXT, name, version));
+  }
+  if (f) cache.store(f, std::memory_order_release);
+  return f;
+}
+
 bool inHeap(uintptr_t start, uintptr_t end) {
   return Arena::contains(start) || Arena::contains(end - 1);
 }
@@ -239,6 +254,20 @@ std::atomic<FlistxattrFn> gFlistxattr{nullptr};
 std::atomic<FreadFn> gFread{nullptr};
 std::atomic<FreadFn> gFreadUnlocked{nullptr};
 std::atomic<UnameFn> gUname{nullptr};
+using XstatFn = int (*)(int, const char*, struct stat*);
+using FxstatFn = int (*)(int, int, struct stat*);
+using FxstatatFn = int (*)(int, int, const char*, struct stat*, int);
+using Xstat64Fn = int (*)(int, const char*, struct stat64*);
+using Fxstat64Fn = int (*)(int, int, struct stat64*);
+using Fxstatat64Fn = int (*)(int, int, const char*, struct stat64*, int);
+std::atomic<XstatFn> gXstat{nullptr};
+std::atomic<XstatFn> gLxstat{nullptr};
+std::atomic<FxstatFn> gFxstat{nullptr};
+std::atomic<FxstatatFn> gFxstatat{nullptr};
+std::atomic<Xstat64Fn> gXstat64{nullptr};
+std::atomic<Xstat64Fn> gLxstat64{nullptr};
+std::atomic<Fxstat64Fn> gFxstat64{nullptr};
+std::atomic<Fxstatat64Fn> gFxstatat64{nullptr};
 std::atomic<GetrusageFn> gGetrusage{nullptr};
 
 // recvmsg writes the data, the sender's address, the control data and, in the header itself,
@@ -634,4 +663,50 @@ MESHALLOC_EXPORT int uname(struct utsname* name) {
 MESHALLOC_EXPORT int getrusage(int who, struct rusage* usage) {
   GetrusageFn real = realFunction(gGetrusage, "getrusage");
   return guarded(usage, sizeof(*usage), [&] { return real(who, usage); });
+}
+
+// The stat family's names in programs built against glibc before 2.33, which glibc still
+// serves as compatibility symbols.
+MESHALLOC_EXPORT int __xstat(int version, const char* path, struct stat* status) {
+  XstatFn real = realCompatFunction(gXstat, "__xstat");
+  return guarded(status, sizeof(*status), [&] { return real(version, path, status); });
+}
+
+MESHALLOC_EXPORT int __lxstat(int version, const char* path, struct stat* status) {
+  XstatFn real = realCompatFunction(gLxstat, "__lxstat");
+  return guarded(status, sizeof(*status), [&] { return real(version, path, status); });
+}
+
+MESHALLOC_EXPORT int __fxstat(int version, int fd, struct stat* status) {
+  FxstatFn real = realCompatFunction(gFxstat, "__fxstat");
+  return guarded(status, sizeof(*status), [&] { return real(version, fd, status); });
+}
+
+MESHALLOC_EXPORT int __fxstatat(int version, int dirfd, const char* path, struct stat* status,
+                                int flags) {
+  FxstatatFn real = realCompatFunction(gFxstatat, "__fxstatat");
+  return guarded(status, sizeof(*status),
+                 [&] { return real(version, dirfd, path, status, flags); });
+}
+
+MESHALLOC_EXPORT int __xstat64(int version, const char* path, struct stat64* status) {
+  Xstat64Fn real = realCompatFunction(gXstat64, "__xstat64");
+  return guarded(status, sizeof(*status), [&] { return real(version, path, status); });
+}
+
+MESHALLOC_EXPORT int __lxstat64(int version, const char* path, struct stat64* status) {
+  Xstat64Fn real = realCompatFunction(gLxstat64, "__lxstat64");
+  return guarded(status, sizeof(*status), [&] { return real(version, path, status); });
+}
+
+MESHALLOC_EXPORT int __fxstat64(int version, int fd, struct stat64* status) {
+  Fxstat64Fn real = realCompatFunction(gFxstat64, "__fxstat64");
+  return guarded(status, sizeof(*status), [&] { return real(version, fd, status); });
+}
+
+MESHALLOC_EXPORT int __fxstatat64(int version, int dirfd, const char* path, struct stat64* status,
+                                  int flags) {
+  Fxstatat64Fn real = realCompatFunction(gFxstatat64, "__fxstatat64");
+  return guarded(status, sizeof(*status),
+                 [&] { return real(version, dirfd, path, status, flags); });
 }

@@ -2,6 +2,7 @@
 // arrays, message headers, an address length) to find the heap buffers to protect. Given bad
 // pointers they must behave exactly like the plain system call, which fails with EFAULT:
 // never crash where glibc would not.
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -377,4 +378,40 @@ TEST(IoWrappers, MoreCallsIntoHeapAndBadBuffers) {
   free(timeout);
   free(readable);
   free(fds);
+}
+
+// Programs built against glibc before 2.33 call the stat family as __xstat and friends, which
+// glibc keeps as compatibility symbols; meshalloc defines those names too (an old program's
+// versioned reference binds to the first definition in search order, as malloc's does), and
+// its wrappers must reach glibc's compatibility functions.
+TEST(IoWrappers, LegacyStatNamesAreWrapped) {
+#if defined(__x86_64__)
+  constexpr int kStatVersion = 1;  // _STAT_VER_LINUX
+  using Xstat = int (*)(int, const char*, struct stat*);
+  using Fxstat = int (*)(int, int, struct stat*);
+  Dl_info self;
+  ASSERT_NE(dladdr(reinterpret_cast<void*>(&meshalloc_mallctl), &self), 0);
+  void* library = dlopen(self.dli_fname, RTLD_NOW | RTLD_NOLOAD);
+  ASSERT_NE(library, nullptr) << self.dli_fname;
+  auto xstat = reinterpret_cast<Xstat>(dlsym(library, "__xstat"));
+  auto fxstat = reinterpret_cast<Fxstat>(dlsym(library, "__fxstat"));
+  ASSERT_NE(xstat, nullptr);
+  ASSERT_NE(fxstat, nullptr);
+  auto* status = static_cast<struct stat*>(malloc(sizeof(struct stat)));
+  struct stat reference;
+  ASSERT_EQ(syscall(SYS_stat, "/proc/self/exe", &reference), 0);
+  ASSERT_EQ(xstat(kStatVersion, "/proc/self/exe", status), 0);
+  EXPECT_EQ(status->st_ino, reference.st_ino);
+  ASSERT_EQ(fxstat(kStatVersion, 0, status), syscall(SYS_fstat, 0, &reference));
+  for (void* bad : kBadPointers) {
+    auto* badStatus = static_cast<struct stat*>(bad);
+    expectSame(outcomeOf([&] { return xstat(kStatVersion, "/proc/self/exe", badStatus); }),
+               outcomeOf([&] { return syscall(SYS_stat, "/proc/self/exe", badStatus); }),
+               "__xstat");
+  }
+  free(status);
+  dlclose(library);
+#else
+  GTEST_SKIP() << "the compatibility names' version is known here for x86-64 only";
+#endif
 }

@@ -29,7 +29,8 @@ from ..measure import DEFAULT_INTERVAL_S, KIB, MIB
 from .common import ExperimentBase, checked_repetitions, machine_json, number, private_meshalloc_copy, write_tsv
 from .framework import FULL, QUICK, SMOKE, Claim, Context, ExperimentUnavailable, Outcome
 from .redis_support import (ACTIVEDEFRAG_OPTIONS, BUILD_SCRIPT, SERVER_OPTIONS, Config, RedisInstall, Run,
-                            Workload, any_install, compile_client, describe_runs, ensure_source_build, one_run)
+                            Workload, any_install, compile_client, describe_runs, ensure_source_build, one_run,
+                            timed_run)
 
 NAME = "redis-lru"
 
@@ -106,17 +107,20 @@ DETAIL_COLUMNS: List[Column] = [
     ("mesh_barrier_max_ms", "longest barrier ms", 1, 2),
     ("barrier_faults", "writes that waited", 1, 0),
     ("server_cpu_s", "server CPU s", 1, 2),
+    ("sampled_insertion_s", "insertion while sampled s", 1, 3),
+    ("sampled_insertion_ratio", "sampled ×", None, 2),
     ("peak_maps", "peak mappings", 1, 0),
     ("evicted_keys", "evicted keys", 1, 0),
 ]
 # Every per-run quantity written to runs.tsv (and summarised in table.tsv).
 RUN_METRICS = ["mean_pss", "final_pss", "peak_pss", "mean_pss_after_insertion", "peak_cgroup", "peak_pte",
-               "peak_maps", "phase1_s", "phase2_s", "insertion_s", "hz", "load", "server_cpu_s", "defrag_s", "keys",
+               "peak_maps", "phase1_s", "phase2_s", "insertion_s", "sampled_insertion_s", "hz", "load", "server_cpu_s", "defrag_s", "keys",
                "evicted_keys", "used_memory", "mesh_count", "mesh_released", "mesh_released_peak", "mappings",
                "mesh_passes", "mesh_pauses", "mesh_pause_max_ms", "mesh_pause_total_s", "mesh_cpu_s",
                "mesh_barrier_max_ms", "barrier_faults"]
 # ratio name -> the metric it divides by the baseline's median
-RATIOS = {"mean_ratio": "mean_pss", "after_ratio": "mean_pss_after_insertion", "insertion_ratio": "insertion_s"}
+RATIOS = {"mean_ratio": "mean_pss", "after_ratio": "mean_pss_after_insertion", "insertion_ratio": "insertion_s",
+          "sampled_insertion_ratio": "sampled_insertion_s"}
 RUN_TSV_HEAD = ["order", "config", "repetition", "ok", "exit", "client_start_s", "client_end_s"]
 RUN_TSV_TAIL = ["samples_tsv", "problems"]
 
@@ -252,8 +256,11 @@ def table_notes(runs: Sequence[Run]) -> List[str]:
     notes = [
         f"Samples achieved {rate_range(rates)} Hz; peak mappings and page tables are maxima over "
         "the run." if rates else "",
-        "insertion: the client's phase 1 + phase 2 wall time. `activedefrag yes` is set once the insertion is "
-        "done, as in the paper. server CPU: Redis's used_cpu_user + used_cpu_sys at the end (all threads, so "
+        "insertion: the client's phase 1 + phase 2 wall time, in a second run of the same server and load right "
+        "after the sampled one, without the sampler (reading smaps_rollup at 100 Hz walks the server's page "
+        "tables under its mmap lock on one of the two CPUs and slowed every insertion by 11-20 %); insertion "
+        "while sampled: the sampled run's. `activedefrag yes` is set once the "
+        "insertion is done, as in the paper. server CPU: Redis's used_cpu_user + used_cpu_sys at the end (all threads, so "
         "meshalloc's meshing thread and Redis's defrag are in it).",
         "mean PSS after insertion: from the end of the insertion to the shutdown (the cache is full; what is "
         "left is fragmentation and what the allocator gives back). The whole-run mean also rewards a slow "
@@ -432,7 +439,8 @@ def write_summary(out: Path, context: Context, load: Workload, install: RedisIns
                      "preload": str(config.allocator.library or ""), "environment": dict(config.allocator.set_env),
                      "extra_args": config.extra_args} for config in configs],
         "runs": [{"order": run.order, "config": run.config.name, "repetition": run.repetition, "ok": run.ok,
-                  "problems": run.problems, "client": run.client, "client_start_s": run.client_start_s,
+                  "problems": run.problems, "client": run.client, "timed_client": run.timed_client,
+                  "client_start_s": run.client_start_s,
                   "client_end_s": run.client_end_s,
                   "metrics": {metric: run.metric(metric) for metric in RUN_METRICS},
                   "directory": str(run.directory.relative_to(out))} for run in runs],
@@ -537,6 +545,7 @@ def run_schedule(context: Context, configs: Sequence[Config], load: Workload, in
     for order, (repetition, config) in enumerate(schedule, 1):
         run = Run(config, repetition, order, context.out / "runs" / f"{config.slug}-r{repetition}")
         one_run(run, load, install, client)
+        timed_run(run, load, install, client)
         runs.append(run)
         context.log(progress_line(run, len(schedule)))
     return runs
@@ -547,6 +556,8 @@ def progress_line(run: Run, total: int) -> str:
     line = f"[{run.order}/{total}] {run.config.name} #{run.repetition}: {status}"
     if run.insertion_s is not None:
         line += f"; insertion {run.insertion_s:.3f} s"
+    if run.sampled_insertion_s is not None:
+        line += f" ({run.sampled_insertion_s:.3f} s sampled)"
     line += (f", mean PSS {(run.metric('mean_pss') or 0) / MIB:.1f} MiB, "
              f"peak {(run.metric('peak_pss') or 0) / MIB:.1f} MiB")
     if run.config.meshalloc and run.mesh_stats:
