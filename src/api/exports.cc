@@ -21,7 +21,7 @@ using namespace meshalloc;
 
 MESHALLOC_EXPORT void* malloc(size_t size) {
   if (__builtin_expect(size >= api::kLibcBufferMinBytes, 0) &&
-      api::calledFromLibc(__builtin_return_address(0))) {
+      api::calledFromLibcBufferFunction(__builtin_return_address(0))) {
     return heap::allocatePinned(size);
   }
   return heap::allocate(size);
@@ -102,7 +102,7 @@ constexpr int kLowestSavedFd = 64;
 int gSavedStderr = -1;
 
 __attribute__((constructor)) void initializeAtLoad() {
-  api::findLibcCode();
+  api::findLibcBufferCallers();
   if (heap::ensureInitialized()) MeshPolicy::init();
   if (gHeapConfig.statsAtExit != StatsFormat::kNone && !gHeapConfig.statsFile) {
     gSavedStderr = fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, kLowestSavedFd);

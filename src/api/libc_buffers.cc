@@ -1,17 +1,28 @@
 #include "api/libc_buffers.h"
 
-#include "platform/os.h"
-
-extern "C" void __libc_free(void* pointer);
+#include <dlfcn.h>
+#include <elf.h>
+#include <link.h>
 
 namespace meshalloc::api {
 
-void findLibcCode() {
-  uintptr_t start, end;
-  if (os::findCodeSegment(reinterpret_cast<const void*>(&__libc_free), &start, &end)) {
-    gLibcCode.start = start;
-    gLibcCode.end = end;
+size_t findLibcBufferCallers() {
+  static const char* const kNames[kLibcBufferFunctions] = {"_IO_file_doallocate", "getcwd"};
+  size_t found = 0;
+  for (size_t i = 0; i < kLibcBufferFunctions; i++) {
+    // RTLD_NEXT: glibc's own function even if the program defines one of that name.
+    void* function = dlsym(RTLD_NEXT, kNames[i]);
+    Dl_info info;
+    void* entry = nullptr;  // dladdr1 hands back the symbol's ElfW(Sym) here
+    if (!function || !dladdr1(function, &info, &entry, RTLD_DL_SYMENT) || !entry ||
+        static_cast<const ElfW(Sym)*>(entry)->st_size == 0) {
+      continue;
+    }
+    uintptr_t start = reinterpret_cast<uintptr_t>(function);
+    gLibcBufferCallers[i] = {start, start + static_cast<const ElfW(Sym)*>(entry)->st_size};
+    found++;
   }
+  return found;
 }
 
 }  // namespace meshalloc::api

@@ -1,8 +1,11 @@
-// Buffers that glibc allocates and then has the kernel fill from inside itself (stdio's
-// buffers, read through glibc's internal read(); getcwd(NULL, 0)'s). Those reads bypass the
-// system-call wrappers (api/io_exports.cc), so a span being meshed under such a buffer would make
-// them fail with EFAULT. malloc tells these allocations by their caller's address and takes
-// them from spans that are never meshed (heap::allocatePinned).
+// Buffers that glibc allocates and then has the kernel fill from inside itself: a stream's
+// buffer (stdio allocates it on the first read and fills it with its internal read()) and
+// getcwd(NULL, 0)'s. Those reads bypass the system-call wrappers (api/io_exports.cc), so a span
+// being meshed under such a buffer would make them fail with EFAULT. malloc tells these
+// allocations by their caller's address, inside one of the glibc functions below, and takes
+// them from spans that are never meshed (heap::allocatePinned). Nothing else glibc allocates
+// is pinned (its qsort temporaries, strdup copies and FILE objects are never written by the
+// kernel), so no other span loses its meshing.
 #pragma once
 
 #include <cstddef>
@@ -10,23 +13,28 @@
 
 namespace meshalloc::api {
 
-// Smaller blocks are not pinned: stdio's buffers are st_blksize bytes (at least 512 on every
-// Linux file system, 1 KiB on /proc, 4 KiB on most) or BUFSIZ. glibc's own small allocations
-// (its strdup, its FILE objects) are never written by the kernel.
+// Smaller blocks are never such buffers: stdio's are st_blksize bytes (at least 512 on every
+// Linux file system, 1 KiB on /proc, 4 KiB on most) or BUFSIZ, getcwd's at least PATH_MAX.
 constexpr size_t kLibcBufferMinBytes = 512;
 
 struct CodeRange {
   uintptr_t start = 0;
   uintptr_t end = 0;
+  bool contains(uintptr_t address) const { return address - start < end - start; }
 };
-inline CodeRange gLibcCode;
+// _IO_file_doallocate (stdio's buffers) and getcwd.
+constexpr size_t kLibcBufferFunctions = 2;
+inline CodeRange gLibcBufferCallers[kLibcBufferFunctions];
 
-// Finds glibc's code (once, at load: before the program's constructors open any stream).
-void findLibcCode();
+// Finds those functions' code (once, at load: before the program's constructors open any
+// stream). Returns how many were found.
+size_t findLibcBufferCallers();
 
-inline bool calledFromLibc(const void* returnAddress) {
+inline bool calledFromLibcBufferFunction(const void* returnAddress) {
   uintptr_t address = reinterpret_cast<uintptr_t>(returnAddress);
-  return address - gLibcCode.start < gLibcCode.end - gLibcCode.start;
+  bool found = false;
+  for (const CodeRange& range : gLibcBufferCallers) found |= range.contains(address);
+  return found;
 }
 
 }  // namespace meshalloc::api

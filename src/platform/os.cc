@@ -1,7 +1,6 @@
 #include "platform/os.h"
 
 #include <errno.h>
-#include <link.h>
 #include <linux/futex.h>
 #include <linux/membarrier.h>
 #include <signal.h>
@@ -322,41 +321,6 @@ bool isInBrkHeap(uintptr_t address) {
   }
   close(fd);
   return found;
-}
-
-namespace {
-struct CodeSegmentQuery {
-  uintptr_t address;
-  uintptr_t start;
-  uintptr_t end;
-  bool found;
-};
-
-int matchCodeSegment(struct dl_phdr_info* info, size_t, void* data) {
-  auto* query = static_cast<CodeSegmentQuery*>(data);
-  for (ElfW(Half) i = 0; i < info->dlpi_phnum; i++) {
-    const ElfW(Phdr)& header = info->dlpi_phdr[i];
-    if (header.p_type != PT_LOAD || !(header.p_flags & PF_X)) continue;
-    uintptr_t start = info->dlpi_addr + header.p_vaddr;
-    uintptr_t end = start + header.p_memsz;
-    if (query->address >= start && query->address < end) {
-      query->start = start;
-      query->end = end;
-      query->found = true;
-      return 1;
-    }
-  }
-  return 0;
-}
-}  // namespace
-
-bool findCodeSegment(const void* address, uintptr_t* start, uintptr_t* end) {
-  CodeSegmentQuery query = {reinterpret_cast<uintptr_t>(address), 0, 0, false};
-  dl_iterate_phdr(matchCodeSegment, &query);
-  if (!query.found) return false;
-  *start = query.start;
-  *end = query.end;
-  return true;
 }
 
 }  // namespace meshalloc::os

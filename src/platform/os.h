@@ -74,11 +74,6 @@ void futexWaitFor(const void* addr, uint32_t expected, uint64_t timeoutNanos);
 // interposer is bypassed). Returns 0 or -1.
 int rawSigaction(int signal, const struct sigaction* action, struct sigaction* previous);
 
-// The executable segment of the loaded object (library or program) holding `address`: false if
-// none does. Walks the loader's list (dl_iterate_phdr), which neither allocates nor may be
-// called from inside the loader while it adds an object.
-bool findCodeSegment(const void* address, uintptr_t* start, uintptr_t* end);
-
 // Writes to standard error without allocating.
 void writeStderr(const char* text, size_t length);
 void writeFd(int fd, const char* text, size_t length);
