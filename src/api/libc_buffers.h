@@ -13,10 +13,6 @@
 
 namespace meshalloc::api {
 
-// Smaller blocks are never such buffers: stdio's are st_blksize bytes (at least 512 on every
-// Linux file system, 1 KiB on /proc, 4 KiB on most) or BUFSIZ, getcwd's at least PATH_MAX.
-constexpr size_t kLibcBufferMinBytes = 512;
-
 struct CodeRange {
   uintptr_t start = 0;
   uintptr_t end = 0;
@@ -30,6 +26,7 @@ inline CodeRange gLibcBufferCallers[kLibcBufferFunctions];
 // stream). Returns how many were found.
 size_t findLibcBufferCallers();
 
+// Branch-free over the ranges (malloc's fast path tests it on every call).
 inline bool calledFromLibcBufferFunction(const void* returnAddress) {
   uintptr_t address = reinterpret_cast<uintptr_t>(returnAddress);
   bool found = false;
