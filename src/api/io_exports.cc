@@ -315,18 +315,9 @@ HeapRange eventsRange(struct epoll_event* events, int maxEvents) {
   return range;
 }
 
-// accept writes the peer's address and its length.
-HeapRange addressRange(struct sockaddr* address, socklen_t* length) {
-  HeapRange range;
-  if (address && safeToRead(length, sizeof(*length))) {
-    range.add(length, sizeof(*length));
-    range.add(address, *length);
-  }
-  return range;
-}
-
-// getsockopt writes the option's value and its length.
-HeapRange optionRange(void* value, socklen_t* length) {
+// A buffer whose size the caller passes by pointer, and which the kernel writes back with the
+// bytes it stored: accept's, getsockname's and getpeername's address, getsockopt's value.
+HeapRange valueAndLengthRange(void* value, socklen_t* length) {
   HeapRange range;
   if (value && safeToRead(length, sizeof(*length))) {
     range.add(length, sizeof(*length));
@@ -460,12 +451,13 @@ MESHALLOC_EXPORT int epoll_pwait(int epfd, struct epoll_event* events, int maxEv
 
 MESHALLOC_EXPORT int accept(int fd, struct sockaddr* address, socklen_t* length) {
   AcceptFn real = realFunction(gAccept, "accept");
-  return guardedRange(addressRange(address, length), [&] { return real(fd, address, length); });
+  return guardedRange(valueAndLengthRange(address, length),
+                      [&] { return real(fd, address, length); });
 }
 
 MESHALLOC_EXPORT int accept4(int fd, struct sockaddr* address, socklen_t* length, int flags) {
   Accept4Fn real = realFunction(gAccept4, "accept4");
-  return guardedRange(addressRange(address, length),
+  return guardedRange(valueAndLengthRange(address, length),
                       [&] { return real(fd, address, length, flags); });
 }
 
@@ -534,17 +526,19 @@ MESHALLOC_EXPORT int statx(int dirfd, const char* path, int flags, unsigned mask
 
 MESHALLOC_EXPORT int getsockname(int fd, struct sockaddr* address, socklen_t* length) {
   AcceptFn real = realFunction(gGetsockname, "getsockname");
-  return guardedRange(addressRange(address, length), [&] { return real(fd, address, length); });
+  return guardedRange(valueAndLengthRange(address, length),
+                      [&] { return real(fd, address, length); });
 }
 
 MESHALLOC_EXPORT int getpeername(int fd, struct sockaddr* address, socklen_t* length) {
   AcceptFn real = realFunction(gGetpeername, "getpeername");
-  return guardedRange(addressRange(address, length), [&] { return real(fd, address, length); });
+  return guardedRange(valueAndLengthRange(address, length),
+                      [&] { return real(fd, address, length); });
 }
 
 MESHALLOC_EXPORT int getsockopt(int fd, int level, int name, void* value, socklen_t* length) {
   GetsockoptFn real = realFunction(gGetsockopt, "getsockopt");
-  return guardedRange(optionRange(value, length),
+  return guardedRange(valueAndLengthRange(value, length),
                       [&] { return real(fd, level, name, value, length); });
 }
 

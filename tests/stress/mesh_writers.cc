@@ -120,6 +120,18 @@ uint64_t liveObjectsOfClass(size_t size) {
   }
 }
 
+// Keeps one block of `all` in `oneIn`, chosen at random, in `kept`, and frees the others.
+template <typename Block>
+void keepSome(const std::vector<Block*>& all, unsigned oneIn, std::mt19937_64& rng,
+              std::vector<Block*>& kept) {
+  for (Block* block : all) {
+    if (rng() % oneIn == 0)
+      kept.push_back(block);
+    else
+      free(block);
+  }
+}
+
 // Fills `pattern` with item `i`'s bytes: a line for even items, a block for odd ones.
 size_t stdioItem(size_t i, char* pattern) {
   if (i % 2 == 0) return static_cast<size_t>(snprintf(pattern, 64, "line %zu of the feeder\n", i));
@@ -150,18 +162,8 @@ class StdioRound {
           if (!in_ || write(fds_[1], "x\n", 2) != 2 || !fgets(line, sizeof(line), in_)) return;
         }
       }
-      for (char* block : all) {
-        if (rng() % 4 == 0)
-          kept_.push_back(block);
-        else
-          free(block);
-      }
-      for (char* filler : fillers) {
-        if (rng() % 2 == 0)
-          fillers_.push_back(filler);
-        else
-          free(filler);
-      }
+      keepSome(all, 4, rng, kept_);
+      keepSome(fillers, 2, rng, fillers_);
     });
     populate.join();
   }
@@ -314,12 +316,7 @@ int main(int argc, char** argv) {
           p = static_cast<uint64_t*>(malloc(size));
           for (size_t w = 0; w < words; w++) p[w] = valueFor(p, 0, w);
         }
-        for (auto* p : all) {
-          if (rng() % 4 == 0)
-            survivors.push_back(p);
-          else
-            free(p);
-        }
+        keepSome(all, 4, rng, survivors);
       });
       populate.join();
 
@@ -477,13 +474,8 @@ int main(int argc, char** argv) {
     }
     round++;
   }
-  uint64_t epoch = 1, meshes = 0, faults = 0;
-  size_t length = sizeof(epoch);
-  meshalloc_mallctl("epoch", &epoch, &length, &epoch, sizeof(epoch));
-  length = sizeof(meshes);
-  meshalloc_mallctl("mesh.count", &meshes, &length, nullptr, 0);
-  length = sizeof(faults);
-  meshalloc_mallctl("mesh.barrier_faults", &faults, &length, nullptr, 0);
+  const uint64_t meshes = readCounter("mesh.count");
+  const uint64_t faults = readCounter("mesh.barrier_faults");
   printf("mesh_writers: %u rounds, %" PRIu64 " checked writes, %" PRIu64 " reads, %" PRIu64
          " stdio reads, %" PRIu64 " meshes, %" PRIu64 " writes waited on the barrier, %s\n",
          round, totalChecked.load(), readsDone, stdioReads, meshes, faults,
