@@ -14,6 +14,7 @@ from bench_support import ROOT, assert_figure, assert_ran_once, assert_registere
 
 from meshalloc_cli.bench import framework, redis_lru, redis_support
 from meshalloc_cli.compare import Stat
+from meshalloc_cli.errors import MeshallocError
 from meshalloc_cli.measure import MIB
 from meshalloc_cli.output import SAMPLE_COLUMNS
 
@@ -72,6 +73,15 @@ def test_smoke_tables(smoke):
     assert float(baseline["mean_ratio"]) == 1.0
     markdown = (out / "table.md").read_text()
     assert markdown.startswith("| config | ok | mean PSS MiB |") and "longest pause ms" in markdown
+    header, timing = read_tsv(out / "timing.tsv")
+    assert header == redis_lru.TIMING_TSV_HEAD
+    names = {row["config"] for row in runs}
+    # The repetition's timed runs and one timing round, every configuration in each.
+    assert {row["round"] for row in timing} == {"repetition 1", "timing round 1"}
+    for key in ("repetition 1", "timing round 1"):
+        mine = {row["config"]: row for row in timing if row["round"] == key}
+        assert set(mine) == names and all(row["problem"] == "" for row in mine.values())
+        assert float(mine[redis_lru.BASELINE]["ratio"]) == 1.0 and float(mine[redis_lru.MESHALLOC]["ratio"]) > 0
 
 
 def test_smoke_summary_and_figure(smoke):
@@ -107,6 +117,41 @@ def test_claims_on_made_up_numbers():
     assert holds["tcmalloc's mean heap equals meshalloc with meshing off"] is False
     assert all(value is True for name, value in holds.items() if "issue 3" in name)
     assert "0.50×" in found["meshalloc 2y mean heap (PSS) vs jemalloc"].ours
+
+
+def test_insertion_ratio_is_the_median_of_paired_rounds():
+    """Each round's ratio is taken within the round: a slow round (the machine busy) slows both
+    configurations and leaves the ratio alone, where a quotient of medians would mix rounds."""
+    base = redis_support.Config(redis_lru.BASELINE, Path("redis-server"), None)
+    mesh = redis_support.Config(redis_lru.MESHALLOC, Path("redis-server"), None)
+    times = [(2.0, 2.2), (3.0, 3.3), (2.0, 2.4), (4.0, None)]  # the last round's meshalloc run failed
+    insertions = []
+    for index, (base_s, mesh_s) in enumerate(times, 1):
+        insertions.append(redis_support.Insertion(base, index, {"total_s": str(base_s)}, None))
+        insertions.append(redis_support.Insertion(mesh, index, {"total_s": str(mesh_s)} if mesh_s else {},
+                                                  None if mesh_s else "client exited with 2"))
+    rounds = redis_lru.insertion_rounds([], insertions)
+    assert len(rounds) == 4 and redis_lru.MESHALLOC not in rounds["timing round 4"]
+    table = {redis_lru.BASELINE: {}, redis_lru.MESHALLOC: {}}
+    redis_lru.apply_paired_insertion(table, rounds)
+    ratio = table[redis_lru.MESHALLOC]["insertion_ratio"]
+    assert (ratio.median, ratio.low, ratio.high) == pytest.approx((1.1, 1.1, 1.2))
+    assert table[redis_lru.MESHALLOC]["insertion_s"].median == 2.4  # of 2.2, 2.4, 3.3
+    assert table[redis_lru.BASELINE]["insertion_ratio"] == Stat(1.0, 1.0, 1.0)
+    found = {claim.claim: claim for claim in redis_lru.claims(table, [], checked=True, rounds=rounds)}
+    insertion = found["meshalloc 2y insertion time vs jemalloc"]
+    assert insertion.holds is True and "3 paired rounds" in insertion.ours
+
+
+def test_timing_rounds_variable_is_checked(monkeypatch, tmp_path):
+    context = framework.Context(mode=framework.QUICK, out=tmp_path, root=ROOT, build_dir=tmp_path, repeat=None,
+                                log=lambda line: None)
+    assert redis_lru.timing_round_count(context) == redis_lru.TIMING_ROUNDS[framework.QUICK]
+    monkeypatch.setenv(redis_lru.TIMING_ROUNDS_VARIABLE, "7")
+    assert redis_lru.timing_round_count(context) == 7
+    monkeypatch.setenv(redis_lru.TIMING_ROUNDS_VARIABLE, "many")
+    with pytest.raises(MeshallocError, match="REDIS_LRU_TIMING_ROUNDS"):
+        redis_lru.timing_round_count(context)
 
 
 def test_unknown_configuration_is_refused(monkeypatch, tmp_path):

@@ -365,6 +365,23 @@ def parse_info(text: str) -> Dict[str, str]:
     return info
 
 
+def redis_cli(cli: Path, port: int, *words: str, timeout: float = CLI_TIMEOUT_S) -> subprocess.CompletedProcess:
+    return subprocess.run([str(cli), "-h", "127.0.0.1", "-p", str(port), *words],
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def run_seed(workload: Workload, repetition: int) -> int:
+    """The client's seed in a repetition: every configuration of a repetition inserts the same keys."""
+    return workload.seed + repetition - 1
+
+
+def client_command(client: Path, port: int, workload: Workload, seed: int) -> List[str]:
+    (keys1, size1), (keys2, size2) = workload.phases
+    return [str(client), "--port", str(port), "--batch", str(workload.pipeline),
+            "--phase1", str(keys1), "--size1", str(size1), "--phase2", str(keys2), "--size2", str(size2),
+            "--seed", str(seed)]
+
+
 class Conductor(threading.Thread):
     """The part of a run that happens while the server is sampled: load, hold, shut down."""
 
@@ -381,17 +398,13 @@ class Conductor(threading.Thread):
         self.server_pid: Optional[int] = None
 
     def cli(self, *words: str, timeout: float = CLI_TIMEOUT_S) -> subprocess.CompletedProcess:
-        return subprocess.run([str(self.cli_path), "-h", "127.0.0.1", "-p", str(self.port), *words],
-                              capture_output=True, text=True, timeout=timeout, check=False)
+        return redis_cli(self.cli_path, self.port, *words, timeout=timeout)
 
     def since_start(self) -> float:
         return time.monotonic() - self.started
 
     def client_command(self) -> List[str]:
-        (keys1, size1), (keys2, size2) = self.workload.phases
-        return [str(self.client), "--port", str(self.port), "--batch", str(self.workload.pipeline),
-                "--phase1", str(keys1), "--size1", str(size1), "--phase2", str(keys2), "--size2", str(size2),
-                "--seed", str(self.workload.seed + self.run_.repetition - 1)]
+        return client_command(self.client, self.port, self.workload, run_seed(self.workload, self.run_.repetition))
 
     def run(self) -> None:
         try:
@@ -523,6 +536,51 @@ def one_run(run: Run, workload: Workload, install: RedisInstall, client: Path) -
             run.problems.append("no meshalloc statistics on the server's stderr (stderr.txt)")
 
 
+def time_insertion(config: Config, workload: Workload, install: RedisInstall, client: Path, directory: Path,
+                   seed: int, prefix: str) -> Tuple[Dict[str, str], Optional[str]]:
+    """One insertion without the sampler: a fresh server, the client, a shutdown. Returns the
+    client's report and the problem that spoilt it, if any; the server's log, its stderr and the
+    client's output go to directory as PREFIX-server.log, PREFIX-stderr.txt, PREFIX-client.txt."""
+    directory.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    env = config.allocator.environment(server_environment(config, os.environ))
+    env.pop("MESHALLOC_STATS", None)
+    command = [str(config.server), "--port", str(port), "--maxmemory", workload.maxmemory, *SERVER_OPTIONS,
+               "--dir", str(directory), "--logfile", str(directory / f"{prefix}-server.log"), *config.extra_args]
+    with open(directory / f"{prefix}-stderr.txt", "wb") as stderr:
+        server = subprocess.Popen(command, env=env, cwd=directory, stdin=subprocess.DEVNULL,
+                                  stdout=subprocess.DEVNULL, stderr=stderr)
+    try:
+        deadline = time.monotonic() + SERVER_READY_TIMEOUT_S
+        while not port_open(port):
+            if server.poll() is not None or time.monotonic() > deadline:
+                return {}, f"the server did not listen (see {prefix}-stderr.txt)"
+            time.sleep(POLL_S)
+        try:
+            done = subprocess.run(client_command(client, port, workload, seed), capture_output=True, text=True,
+                                  timeout=CLIENT_TIMEOUT_S, check=False)
+        except subprocess.TimeoutExpired:
+            return {}, f"the client did not finish within {CLIENT_TIMEOUT_S:g} s"
+        (directory / f"{prefix}-client.txt").write_text(done.stdout + done.stderr)
+        if done.returncode != 0:
+            return {}, f"client exited with {done.returncode}: {done.stderr.strip()[-300:]}"
+        report = dict(word.split("=", 1) for word in done.stdout.split() if "=" in word)
+        if report.get("errors") != "0":
+            return report, f"{report.get('errors')} error replies from the server"
+        return report, None
+    finally:
+        if server.poll() is None:
+            try:
+                redis_cli(install.cli, port, "shutdown", "nosave", timeout=SHUTDOWN_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                pass
+            try:
+                server.wait(timeout=SHUTDOWN_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
+
+
 def timed_run(run: Run, workload: Workload, install: RedisInstall, client: Path) -> None:
     """The same server and load again, without the sampler, for the insertion time alone.
 
@@ -531,49 +589,26 @@ def timed_run(run: Run, workload: Workload, install: RedisInstall, client: Path)
     sampled (docs/redis-lru.md), which measures the machine's contention rather than the
     allocator. So the sampled run gives the memory figures and this one the speed; the sampled
     insertion time is kept as sampled_insertion_s."""
-    config = run.config
-    port = free_port()
-    env = config.allocator.environment(server_environment(config, os.environ))
-    env.pop("MESHALLOC_STATS", None)
-    command = [str(config.server), "--port", str(port), "--maxmemory", workload.maxmemory, *SERVER_OPTIONS,
-               "--dir", str(run.directory), "--logfile", str(run.directory / "timed-server.log"),
-               *config.extra_args]
-    with open(run.directory / "timed-stderr.txt", "wb") as stderr:
-        server = subprocess.Popen(command, env=env, cwd=run.directory, stdin=subprocess.DEVNULL,
-                                  stdout=subprocess.DEVNULL, stderr=stderr)
-    gone = threading.Event()
-    conductor = Conductor(run, port, workload, install.cli, client, time.monotonic(), gone)
-    try:
-        deadline = time.monotonic() + SERVER_READY_TIMEOUT_S
-        while not port_open(port):
-            if server.poll() is not None or time.monotonic() > deadline:
-                run.problems.append("timed run: the server did not listen (see timed-stderr.txt)")
-                return
-            time.sleep(POLL_S)
-        try:
-            done = subprocess.run(conductor.client_command(), capture_output=True, text=True,
-                                  timeout=CLIENT_TIMEOUT_S, check=False)
-        except subprocess.TimeoutExpired:
-            run.problems.append(f"timed run: the client did not finish within {CLIENT_TIMEOUT_S:g} s")
-            return
-        (run.directory / "timed-client.txt").write_text(done.stdout + done.stderr)
-        if done.returncode != 0:
-            run.problems.append(f"timed run: client exited with {done.returncode}: {done.stderr.strip()[-300:]}")
-            return
-        run.timed_client = dict(word.split("=", 1) for word in done.stdout.split() if "=" in word)
-        if run.timed_client.get("errors") != "0":
-            run.problems.append(f"timed run: {run.timed_client.get('errors')} error replies from the server")
-    finally:
-        if server.poll() is None:
-            try:
-                conductor.cli("shutdown", "nosave", timeout=SHUTDOWN_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                pass
-            try:
-                server.wait(timeout=SHUTDOWN_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
+    report, problem = time_insertion(run.config, workload, install, client, run.directory,
+                                     run_seed(workload, run.repetition), "timed")
+    run.timed_client = report
+    if problem:
+        run.problems.append("timed run: " + problem)
+
+
+@dataclass
+class Insertion:
+    """An unsampled insertion of a timing round (redis_lru.timing_rounds): configurations
+    are compared within a round, never across rounds."""
+    config: Config
+    round: int
+    report: Dict[str, str]
+    problem: Optional[str]
+
+    @property
+    def seconds(self) -> Optional[float]:
+        value = self.report.get("total_s")
+        return float(value) if value is not None and self.problem is None else None
 
 
 def read_mesh_stats(stderr_file: Path, copy_to: Path) -> Dict[str, Any]:
