@@ -82,6 +82,8 @@ def test_smoke_tables(smoke):
         mine = {row["config"]: row for row in timing if row["round"] == key}
         assert set(mine) == names and all(row["problem"] == "" for row in mine.values())
         assert float(mine[redis_lru.BASELINE]["ratio"]) == 1.0 and float(mine[redis_lru.MESHALLOC]["ratio"]) > 0
+        assert float(mine[redis_lru.BASELINE]["cpu_ratio"]) == 1.0
+        assert all(float(row["server_main_cpu_s"]) > 0 for row in mine.values())
 
 
 def test_smoke_summary_and_figure(smoke):

@@ -114,6 +114,8 @@ DETAIL_COLUMNS: List[Column] = [
     ("mesh_barrier_max_ms", "longest barrier ms", 1, 2),
     ("barrier_faults", "writes that waited", 1, 0),
     ("server_cpu_s", "server CPU s", 1, 2),
+    ("insertion_cpu_s", "insertion main-thread CPU s", 1, 3),
+    ("insertion_cpu_ratio", "main-thread CPU ×", None, 2),
     ("sampled_insertion_s", "insertion while sampled s", 1, 3),
     ("sampled_insertion_ratio", "sampled ×", None, 2),
     ("peak_maps", "peak mappings", 1, 0),
@@ -121,21 +123,22 @@ DETAIL_COLUMNS: List[Column] = [
 ]
 # Every per-run quantity written to runs.tsv (and summarised in table.tsv).
 RUN_METRICS = ["mean_pss", "final_pss", "peak_pss", "mean_pss_after_insertion", "peak_cgroup", "peak_pte",
-               "peak_maps", "phase1_s", "phase2_s", "insertion_s", "sampled_insertion_s", "hz", "load", "server_cpu_s", "defrag_s", "keys",
+               "peak_maps", "phase1_s", "phase2_s", "insertion_s", "insertion_cpu_s", "sampled_insertion_s", "hz",
+               "load", "server_cpu_s", "defrag_s", "keys",
                "evicted_keys", "used_memory", "mesh_count", "mesh_released", "mesh_released_peak", "mappings",
                "mesh_passes", "mesh_pauses", "mesh_pause_max_ms", "mesh_pause_total_s", "mesh_cpu_s",
                "mesh_barrier_max_ms", "barrier_faults"]
 # ratio name -> the metric it divides by the baseline's median
 RATIOS = {"mean_ratio": "mean_pss", "after_ratio": "mean_pss_after_insertion", "insertion_ratio": "insertion_s",
-          "sampled_insertion_ratio": "sampled_insertion_s"}
+          "insertion_cpu_ratio": "insertion_cpu_s", "sampled_insertion_ratio": "sampled_insertion_s"}
 RUN_TSV_HEAD = ["order", "config", "repetition", "ok", "exit", "client_start_s", "client_end_s"]
-TIMING_TSV_HEAD = ["round", "config", "insertion_s", "ratio", "problem"]
+TIMING_TSV_HEAD = ["round", "config", "insertion_s", "ratio", "server_main_cpu_s", "cpu_ratio", "problem"]
 RUN_TSV_TAIL = ["samples_tsv", "problems"]
 
 Table = Dict[str, Dict[str, Optional[Stat]]]
 # Columns computed over the timing rounds (apply_paired_insertion), which have a range even in
 # a run of one repetition.
-PAIRED_KEYS = ("insertion_s", "insertion_ratio")
+PAIRED_KEYS = ("insertion_s", "insertion_ratio", "insertion_cpu_s", "insertion_cpu_ratio")
 
 
 def workload(context: Context) -> Workload:
@@ -227,17 +230,26 @@ def stats_by_config(runs: Sequence[Run], configs: Sequence[Config]) -> Table:
 Rounds = Dict[str, Dict[str, float]]
 
 
-def insertion_rounds(runs: Sequence[Run], insertions: Sequence[Insertion]) -> Rounds:
+def insertion_rounds(runs: Sequence[Run], insertions: Sequence[Insertion], cpu: bool = False) -> Rounds:
     """Every unsampled insertion by round: each repetition's timed runs form a round, and so
-    does each timing round. Failed runs are left out."""
+    does each timing round. Failed runs are left out. The client's wall time, or with cpu the
+    server's main-thread CPU time."""
     rounds: Rounds = {}
     for run in runs:
-        if run.ok and run.insertion_s is not None:
-            rounds.setdefault(f"repetition {run.repetition}", {})[run.config.name] = run.insertion_s
+        value = run.insertion_cpu_s if cpu else run.insertion_s
+        if run.ok and value is not None:
+            rounds.setdefault(round_key(run), {})[run.config.name] = value
     for insertion in insertions:
-        if insertion.seconds is not None:
-            rounds.setdefault(f"timing round {insertion.round}", {})[insertion.config.name] = insertion.seconds
+        value = insertion.server_cpu_s if cpu else insertion.seconds
+        if value is not None:
+            rounds.setdefault(round_key(insertion), {})[insertion.config.name] = value
     return rounds
+
+
+def round_key(item) -> str:
+    if isinstance(item, Insertion):
+        return f"timing round {item.round}"
+    return f"repetition {item.repetition}"
 
 
 def round_ratios(rounds: Rounds, name: str) -> List[float]:
@@ -246,12 +258,16 @@ def round_ratios(rounds: Rounds, name: str) -> List[float]:
             if name in times and times.get(BASELINE)]
 
 
-def apply_paired_insertion(table: Table, rounds: Rounds) -> None:
+def apply_paired_insertion(table: Table, rounds: Rounds, cpu_rounds: Optional[Rounds] = None) -> None:
     """insertion_s over every unsampled insertion, insertion_ratio the median of the per-round
-    ratios (so its range is the rounds' spread, not two medians' quotient)."""
-    for name, row in table.items():
-        row["insertion_s"] = Stat.of([times[name] for times in rounds.values() if name in times])
-        row["insertion_ratio"] = Stat.of(round_ratios(rounds, name))
+    ratios (so its range is the rounds' spread, not two medians' quotient); the same for the
+    server's main-thread CPU time from cpu_rounds."""
+    for prefix, by_round in (("insertion", rounds), ("insertion_cpu", cpu_rounds)):
+        if by_round is None:
+            continue
+        for name, row in table.items():
+            row[prefix + "_s"] = Stat.of([times[name] for times in by_round.values() if name in times])
+            row[prefix + "_ratio"] = Stat.of(round_ratios(by_round, name))
 
 
 def stat_text(stat: Optional[Stat], scale: Optional[float], decimals: int, show_range: bool) -> str:
@@ -468,19 +484,24 @@ def write_tables(out: Path, runs: Sequence[Run], configs: Sequence[Config], tabl
     return [runs_tsv, table_tsv]
 
 
-def write_timing(out: Path, insertions: Sequence[Insertion], runs: Sequence[Run], rounds: Rounds) -> Path:
+def write_timing(out: Path, insertions: Sequence[Insertion], runs: Sequence[Run], rounds: Rounds,
+                 cpu_rounds: Rounds) -> Path:
     """timing.tsv: every unsampled insertion (the repetitions' timed runs, then the timing
-    rounds) with its ratio to jemalloc's of the same round."""
+    rounds) with its ratios to jemalloc's of the same round."""
     path = out / "timing.tsv"
     rows = []
-    entries = [(f"repetition {run.repetition}", run.config.name, run.insertion_s if run.ok else None,
-                "; ".join(run.problems)) for run in runs]
-    entries += [(f"timing round {insertion.round}", insertion.config.name, insertion.seconds,
+    entries = [(round_key(run), run.config.name, run.insertion_s if run.ok else None,
+                run.insertion_cpu_s if run.ok else None, "; ".join(run.problems)) for run in runs]
+    entries += [(round_key(insertion), insertion.config.name, insertion.seconds, insertion.server_cpu_s,
                  insertion.problem or "") for insertion in insertions]
-    for key, name, seconds, problem in entries:
-        base = rounds.get(key, {}).get(BASELINE)
-        ratio = seconds / base if seconds is not None and base else None
-        rows.append([key, name, number(seconds), number(ratio), problem])
+
+    def ratio(value: Optional[float], by_round: Rounds, key: str) -> Optional[float]:
+        base = by_round.get(key, {}).get(BASELINE)
+        return value / base if value is not None and base else None
+
+    for key, name, seconds, cpu, problem in entries:
+        rows.append([key, name, number(seconds), number(ratio(seconds, rounds, key)), number(cpu),
+                     number(ratio(cpu, cpu_rounds, key)), problem])
     write_tsv(path, TIMING_TSV_HEAD, rows)
     return path
 
@@ -692,8 +713,9 @@ class RedisLru(ExperimentBase):
         runs = run_schedule(context, configs, load, install, client, repetitions)
         insertions = timing_rounds(context, configs, load, install, client, timing_round_count(context))
         rounds = insertion_rounds(runs, insertions)
+        cpu_rounds = insertion_rounds(runs, insertions, cpu=True)
         table = stats_by_config(runs, configs)
-        apply_paired_insertion(table, rounds)
+        apply_paired_insertion(table, rounds, cpu_rounds)
         found = claims(table, runs, checked=context.mode != SMOKE, rounds=rounds)
         main = markdown_table(runs, configs, table, MAIN_COLUMNS, repetitions)
         text = caption(install, load, repetitions, len(rounds))
@@ -702,7 +724,7 @@ class RedisLru(ExperimentBase):
         md_path.write_text(main + "\n" + text + "\n\nMore per configuration:\n\n" + detail + "\n"
                            + "\n\n".join(table_notes(runs)) + "\n")
         files = write_tables(context.out, runs, configs, table) + [md_path, write_timing(context.out, insertions,
-                                                                                        runs, rounds)]
+                                                                                        runs, rounds, cpu_rounds)]
         files.append(write_summary(context.out, context, load, install, configs, runs, repetitions, found))
         try:
             files += plot(context.out, runs, configs, maxmemory_in_mib(load.maxmemory))

@@ -253,6 +253,12 @@ class Run:
         return float(value) if value is not None else None
 
     @property
+    def insertion_cpu_s(self) -> Optional[float]:
+        """The server's main-thread CPU time over the timed run's insertion."""
+        value = self.timed_client.get(MAIN_THREAD_CPU_KEY)
+        return float(value) if value is not None else None
+
+    @property
     def sampled_insertion_s(self) -> Optional[float]:
         """The insertion's wall time while the sampler read the server's smaps_rollup."""
         value = self.client.get("total_s")
@@ -297,6 +303,8 @@ class Run:
             return summary.peak if summary else None
         if name == "insertion_s":
             return self.insertion_s
+        if name == "insertion_cpu_s":
+            return self.insertion_cpu_s
         if name == "sampled_insertion_s":
             return self.sampled_insertion_s
         if name in ("phase1_s", "phase2_s"):
@@ -536,6 +544,19 @@ def one_run(run: Run, workload: Workload, install: RedisInstall, client: Path) -
             run.problems.append("no meshalloc statistics on the server's stderr (stderr.txt)")
 
 
+# The server's main-thread CPU time over an unsampled insertion (Redis's INFO, read right after
+# the client finished), added to the client's report: less noisy than the wall time, which also
+# carries the client's scheduling on a shared machine.
+MAIN_THREAD_CPU_KEY = "server_main_cpu_s"
+
+
+def main_thread_cpu_s(info: Mapping[str, str]) -> Optional[float]:
+    try:
+        return float(info["used_cpu_user_main_thread"]) + float(info["used_cpu_sys_main_thread"])
+    except (KeyError, ValueError):
+        return None
+
+
 def time_insertion(config: Config, workload: Workload, install: RedisInstall, client: Path, directory: Path,
                    seed: int, prefix: str) -> Tuple[Dict[str, str], Optional[str]]:
     """One insertion without the sampler: a fresh server, the client, a shutdown. Returns the
@@ -567,6 +588,9 @@ def time_insertion(config: Config, workload: Workload, install: RedisInstall, cl
         report = dict(word.split("=", 1) for word in done.stdout.split() if "=" in word)
         if report.get("errors") != "0":
             return report, f"{report.get('errors')} error replies from the server"
+        main_thread_cpu = main_thread_cpu_s(parse_info(redis_cli(install.cli, port, "info", "cpu").stdout))
+        if main_thread_cpu is not None:
+            report[MAIN_THREAD_CPU_KEY] = f"{main_thread_cpu:.6f}"
         return report, None
     finally:
         if server.poll() is None:
@@ -608,6 +632,11 @@ class Insertion:
     @property
     def seconds(self) -> Optional[float]:
         value = self.report.get("total_s")
+        return float(value) if value is not None and self.problem is None else None
+
+    @property
+    def server_cpu_s(self) -> Optional[float]:
+        value = self.report.get(MAIN_THREAD_CPU_KEY)
         return float(value) if value is not None and self.problem is None else None
 
 
