@@ -40,9 +40,13 @@
 #include <thread>
 #include <vector>
 
+#include "heap_counters.h"
 #include "meshalloc.h"
 
 namespace {
+
+using stress::liveObjectsOfClass;
+using stress::readCounter;
 
 struct Options {
   unsigned writers = 2;
@@ -98,26 +102,6 @@ uint64_t writeAndCheck(std::vector<Owned>& objects, unsigned passes) {
     }
   }
   return checked;
-}
-
-// Live objects of `size`'s class, with the calling thread's cached slots handed back first.
-uint64_t liveObjectsOfClass(size_t size) {
-  meshalloc_compact();
-  uint64_t epoch = 1;
-  size_t length = sizeof(epoch);
-  meshalloc_mallctl("epoch", &epoch, &length, &epoch, sizeof(epoch));
-  for (unsigned j = 0;; j++) {
-    char name[64];
-    size_t classSize = 0, objects = 0;
-    length = sizeof(classSize);
-    snprintf(name, sizeof(name), "stats.classes.%u.size", j);
-    if (meshalloc_mallctl(name, &classSize, &length, nullptr, 0) != 0) return 0;
-    if (classSize < size) continue;
-    snprintf(name, sizeof(name), "stats.classes.%u.objects", j);
-    length = sizeof(objects);
-    meshalloc_mallctl(name, &objects, &length, nullptr, 0);
-    return objects;
-  }
 }
 
 // Keeps one block of `all` in `oneIn`, chosen at random, in `kept`, and frees the others.
@@ -239,15 +223,6 @@ class StdioRound {
 };
 
 constexpr unsigned kStdioRoundMs = 100;
-
-uint64_t readCounter(const char* name) {
-  uint64_t epoch = 1, value = 0;
-  size_t length = sizeof(epoch);
-  meshalloc_mallctl("epoch", &epoch, &length, &epoch, sizeof(epoch));
-  length = sizeof(value);
-  meshalloc_mallctl(name, &value, &length, nullptr, 0);
-  return value;
-}
 
 // The stdio reader alone, round after round, against a mesher meshing its spans.
 int runStdioRounds(unsigned rounds) {
