@@ -27,15 +27,15 @@ void waitUntilZero(const std::atomic<uint32_t>& counter) {
 void OperationGuard::init() {
 #if defined(__SANITIZE_THREAD__)
   // ThreadSanitizer cannot see the barrier membarrier(2) executes on our behalf.
-  asymmetric_ = false;
+  asymmetric_.store(false, std::memory_order_relaxed);
 #else
-  asymmetric_ = os::registerMembarrier();
+  asymmetric_.store(os::registerMembarrier(), std::memory_order_relaxed);
 #endif
 }
 
 OperationGuard::OperationGuard() {
   ThreadHeap* heap = tlsThreadHeap;
-  shared_ = heap == nullptr || !asymmetric_;
+  shared_ = heap == nullptr || !asymmetric_.load(std::memory_order_relaxed);
   if (shared_) {
     // Threads without a heap share one counter; without membarrier every thread pays for
     // the fence itself. Both use atomic read-modify-writes (full fences).
@@ -78,7 +78,22 @@ void OperationGuard::pause() {
   paused_.store(1, std::memory_order_seq_cst);
   // Every thread now runs a full barrier: its slot increment is visible to the loop below, or
   // its check of paused_ comes after this point and sees 1.
-  if (asymmetric_) os::membarrierAllThreads();
+  if (asymmetric_.load(std::memory_order_relaxed) && !os::membarrierAllThreads()) {
+    // A seccomp filter installed after start-up, say. New guards pay for their own fence from
+    // now on; one begun under the old protocol may be anywhere, this pause included.
+    asymmetric_.store(false, std::memory_order_seq_cst);
+    membarrierLost_.store(true, std::memory_order_relaxed);
+    static constexpr char kMessage[] =
+        "meshalloc: membarrier(2) failed after it was registered; slower guarded operations from "
+        "now on\n";
+    os::writeStderr(kMessage, sizeof(kMessage) - 1);
+  }
+  if (membarrierLost_.load(std::memory_order_relaxed) && !os::interruptRunningThreads() &&
+      !barrierLost_.exchange(true, std::memory_order_relaxed)) {
+    static constexpr char kMessage[] =
+        "meshalloc: no barrier can replace membarrier(2) here; meshing stops\n";
+    os::writeStderr(kMessage, sizeof(kMessage) - 1);
+  }
   ThreadHeap::lockRegistry();
   for (ThreadHeap* heap = ThreadHeap::registryHead(); heap; heap = heap->nextInRegistry()) {
     waitUntilZero(heap->activity().operationsInFlight);

@@ -38,6 +38,11 @@ class OperationGuard {
   static void pause();
   static void resume();
   static bool paused() { return paused_.load(std::memory_order_seq_cst) != 0; }
+  // Whether guards use the asymmetric protocol (membarrier registered and never failed).
+  static bool asymmetric() { return asymmetric_.load(std::memory_order_relaxed); }
+  // False once membarrier failed where no other barrier can stand in for it: the mesher then
+  // stops meshing (see pause()).
+  static bool barrierAvailable() { return !barrierLost_.load(std::memory_order_relaxed); }
   // Blocks while paused (for callers that hold no guard).
   static void waitWhilePaused();
   // In a forked child: only the forking thread exists, and it is in no guarded operation.
@@ -49,7 +54,11 @@ class OperationGuard {
  private:
   std::atomic<uint32_t>* slot_;
   bool shared_;
-  static inline bool asymmetric_ = false;
+  static inline std::atomic<bool> asymmetric_{false};
+  // membarrier failed once: guards use the shared protocol from then on, and every pause ends
+  // with os::interruptRunningThreads() for any guard begun under the asymmetric one.
+  static inline std::atomic<bool> membarrierLost_{false};
+  static inline std::atomic<bool> barrierLost_{false};
   static inline std::atomic<uint32_t> paused_{0};
   static inline std::atomic<uint32_t> unregisteredInFlight_{0};
 };

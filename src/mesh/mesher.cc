@@ -332,6 +332,8 @@ size_t Mesher::compactClass(unsigned sizeClass, long* mappingBudget) {
 }
 
 size_t Mesher::compact(size_t minGainBytes) {
+  // Without a barrier a pause cannot tell which guarded operations are in flight.
+  if (!OperationGuard::barrierAvailable()) return 0;
   LockGuard pass(gPassLock);
   uint64_t cpuStart = os::threadCpuNanos();
   // Classes with the most free memory in sparse spans first: the CPU budget and the mapping

@@ -18,6 +18,8 @@
 extern "C" int __sigaction(int signal, const struct sigaction* action, struct sigaction* previous);
 #include <string.h>
 
+#include <atomic>
+
 namespace meshalloc::os {
 namespace {
 
@@ -171,8 +173,43 @@ bool registerMembarrier() {
   return syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0;
 }
 
-void membarrierAllThreads() {
-  syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0);
+namespace {
+std::atomic<bool> gMembarrierFailsForTesting{false};
+std::atomic<char*> gShootdownPage{nullptr};
+}  // namespace
+
+bool membarrierAllThreads() {
+  if (gMembarrierFailsForTesting.load(std::memory_order_relaxed)) return false;
+  return syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0;
+}
+
+void failMembarrierForTesting() {
+  gMembarrierFailsForTesting.store(true, std::memory_order_relaxed);
+}
+
+bool interruptRunningThreads() {
+#if defined(__x86_64__)
+  char* page = gShootdownPage.load(std::memory_order_acquire);
+  if (!page) {
+    void* fresh = mmap(nullptr, static_cast<size_t>(sysconf(_SC_PAGESIZE)), PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (fresh == MAP_FAILED) return false;
+    char* expected = nullptr;
+    if (!gShootdownPage.compare_exchange_strong(expected, static_cast<char*>(fresh))) {
+      munmap(fresh, static_cast<size_t>(sysconf(_SC_PAGESIZE)));
+      page = expected;
+    } else {
+      page = static_cast<char*>(fresh);
+    }
+  }
+  size_t pageBytes = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  // Dirty and present in this CPU's TLB, so the downgrade cannot skip the flush.
+  __atomic_fetch_add(page, 1, __ATOMIC_SEQ_CST);
+  if (mprotect(page, pageBytes, PROT_READ) != 0) return false;
+  return mprotect(page, pageBytes, PROT_READ | PROT_WRITE) == 0;
+#else
+  return false;
+#endif
 }
 
 uint64_t threadCpuNanos() {

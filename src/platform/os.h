@@ -51,9 +51,20 @@ void signalByte(int fd);
 bool awaitByte(int fd);
 
 // membarrier(2), private expedited: register once; then membarrierAllThreads() makes every
-// running thread of the process execute a full memory barrier. False if unsupported.
+// running thread of the process execute a full memory barrier. False if unsupported, or (for
+// membarrierAllThreads) if the call failed: a seccomp filter installed after start-up can
+// forbid it.
 bool registerMembarrier();
-void membarrierAllThreads();
+bool membarrierAllThreads();
+// The same effect without membarrier, for when it stopped working: downgrading the protection
+// of a page this thread has just written makes the kernel shoot its translation down on every
+// CPU running this process, and the interrupt executes a full barrier there (threads not running
+// have been switched out, which is one too). On x86-64 shootdowns are interrupts; where TLB
+// invalidation is broadcast in hardware (AArch64) remote threads are not interrupted, and this
+// returns false. Tens of microseconds; false also if the page could not be set up.
+bool interruptRunningThreads();
+// Tests only: makes membarrierAllThreads fail from now on (as a seccomp filter would).
+void failMembarrierForTesting();
 
 uint64_t monotonicNanos();
 uint64_t threadCpuNanos();

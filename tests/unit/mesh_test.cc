@@ -19,6 +19,7 @@
 #include "heap/config.h"
 #include "heap/global_heap.h"
 #include "heap/heap.h"
+#include "heap/operation_guard.h"
 #include "heap/span_backing.h"
 #include "mesh/mesher.h"
 #include "mesh/policy.h"
@@ -593,6 +594,33 @@ TEST_F(MeshTest, ForkedChildGetsAPrivateSnapshotOfMeshedPages) {
   close(toChild[1]);
   close(toParent[0]);
   close(toParent[1]);
+}
+
+// A seccomp filter installed after start-up can make membarrier(2) fail. The pause then falls
+// back to a barrier of its own, guards pay for their own fences, and meshing goes on, every
+// object intact; it says so once on stderr. (In a child process: the failure is for good.)
+TEST_F(MeshTest, MeshingSurvivesMembarrierFailing) {
+  if (!OperationGuard::asymmetric()) GTEST_SKIP() << "membarrier is not in use here";
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        os::failMembarrierForTesting();
+        constexpr size_t kSize = 112;
+        auto survivors = makeDisjointSpans(kSize, 2);
+        uint64_t meshedBefore = Mesher::stats().meshedSpans;
+        MeshPolicy::compactNow();
+        bool meshed = Mesher::stats().meshedSpans > meshedBefore;
+        bool intact = !survivors.empty();
+        for (const Survivor& s : survivors)
+          intact &= holds(s.pointer, kSize, 1, reinterpret_cast<uintptr_t>(s.pointer));
+        // A guarded operation (a free from a thread that does not hold the span) afterwards.
+        std::thread([&] {
+          for (const Survivor& s : survivors) heap::deallocate(s.pointer);
+        }).join();
+        bool fellBack = !OperationGuard::asymmetric() && OperationGuard::barrierAvailable();
+        _exit(meshed && intact && fellBack ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "membarrier\\(2\\) failed after it was registered");
 }
 
 }  // namespace
