@@ -49,6 +49,9 @@ extern "C" {
  *   "opt.<name>"                  the value of an option (see docs/options.md)
  * Actions (no value): "arena.<i>.purge", "arena.<i>.decay", "thread.tcache.flush",
  *   "mesh.compact".
+ * Diagnostics: "debug.class_dump" (write an unsigned class index j) prints every span of
+ *   class j on stderr: detached partial spans and each thread's attached spans, with live
+ *   count, set bitmap bits, virtual spans, remote-free state and pinning.
  */
 int meshalloc_mallctl(const char* name, void* oldp, size_t* oldlenp, void* newp, size_t newlen);
 

@@ -174,6 +174,13 @@ int control(const char* name, void* oldp, size_t* oldlenp, void* newp, size_t ne
     heap::flushThreadCache();
     return 0;
   }
+  if (!strcmp(name, "debug.class_dump")) {
+    if (!newp || newlen != sizeof(unsigned)) return EINVAL;
+    unsigned sizeClass = *static_cast<const unsigned*>(newp);
+    if (sizeClass >= kNumSizeClasses) return ENOENT;
+    GlobalHeap::debugDump(sizeClass);
+    return 0;
+  }
   if (!strcmp(name, "mesh.compact")) {
     size_t released = compactImpl();
     return oldp ? readValue<size_t>(oldp, oldlenp, released) : 0;

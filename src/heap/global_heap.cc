@@ -6,6 +6,7 @@
 #include "heap/span_backing.h"
 #include "heap/thread_heap.h"
 #include "platform/os.h"
+#include "support/text_writer.h"
 
 namespace meshalloc {
 
@@ -337,6 +338,66 @@ SizeClassStats GlobalHeap::classStats(unsigned sizeClass) {
   // lock to move it, so for that moment its object is still counted here.
   result.liveObjects += state.fullSpans * SizeClasses::plan(sizeClass).objectCount;
   return result;
+}
+
+void GlobalHeap::debugDump(unsigned sizeClass) {
+  char line[256];
+  // Diagnostics only: reads other threads' spans without their locks.
+  auto printSpan = [&](const char* what, MiniHeap* heap) {
+    TextWriter writer(line, sizeof(line));
+    writer.text(what)
+        .pointer(heap)
+        .text(" start ")
+        .pointer(reinterpret_cast<void*>(heap->spanStart))
+        .text(" live ")
+        .unsignedValue(heap->liveCount.load())
+        .text(" bits ")
+        .unsignedValue(heap->bitmap().popcount())
+        .text(" views ")
+        .unsignedValue(SpanBacking::virtualSpans(heap))
+        .text(" remote ")
+        .unsignedValue(heap->remoteFrees.load())
+        .text(" pinned ")
+        .unsignedValue(heap->pinned.load())
+        .text("\n");
+    os::writeStderr(writer.data(), writer.length());
+  };
+  {
+    ClassState& state = classes_[sizeClass];
+    LockGuard guard(state.lock);
+    TextWriter writer(line, sizeof(line));
+    writer.text("meshalloc: class ")
+        .unsignedValue(kSizeClassSizes[sizeClass])
+        .text(": spans ")
+        .unsignedValue(state.spans)
+        .text(", full (unlisted) ")
+        .unsignedValue(state.fullSpans)
+        .text("\n");
+    os::writeStderr(writer.data(), writer.length());
+    for (auto& bin : state.partial)
+      for (MiniHeap* heap = bin.front(); heap; heap = bin.next(heap)) printSpan("  partial ", heap);
+  }
+  ThreadHeap::lockRegistry();
+  for (ThreadHeap* threadHeap = ThreadHeap::registryHead(); threadHeap;
+       threadHeap = threadHeap->nextInRegistry()) {
+    ShuffleVector& v = threadHeap->vector(sizeClass);
+    if (!v.attachedCount && !v.recycledCount) continue;
+    TextWriter writer(line, sizeof(line));
+    writer.text("  heap ")
+        .pointer(threadHeap)
+        .text(" in use ")
+        .unsignedValue(threadHeap->inUse())
+        .text(" attached ")
+        .unsignedValue(v.attachedCount)
+        .text(" vector ")
+        .unsignedValue(v.length)
+        .text(" recycled ")
+        .unsignedValue(v.recycledCount)
+        .text("\n");
+    os::writeStderr(writer.data(), writer.length());
+    for (unsigned i = 0; i < v.attachedCount; i++) printSpan("    attached ", v.spans[i]);
+  }
+  ThreadHeap::unlockRegistry();
 }
 
 size_t GlobalHeap::largeBytes() {

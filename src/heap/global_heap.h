@@ -67,6 +67,9 @@ class GlobalHeap {
   static void partialOccupancy(unsigned sizeClass, size_t* spans, size_t* freeSlots);
 
   static SizeClassStats classStats(unsigned sizeClass);
+  // Diagnostics (mallctl "debug.class_dump"): every detached partial span of the class with its
+  // live count and bitmap population, and every heap's attached spans, on stderr.
+  static void debugDump(unsigned sizeClass);
   static size_t largeBytes();
   static size_t largeCount();
   // Pins `heap` (attached to the calling thread) against meshing: see MiniHeap::pinned.

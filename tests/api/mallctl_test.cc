@@ -192,6 +192,42 @@ TEST(Mallctl, Actions) {
   freeAll(ptrs);
 }
 
+TEST(Mallctl, ClassDumpListsTheSpansOfAClass) {
+  auto ptrs = allocateTouched(2000, 256);
+  unsigned sizeClass = 0;
+  size_t classSize = 0;
+  for (;; sizeClass++) {
+    std::string name = "stats.classes." + std::to_string(sizeClass) + ".size";
+    classSize = readCtl<size_t>(name.c_str());
+    if (classSize >= 256) break;
+  }
+  // Its report goes to stderr: catch it in a file (a pipe could fill up before it is read).
+  FILE* capture = tmpfile();
+  ASSERT_NE(capture, nullptr);
+  int savedStderr = dup(STDERR_FILENO);
+  dup2(fileno(capture), STDERR_FILENO);
+  int status = mallctl("debug.class_dump", nullptr, nullptr, &sizeClass, sizeof(sizeClass));
+  dup2(savedStderr, STDERR_FILENO);
+  close(savedStderr);
+  std::string report;
+  char buffer[4096];
+  lseek(fileno(capture), 0, SEEK_SET);
+  for (ssize_t n; (n = read(fileno(capture), buffer, sizeof(buffer))) > 0;)
+    report.append(buffer, n);
+  fclose(capture);
+  EXPECT_EQ(status, 0);
+  EXPECT_NE(report.find("meshalloc: class " + std::to_string(classSize) + ": spans"),
+            std::string::npos)
+      << report;
+  // This thread holds spans of the class: they are listed with their live counts.
+  EXPECT_NE(report.find("attached "), std::string::npos) << report;
+  EXPECT_NE(report.find(" live "), std::string::npos) << report;
+  unsigned tooLarge = 1000;
+  EXPECT_EQ(mallctl("debug.class_dump", nullptr, nullptr, &tooLarge, sizeof(tooLarge)), ENOENT);
+  EXPECT_EQ(mallctl("debug.class_dump", nullptr, nullptr, &sizeClass, 1), EINVAL);
+  freeAll(ptrs);
+}
+
 std::string statsReport(int json) {
   fflush(nullptr);
   FILE* tmp = tmpfile();

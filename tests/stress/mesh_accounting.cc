@@ -225,7 +225,7 @@ bool runRound(const Options& options, unsigned round, std::mt19937_64& seeds) {
           "mesh_accounting: round %u: the %zu-byte class held %" PRIu64
           " objects before and %" PRIu64 " after everything was freed (%" PRIu64 " 200 ms later)\n",
           round, options.size, before, after, stress::liveObjectsOfClass(options.size));
-  meshalloc_print_stats(STDERR_FILENO, 0);
+  stress::dumpClassOf(options.size, STDERR_FILENO);
   return false;
 }
 

@@ -444,7 +444,7 @@ int main(int argc, char** argv) {
               "mesh_writers: round %u: %" PRIu64 " live objects of %zu bytes before, %" PRIu64
               " after everything was freed (%" PRIu64 " 200 ms later)\n",
               round, liveBefore, size, liveAfter, liveLater);
-      meshalloc_print_stats(STDERR_FILENO, 0);
+      stress::dumpClassOf(size, STDERR_FILENO);
       gFailed = true;
     }
     round++;
