@@ -42,6 +42,8 @@ extern "C" {
  *   "mesh.mappings"               size_t    memory mappings the heap currently uses
  *   "mesh.pauses" / "mesh.pause_total_ns" / "mesh.pause_max_ns"  uint64_t  the pauses of
  *                                 remote frees, realloc and malloc_usable_size while meshing
+ *   "mesh.pause_wait_max_ns"      uint64_t  of the longest pause, the time spent waiting for
+ *                                 guarded operations already in flight
  *   "mesh.barrier_max_ns"         uint64_t  the longest a write into a span being meshed
  *                                 could wait
  *   "mesh.pinned_spans"           size_t    spans never meshed: they hold buffers glibc's

@@ -141,6 +141,7 @@ int statValue(const char* name, void* oldp, size_t* oldlenp) {
       {"mesh.pauses", s.pauseCount},
       {"mesh.pause_total_ns", s.pauseTotalNs},
       {"mesh.pause_max_ns", s.pauseMaxNs},
+      {"mesh.pause_wait_max_ns", s.pauseWaitMaxNs},
       {"mesh.barrier_max_ns", s.barrierMaxNs},
       {"mesh.cpu_ns", s.meshCpuNs},
       {"mesh.barrier_faults", s.barrierFaults},

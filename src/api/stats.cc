@@ -76,6 +76,7 @@ HeapStats collectStats() {
   stats.pauseCount = mesh.pauseCount;
   stats.pauseTotalNs = mesh.pauseTotalNs;
   stats.pauseMaxNs = mesh.pauseMaxNs;
+  stats.pauseWaitMaxNs = mesh.pauseWaitMaxNs;
   stats.barrierMaxNs = mesh.barrierMaxNs;
   stats.meshCpuNs = mesh.cpuNs;
   stats.barrierFaults = WriteBarrier::faultsWaited();
@@ -155,6 +156,7 @@ void writeStats(int fd, bool json) {
       {"mesh_pauses", stats.pauseCount},
       {"mesh_pause_total_ns", stats.pauseTotalNs},
       {"mesh_pause_max_ns", stats.pauseMaxNs},
+      {"mesh_pause_wait_max_ns", stats.pauseWaitMaxNs},
       {"mesh_barrier_max_ns", stats.barrierMaxNs},
       {"mesh_cpu_ns", stats.meshCpuNs},
       {"barrier_faults", stats.barrierFaults},

@@ -36,8 +36,9 @@ struct HeapStats {
   uint64_t meshSkippedForIo;
   uint64_t pauseCount;
   uint64_t pauseTotalNs;
-  uint64_t pauseMaxNs;    // guarded operations (remote frees, realloc, ...) held up
-  uint64_t barrierMaxNs;  // a write into a span being meshed held up (longest batch)
+  uint64_t pauseMaxNs;      // guarded operations (remote frees, realloc, ...) held up
+  uint64_t pauseWaitMaxNs;  // of that pause, waiting for guarded operations in flight
+  uint64_t barrierMaxNs;    // a write into a span being meshed held up (longest batch)
   uint64_t meshCpuNs;
   uint64_t barrierFaults;  // writes that waited on the write barrier
   size_t pinnedSpans;      // spans never meshed: they hold buffers glibc has the kernel fill

@@ -74,7 +74,7 @@ void OperationGuard::waitWhilePaused() {
   while (paused_.load(std::memory_order_acquire)) os::futexWait(&paused_, 1);
 }
 
-void OperationGuard::pause() {
+uint64_t OperationGuard::pause() {
   paused_.store(1, std::memory_order_seq_cst);
   // Every thread now runs a full barrier: its slot increment is visible to the loop below, or
   // its check of paused_ comes after this point and sees 1.
@@ -94,12 +94,14 @@ void OperationGuard::pause() {
         "meshalloc: no barrier can replace membarrier(2) here; meshing stops\n";
     os::writeStderr(kMessage, sizeof(kMessage) - 1);
   }
+  uint64_t waitStart = os::monotonicNanos();
   ThreadHeap::lockRegistry();
   for (ThreadHeap* heap = ThreadHeap::registryHead(); heap; heap = heap->nextInRegistry()) {
     waitUntilZero(heap->activity().operationsInFlight);
   }
   ThreadHeap::unlockRegistry();
   waitUntilZero(unregisteredInFlight_);
+  return os::monotonicNanos() - waitStart;
 }
 
 void OperationGuard::resume() {

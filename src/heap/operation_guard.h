@@ -34,8 +34,8 @@ class OperationGuard {
   // execute one instead (an asymmetric Dekker handshake).
   static void init();
   // For the mesher: returns once no guarded operation is in flight; new ones wait in their
-  // constructor until resume().
-  static void pause();
+  // constructor until resume(). Returns how long it waited for those in flight, in ns.
+  static uint64_t pause();
   static void resume();
   static bool paused() { return paused_.load(std::memory_order_seq_cst) != 0; }
   // Whether guards use the asymmetric protocol (membarrier registered and never failed).

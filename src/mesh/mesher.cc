@@ -239,7 +239,7 @@ size_t Mesher::meshBatch(unsigned sizeClass, MeshGroup* groups, size_t count, bo
     // transferred must be the final ones. It is a few atomics per source, so the pause does
     // not include the mapping calls, which can wait long for the mm lock or the CPU.
     uint64_t pauseStart = os::monotonicNanos();
-    OperationGuard::pause();
+    uint64_t waited = OperationGuard::pause();
     for (size_t g = 0; g < count; g++) {
       bool* merged = mergedFlags + g * kMaxVirtualSpans;
       for (uint32_t i = 0; i < groups[g].sourceCount; i++) {
@@ -253,7 +253,10 @@ size_t Mesher::meshBatch(unsigned sizeClass, MeshGroup* groups, size_t count, bo
     OperationGuard::resume();
     gStats.pauseCount++;
     gStats.pauseTotalNs += pause;
-    if (pause > gStats.pauseMaxNs) gStats.pauseMaxNs = pause;
+    if (pause > gStats.pauseMaxNs) {
+      gStats.pauseMaxNs = pause;
+      gStats.pauseWaitMaxNs = waited;
+    }
   }
   uint64_t barrier = os::monotonicNanos() - barrierStart;
   WriteBarrier::end();

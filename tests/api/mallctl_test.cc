@@ -187,6 +187,8 @@ TEST(Mallctl, Actions) {
   EXPECT_EQ(mallctl("arena.0.decay", nullptr, nullptr, nullptr, 0), 0);
   EXPECT_EQ(meshalloc_mallctl("mesh.compact", nullptr, nullptr, nullptr, 0), 0);
   (void)meshalloc_compact();
+  refresh();
+  EXPECT_LE(readCtl<uint64_t>("mesh.pause_wait_max_ns"), readCtl<uint64_t>("mesh.pause_max_ns"));
   // The heap is intact afterwards.
   ptrs = allocateTouched(2000, 3000);
   freeAll(ptrs);

@@ -131,6 +131,9 @@ TEST_F(MeshTest, TwoSpansShareOnePhysicalSpan) {
   uint64_t meshedBefore = Mesher::stats().meshedSpans;
   MeshPolicy::compactNow();
   EXPECT_GT(Mesher::stats().meshedSpans, meshedBefore);
+  // The longest pause and, within it, the wait for guarded operations in flight.
+  EXPECT_GT(Mesher::stats().pauseMaxNs, 0u);
+  EXPECT_LE(Mesher::stats().pauseWaitMaxNs, Mesher::stats().pauseMaxNs);
   uintptr_t first = survivors.front().spanStart;
   uintptr_t second = survivors.back().spanStart;
   ASSERT_NE(first, second);

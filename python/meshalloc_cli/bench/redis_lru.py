@@ -111,6 +111,7 @@ DETAIL_COLUMNS: List[Column] = [
     ("mesh_count", "mesh count", 1, 0),
     ("mesh_passes", "mesh passes", 1, 0),
     ("mesh_pause_total_s", "total pause s", 1, 3),
+    ("mesh_pause_wait_max_ms", "longest pause's wait ms", 1, 2),
     ("mesh_barrier_max_ms", "longest barrier ms", 1, 2),
     ("barrier_faults", "writes that waited", 1, 0),
     ("server_cpu_s", "server CPU s", 1, 2),
@@ -126,7 +127,8 @@ RUN_METRICS = ["mean_pss", "final_pss", "peak_pss", "mean_pss_after_insertion", 
                "peak_maps", "phase1_s", "phase2_s", "insertion_s", "insertion_cpu_s", "sampled_insertion_s", "hz",
                "load", "server_cpu_s", "defrag_s", "keys",
                "evicted_keys", "used_memory", "mesh_count", "mesh_released", "mesh_released_peak", "mappings",
-               "mesh_passes", "mesh_pauses", "mesh_pause_max_ms", "mesh_pause_total_s", "mesh_cpu_s",
+               "mesh_passes", "mesh_pauses", "mesh_pause_max_ms", "mesh_pause_wait_max_ms", "mesh_pause_total_s",
+               "mesh_cpu_s",
                "mesh_barrier_max_ms", "barrier_faults"]
 # ratio name -> the metric it divides by the baseline's median
 RATIOS = {"mean_ratio": "mean_pss", "after_ratio": "mean_pss_after_insertion", "insertion_ratio": "insertion_s",

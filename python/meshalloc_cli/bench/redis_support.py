@@ -332,6 +332,8 @@ class Run:
             return float(stats[name]) if name in stats else None
         if name == "mesh_pause_max_ms":
             return stats["mesh_pause_max_ns"] / NS_PER_MS if "mesh_pause_max_ns" in stats else None
+        if name == "mesh_pause_wait_max_ms":
+            return stats["mesh_pause_wait_max_ns"] / NS_PER_MS if "mesh_pause_wait_max_ns" in stats else None
         if name == "mesh_barrier_max_ms":
             return stats["mesh_barrier_max_ns"] / NS_PER_MS if "mesh_barrier_max_ns" in stats else None
         if name == "barrier_faults":
