@@ -24,7 +24,7 @@ struct MeshStats {
   uint64_t pauseCount;
   uint64_t pauseTotalNs;
   uint64_t pauseMaxNs;
-  // Of the longest wait inside a pause, the part spent waiting for guarded operations already
+  // Of the longest pause, the part spent waiting for guarded operations already
   // in flight (a thread preempted inside one); the rest of a long pause is the mesher itself.
   uint64_t pauseWaitMaxNs;
   // The longest batch: a thread writing into a span of a batch may wait this long.

@@ -191,22 +191,18 @@ bool interruptRunningThreads() {
 #if defined(__x86_64__)
   char* page = gShootdownPage.load(std::memory_order_acquire);
   if (!page) {
-    void* fresh = mmap(nullptr, static_cast<size_t>(sysconf(_SC_PAGESIZE)), PROT_READ | PROT_WRITE,
-                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (fresh == MAP_FAILED) return false;
-    char* expected = nullptr;
-    if (!gShootdownPage.compare_exchange_strong(expected, static_cast<char*>(fresh))) {
-      munmap(fresh, static_cast<size_t>(sysconf(_SC_PAGESIZE)));
-      page = expected;
+    char* fresh = static_cast<char*>(mapMetadata(pageSize()));
+    if (!fresh) return false;
+    page = nullptr;
+    if (gShootdownPage.compare_exchange_strong(page, fresh)) {
+      page = fresh;
     } else {
-      page = static_cast<char*>(fresh);
+      unmap(fresh, pageSize());  // another thread's page won; `page` holds it
     }
   }
-  size_t pageBytes = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   // Dirty and present in this CPU's TLB, so the downgrade cannot skip the flush.
   __atomic_fetch_add(page, 1, __ATOMIC_SEQ_CST);
-  if (mprotect(page, pageBytes, PROT_READ) != 0) return false;
-  return mprotect(page, pageBytes, PROT_READ | PROT_WRITE) == 0;
+  return protectReadOnly(page, pageSize()) && protectReadWrite(page, pageSize());
 #else
   return false;
 #endif

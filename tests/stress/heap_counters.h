@@ -9,12 +9,18 @@
 
 namespace stress {
 
-// A counter by its mallctl name, after an epoch refresh.
-inline uint64_t readCounter(const char* name) {
-  uint64_t epoch = 1, value = 0;
+// Takes a fresh statistics snapshot (mallctl "epoch").
+inline void refreshStatistics() {
+  uint64_t epoch = 1;
   size_t length = sizeof(epoch);
   meshalloc_mallctl("epoch", &epoch, &length, &epoch, sizeof(epoch));
-  length = sizeof(value);
+}
+
+// A counter by its mallctl name, after an epoch refresh.
+inline uint64_t readCounter(const char* name) {
+  refreshStatistics();
+  uint64_t value = 0;
+  size_t length = sizeof(value);
   meshalloc_mallctl(name, &value, &length, nullptr, 0);
   return value;
 }
@@ -33,15 +39,13 @@ inline int classIndexOf(size_t size) {
 // Live objects of `size`'s class, with the calling thread's cached slots handed back first.
 inline uint64_t liveObjectsOfClass(size_t size) {
   meshalloc_compact();
-  uint64_t epoch = 1;
-  size_t length = sizeof(epoch);
-  meshalloc_mallctl("epoch", &epoch, &length, &epoch, sizeof(epoch));
+  refreshStatistics();
   int index = classIndexOf(size);
   if (index < 0) return 0;
   char name[64];
   size_t objects = 0;
   snprintf(name, sizeof(name), "stats.classes.%d.objects", index);
-  length = sizeof(objects);
+  size_t length = sizeof(objects);
   meshalloc_mallctl(name, &objects, &length, nullptr, 0);
   return objects;
 }

@@ -212,19 +212,25 @@ def build_configs(names: Sequence[str], install: RedisInstall, meshalloc: Option
 # ---------------------------------------------------------------------------------------------
 # Numbers
 
-def stats_by_config(runs: Sequence[Run], configs: Sequence[Config]) -> Table:
+def stats_by_config(runs: Sequence[Run], configs: Sequence[Config], rounds: Rounds,
+                    cpu_rounds: Rounds) -> Table:
     """Median and range of every metric over each configuration's successful runs, and ratios
-    to the baseline's median (so a ratio's range is each run's spread around it)."""
+    to the baseline's median (so a ratio's range is each run's spread around it); the insertion
+    columns over the timing rounds instead (apply_paired_insertion)."""
     table: Table = {}
     for config in configs:
         good = [run for run in runs if run.config is config and run.ok]
-        table[config.name] = {metric: Stat.of([run.metric(metric) for run in good]) for metric in RUN_METRICS}
+        table[config.name] = {metric: Stat.of([run.metric(metric) for run in good])
+                              for metric in RUN_METRICS if metric not in PAIRED_KEYS}
     base = table.get(BASELINE, {})
     for row in table.values():
         for ratio, metric in RATIOS.items():
+            if ratio in PAIRED_KEYS:
+                continue
             mine, theirs = row.get(metric), base.get(metric)
             row[ratio] = (Stat(mine.median / theirs.median, mine.low / theirs.median, mine.high / theirs.median)
                           if mine and theirs and theirs.median else None)
+    apply_paired_insertion(table, rounds, cpu_rounds)
     return table
 
 
@@ -716,8 +722,7 @@ class RedisLru(ExperimentBase):
         insertions = timing_rounds(context, configs, load, install, client, timing_round_count(context))
         rounds = insertion_rounds(runs, insertions)
         cpu_rounds = insertion_rounds(runs, insertions, cpu=True)
-        table = stats_by_config(runs, configs)
-        apply_paired_insertion(table, rounds, cpu_rounds)
+        table = stats_by_config(runs, configs, rounds, cpu_rounds)
         found = claims(table, runs, checked=context.mode != SMOKE, rounds=rounds)
         main = markdown_table(runs, configs, table, MAIN_COLUMNS, repetitions)
         text = caption(install, load, repetitions, len(rounds))
