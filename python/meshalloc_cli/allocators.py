@@ -19,8 +19,9 @@ from .errors import EXIT_FAILURE, MeshallocError
 
 # The artifact's names for meshalloc's configurations: randomisation level 0/1/2 and
 # meshing n(o)/y(es). The library reads them from MESHALLOC_CONFIG; "1n" is accepted by
-# the library too, although the paper never ran it.
-MESHALLOC_CONFIGS = ("0n", "1n", "2n", "0y", "1y", "2y")
+# the library too, although the paper never ran it, and so is level 3 (rotated runs, not
+# the paper's: see docs/heap.md).
+MESHALLOC_CONFIGS = ("0n", "1n", "2n", "3n", "0y", "1y", "2y", "3y")
 PAPER_CONFIGS = ("0n", "2n", "0y", "1y", "2y")
 CONFIG_SEPARATOR = ":"
 # Variables that would override MESHALLOC_CONFIG inside the library; a named

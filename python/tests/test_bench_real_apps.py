@@ -1,5 +1,5 @@
 """`meshalloc bench real-apps` in smoke mode: every installed real program at its smallest size,
-one repetition, glibc and meshalloc 2y (a few seconds). Checks that every output exists and is
+one repetition, glibc and meshalloc 3y (a few seconds). Checks that every output exists and is
 well formed and that the claims are there, unchecked. Also the geomean and claim arithmetic on
 made-up runs, and that the generated inputs (SQL, git history) are deterministic."""
 
@@ -35,9 +35,9 @@ def test_experiment_is_registered():
 def test_smoke_outcome(smoke):
     outcome = smoke_outcome(smoke)
     assert "**Mean PSS**" in outcome["table_md"] and "**Peak PSS**" in outcome["table_md"]
-    assert "| program | glibc MiB | meshalloc:2y × |" in outcome["table_md"]
+    assert "| program | glibc MiB | meshalloc:3y × |" in outcome["table_md"]
     claims = outcome["claims"]
-    assert claims[0]["claim"] == "meshalloc 2y mean memory vs glibc, geomean of the real programs"
+    assert claims[0]["claim"] == "meshalloc 3y mean memory vs glibc, geomean of the real programs"
     assert all(claim["holds"] is None and "smoke" in claim["note"] for claim in claims)
     assert "memory.png" in outcome["files"]
 
@@ -82,21 +82,21 @@ def record(program, allocator, repetition, mean, peak):
 
 def test_geomeans_and_claims_judge_the_direction():
     records = [record("perl", "glibc", 1, 100, 200), record("perl", "glibc", 2, 100, 200),
-               record("perl", "meshalloc:2y", 1, 90, 150), record("perl", "meshalloc:2y", 2, 80, 150),
+               record("perl", "meshalloc:3y", 1, 90, 150), record("perl", "meshalloc:3y", 2, 80, 150),
                record("perl", "jemalloc", 1, 100, 200), record("perl", "jemalloc", 2, 100, 200),
                record("git", "glibc", 1, 50, 60), record("git", "glibc", 2, 50, 60),
-               record("git", "meshalloc:2y", 1, 55, 70), record("git", "meshalloc:2y", 2, 55, 70),
+               record("git", "meshalloc:3y", 1, 55, 70), record("git", "meshalloc:3y", 2, 55, 70),
                record("git", "jemalloc", 1, 40, 60), record("git", "jemalloc", 2, 40, 60)]
-    names = ["glibc", "jemalloc", "meshalloc:2y"]
+    names = ["glibc", "jemalloc", "meshalloc:3y"]
     table = real_apps.build_table(["perl", "git"], names, records)
-    assert table["perl"]["meshalloc:2y"].ratios["mean_pss"] == pytest.approx(0.85)
-    mean = real_apps.between(table, ["perl", "git"], "meshalloc:2y", "glibc", "mean_pss")
+    assert table["perl"]["meshalloc:3y"].ratios["mean_pss"] == pytest.approx(0.85)
+    mean = real_apps.between(table, ["perl", "git"], "meshalloc:3y", "glibc", "mean_pss")
     assert mean.value == pytest.approx((0.85 * 1.1) ** 0.5)
     assert mean.low == pytest.approx((0.8 * 1.1) ** 0.5) and mean.high == pytest.approx((0.9 * 1.1) ** 0.5)
     found = {claim.claim: claim for claim in real_apps.claims(["perl", "git"], table, checked=True)}
-    assert found["meshalloc 2y mean memory vs glibc, geomean of the real programs"].holds is True
-    assert found["meshalloc 2y peak memory vs glibc, perl"].holds is True
-    assert found["meshalloc 2y mean memory vs jemalloc, geomean of the real programs"].holds is False
+    assert found["meshalloc 3y mean memory vs glibc, geomean of the real programs"].holds is True
+    assert found["meshalloc 3y peak memory vs glibc, perl"].holds is True
+    assert found["meshalloc 3y mean memory vs jemalloc, geomean of the real programs"].holds is False
     markdown = real_apps.ratio_table(["perl", "git"], names, table, "mean_pss")
     assert "| perl | 0.0 | 1.00 | 0.85 (0.80–0.90) |" in markdown
 

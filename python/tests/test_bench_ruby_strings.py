@@ -87,7 +87,7 @@ def test_smoke_tables(smoke):
     header, samples = read_tsv(directory / "samples.tsv")
     assert header == ["allocator", "repetition", *SAMPLE_COLUMNS]
     allocators = {row["allocator"] for row in samples}
-    assert allocators and allocators <= set(ruby_strings.PAPER_CONFIGS)
+    assert allocators and allocators <= set(ruby_strings.PAPER_CONFIGS) | {ruby_strings.MESH_DEFAULT}
     for row in samples:
         assert float(row["time_s"]) >= 0 and int(row["pss_bytes"]) > 0
     _, runs = read_tsv(directory / "runs.tsv")
@@ -173,10 +173,14 @@ def fake_comparison(heaps_mib: dict, times_s: dict) -> Comparison:
 
 
 def test_claims_judge_the_paper_numbers():
-    heaps = {"jemalloc": 236, "glibc": 236, "meshalloc:0n": 240, "meshalloc:0y": 237, "meshalloc:2y": 197}
-    times = {"jemalloc": 2.6, "glibc": 2.6, "meshalloc:0n": 2.6, "meshalloc:0y": 2.7, "meshalloc:2y": 2.8}
+    heaps = {"jemalloc": 236, "glibc": 236, "meshalloc:0n": 240, "meshalloc:0y": 237, "meshalloc:2y": 197,
+             "meshalloc:3y": 163}
+    times = {"jemalloc": 2.6, "glibc": 2.6, "meshalloc:0n": 2.6, "meshalloc:0y": 2.7, "meshalloc:2y": 2.8,
+             "meshalloc:3y": 2.8}
     found = ruby_strings.claims(fake_comparison(heaps, times), "jemalloc", checked=True)
     assert all(claim.holds is True for claim in found), [c for c in found if not c.holds]
+    default = [c for c in found if c.claim.startswith("not a paper configuration: meshalloc 3y")]
+    assert len(default) == 1 and "0.69×" in default[0].ours
     heaps["meshalloc:2y"] = 236  # no reduction at all
     found = {c.claim: c for c in ruby_strings.claims(fake_comparison(heaps, times), "jemalloc", checked=True)}
     assert found["meshalloc 2y mean heap (PSS) vs jemalloc"].holds is False

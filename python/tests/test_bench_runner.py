@@ -240,7 +240,7 @@ def test_thread_scaling_smoke(tmp_path):
 
     _, runs = read_tsv(out / "runs.tsv")
     allocators = {row["allocator"] for row in runs}
-    assert "meshalloc:2y" in allocators
+    assert "meshalloc:3y" in allocators
     assert {int(row["threads"]) for row in runs} == {1, 2}
     assert all(row["status"] == "ok" and int(row["pss_bytes"]) > 0 for row in runs)
     assert len({row["live_bytes"] for row in runs if row["threads"] == "2"}) == 1  # same work for everyone

@@ -113,17 +113,17 @@ def test_ratios_geomeans_and_target_claims():
 
 def test_program_claims_compare_with_glibc_and_jemalloc():
     workloads = [workload("perl", speed.PROGRAM), workload("git", speed.PROGRAM)]
-    times = made_up({("perl", "glibc"): [1.0, 1.0], ("perl", "meshalloc:2y"): [1.05, 1.05],
+    times = made_up({("perl", "glibc"): [1.0, 1.0], ("perl", "meshalloc:3y"): [1.05, 1.05],
                      ("perl", "jemalloc"): [0.9, 0.9], ("perl", "mimalloc"): [1.0, 1.0],
-                     ("git", "glibc"): [2.0, 2.0], ("git", "meshalloc:2y"): [2.6, 2.6],
+                     ("git", "glibc"): [2.0, 2.0], ("git", "meshalloc:3y"): [2.6, 2.6],
                      ("git", "jemalloc"): [2.0, 2.0], ("git", "mimalloc"): [2.0, 2.0]})
-    names = ["glibc", "jemalloc", "mimalloc", "meshalloc:2y"]
+    names = ["glibc", "jemalloc", "mimalloc", "meshalloc:3y"]
     table = speed.build_table(workloads, names, "mimalloc", times, [])
     found = {claim.claim: claim for claim in speed.claims(workloads, table, "mimalloc", checked=True)}
-    spec = found["meshalloc 2y time vs glibc, geomean of the real programs"]
+    spec = found["meshalloc 3y time vs glibc, geomean of the real programs"]
     assert spec.ours.startswith(f"{(1.05 * 1.3) ** 0.5:.3f}×") and spec.holds is False
-    assert found["meshalloc 2y time vs glibc, perl"].holds is True
-    assert found["meshalloc 2y time vs jemalloc, geomean of the real programs"].holds is False
+    assert found["meshalloc 3y time vs glibc, perl"].holds is True
+    assert found["meshalloc 3y time vs jemalloc, geomean of the real programs"].holds is False
 
 
 def test_microbenchmark_line_is_parsed():

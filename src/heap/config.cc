@@ -119,7 +119,7 @@ const char* apply(const OptionView& option, const char* value, size_t length) {
       *static_cast<size_t*>(option.field) = number;
       return nullptr;
     case OptionView::kRandomization:
-      if (length != 1 || value[0] < '0' || value[0] > '2') return "expected 0, 1 or 2";
+      if (length != 1 || value[0] < '0' || value[0] > '3') return "expected 0, 1, 2 or 3";
       *static_cast<Randomization*>(option.field) = static_cast<Randomization>(value[0] - '0');
       return nullptr;
     case OptionView::kStatsFormat:
@@ -140,9 +140,10 @@ const char* apply(const OptionView& option, const char* value, size_t length) {
   return "unknown option kind";
 }
 
-// "0n 2n 0y 1y 2y": the artifact's names for randomisation level x meshing off/on.
+// "0n 2n 0y 1y 2y": the artifact's names for randomisation level x meshing off/on; 1n, and
+// level 3 (not the paper's), are accepted too.
 bool applyPaperConfig(const char* value) {
-  if (strlen(value) != 2 || value[0] < '0' || value[0] > '2' ||
+  if (strlen(value) != 2 || value[0] < '0' || value[0] > '3' ||
       (value[1] != 'n' && value[1] != 'y'))
     return false;
   gHeapConfig.randomization = static_cast<Randomization>(value[0] - '0');
@@ -188,7 +189,8 @@ constexpr size_t kMaxStringOptionLength = 4096;
 
 void loadConfigFromEnvironment() {
   if (const char* paper = os::getEnv("MESHALLOC_CONFIG")) {
-    if (!applyPaperConfig(paper)) warn("MESHALLOC_CONFIG", paper, "expected one of 0n 2n 0y 1y 2y");
+    if (!applyPaperConfig(paper))
+      warn("MESHALLOC_CONFIG", paper, "expected one of 0n 1n 2n 3n 0y 1y 2y 3y");
   }
   if (const char* conf = os::getEnv("MESHALLOC_CONF")) applyConfString(conf);
   for (const OptionView& option : kOptions) {

@@ -12,13 +12,18 @@ enum class Randomization : uint8_t {
   kNone = 0,             // slots handed out in address order
   kOnRefill = 1,         // shuffle vector shuffled whenever it is refilled
   kOnRefillAndFree = 2,  // ... and every local free lands at a random position
+  // Not one of the paper's levels: each refill hands out every span's free slots in address
+  // order from a random one (wrapping), the spans in random order, and a local free is the
+  // next slot handed out (LIFO). Offsets are random per span rather than per object, so
+  // objects allocated together stay neighbours (see docs/heap.md, "Rotated runs").
+  kRotatedRuns = 3,
 };
 
 enum class StatsFormat : uint8_t { kNone = 0, kText = 1, kJson = 2 };
 
 struct HeapConfig {
   bool meshing = true;
-  Randomization randomization = Randomization::kOnRefillAndFree;
+  Randomization randomization = Randomization::kRotatedRuns;
   size_t dirtyCacheBytes = size_t{32} << 20;
   // ... or this percentage of the pages in use, if more. Off by default: it trades memory for
   // fewer page faults (a heap churning large objects of many sizes re-faults what the byte

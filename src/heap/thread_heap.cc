@@ -1,5 +1,7 @@
 #include "heap/thread_heap.h"
 
+#include <string.h>
+
 #include <new>
 
 #include "heap/arena.h"
@@ -19,6 +21,16 @@ Mutex gRegistryLock;
 ThreadHeap* gRegistry = nullptr;
 ThreadHeap* gPool = nullptr;  // heaps of finished threads, reused before allocating new ones
 
+void swapEntries(ShuffleVector& v, uint32_t i, uint32_t j) {
+  uint32_t t = v.entries[i];
+  v.entries[i] = v.entries[j];
+  v.entries[j] = t;
+}
+// Reverses entries [first, end).
+void reverseEntries(ShuffleVector& v, uint32_t first, uint32_t end) {
+  for (; first + 1 < end; first++, end--) swapEntries(v, first, end - 1);
+}
+
 size_t wordsPerSpan(unsigned sizeClass) {
   return (SizeClasses::plan(sizeClass).objectCount + 63) / 64;
 }
@@ -34,16 +46,24 @@ size_t entryBytes(unsigned sizeClass) {
 size_t bitmapBytes(unsigned sizeClass) {
   return kMaxSpansPerVector * wordsPerSpan(sizeClass) * sizeof(uint64_t);
 }
+
+size_t maxEntryBytes() {
+  size_t most = 0;
+  for (unsigned c = 0; c < kNumSizeClasses; c++) most = entryBytes(c) > most ? entryBytes(c) : most;
+  return most;
+}
 }  // namespace
 
 size_t ThreadHeap::storageBytes() {
-  size_t bytes = sizeof(ThreadHeap);
+  size_t bytes = sizeof(ThreadHeap) + maxEntryBytes();
   for (unsigned c = 0; c < kNumSizeClasses; c++) bytes += bitmapBytes(c) + entryBytes(c);
   return bytes;
 }
 
 void ThreadHeap::initialize(char* storage) {
   char* cursor = storage + sizeof(ThreadHeap);
+  reorderScratch_ = reinterpret_cast<uint32_t*>(cursor);
+  cursor += maxEntryBytes();
   for (unsigned c = 0; c < kNumSizeClasses; c++) {
     ShuffleVector& v = vectors_[c];
     v.objectSize = SizeClasses::plan(c).objectSize;
@@ -179,18 +199,56 @@ void ThreadHeap::removeSpan(ShuffleVector& v, unsigned span) {
 void ThreadHeap::shuffle(ShuffleVector& v) {
   if (randomization_ == Randomization::kNone) {
     // Pop from the end must yield ascending addresses: reverse the ascending fill.
-    for (uint32_t i = 0, j = v.length; i + 1 < j; i++, j--) {
-      uint32_t t = v.entries[i];
-      v.entries[i] = v.entries[j - 1];
-      v.entries[j - 1] = t;
-    }
+    reverseEntries(v, 0, v.length);
     return;
   }
-  for (uint32_t i = v.length; i > 1; i--) {  // Fisher-Yates
-    uint32_t j = rng_.below(i);
-    uint32_t t = v.entries[i - 1];
-    v.entries[i - 1] = v.entries[j];
-    v.entries[j] = t;
+  if (randomization_ == Randomization::kRotatedRuns) {
+    shuffleRuns(v);
+    return;
+  }
+  for (uint32_t i = v.length; i > 1; i--) swapEntries(v, i - 1, rng_.below(i));  // Fisher-Yates
+}
+
+void ThreadHeap::shuffleRuns(ShuffleVector& v) {
+  // Refill claims each span's free slots once, in ascending order: the entries are one run per
+  // span. Popping from the end must yield a run from a random slot upwards, wrapping to its
+  // first slot: reversing the run's two parts either side of that slot does it.
+  uint32_t runStart[kMaxSpansPerVector + 1];
+  unsigned runs = 0;
+  for (uint32_t i = 0; i < v.length; i++) {
+    bool newRun = i == 0 || (v.entries[i] >> ShuffleVector::kSpanShift) !=
+                                (v.entries[i - 1] >> ShuffleVector::kSpanShift);
+    if (!newRun) continue;
+    if (runs == kMaxSpansPerVector) {  // not one run per span: keep the vector a plain shuffle
+      for (uint32_t j = v.length; j > 1; j--) swapEntries(v, j - 1, rng_.below(j));
+      return;
+    }
+    runStart[runs++] = i;
+  }
+  runStart[runs] = v.length;
+  for (unsigned r = 0; r < runs; r++) {
+    uint32_t first = runStart[r];
+    uint32_t split = first + rng_.below(runStart[r + 1] - first);
+    reverseEntries(v, first, split);
+    reverseEntries(v, split, runStart[r + 1]);
+  }
+  if (runs < 2) return;
+  // The runs in random order, through the scratch copy.
+  unsigned order[kMaxSpansPerVector];
+  for (unsigned r = 0; r < runs; r++) order[r] = r;
+  for (unsigned r = runs; r > 1; r--) {
+    unsigned j = rng_.below(r);
+    unsigned t = order[r - 1];
+    order[r - 1] = order[j];
+    order[j] = t;
+  }
+  memcpy(reorderScratch_, v.entries, v.length * sizeof(uint32_t));
+  uint32_t out = 0;
+  for (unsigned k = 0; k < runs; k++) {
+    uint32_t first = runStart[order[k]];
+    uint32_t count = runStart[order[k] + 1] - first;
+    memcpy(v.entries + out, reorderScratch_ + first, count * sizeof(uint32_t));
+    out += count;
   }
 }
 

@@ -227,10 +227,13 @@ class ThreadHeap {
   // Drops span `span` (which has no entries in the vector) from the table, compacting it.
   void removeSpan(ShuffleVector& v, unsigned span);
   void shuffle(ShuffleVector& v);
+  // Randomization::kRotatedRuns's order: each span's slots from a random one, spans shuffled.
+  void shuffleRuns(ShuffleVector& v);
 
   ShuffleVector vectors_[kNumSizeClasses];
   Rng rng_;
-  Randomization randomization_ = Randomization::kOnRefillAndFree;
+  uint32_t* reorderScratch_ = nullptr;  // as many entries as the largest vector holds
+  Randomization randomization_ = Randomization::kRotatedRuns;
   bool inUse_ = false;
   ThreadActivity activity_;
   ThreadHeap* registryNext_ = nullptr;

@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <stdlib.h>
 
+#include <atomic>
 #include <cstring>
 #include <sstream>
 #include <string>
@@ -94,8 +95,16 @@ TEST_P(DoubleFree, LocalThenRemote) {
   const size_t size = GetParam();
   void* p = touched(malloc(size), size);
   ChildResult r = runInChild([p] {
+    // The thread exists before the first free: with LIFO reuse (randomisation 0, 1 or 3),
+    // std::thread's own state object is a 16-byte block and would otherwise get p's slot,
+    // making the second free a legal one of that live object.
+    std::atomic<bool> freed{false};
+    std::thread t([p, &freed] {
+      while (!freed.load()) std::this_thread::yield();
+      free(launder(p));
+    });
     free(p);
-    std::thread t([p] { free(launder(p)); });
+    freed.store(true);
     t.join();
   });
   expectAbortReport(r, p, {"double free"});

@@ -31,7 +31,9 @@ TEST_F(ConfigTest, PaperConfigurationNamesSetMeshingAndRandomization) {
                {"2n", false, Randomization::kOnRefillAndFree},
                {"0y", true, Randomization::kNone},
                {"1y", true, Randomization::kOnRefill},
-               {"2y", true, Randomization::kOnRefillAndFree}};
+               {"2y", true, Randomization::kOnRefillAndFree},
+               {"3n", false, Randomization::kRotatedRuns},
+               {"3y", true, Randomization::kRotatedRuns}};
   for (const Case& c : cases) {
     setenv("MESHALLOC_CONFIG", c.name, 1);
     loadConfigFromEnvironment();

@@ -82,6 +82,96 @@ TEST_F(HeapTest, RandomizationShufflesAllocationOrder) {
   }
 }
 
+// Slot index of `address` within its virtual span.
+size_t slotInSpan(uintptr_t address, size_t objectSize) {
+  uint64_t entry = Arena::entryFor(address);
+  uintptr_t spanStart =
+      (address & ~(Arena::pageSize() - 1)) - PageEntry::pageIndex(entry) * Arena::pageSize();
+  return (address - spanStart) / objectSize;
+}
+
+TEST_F(HeapTest, RotatedRunsHandOutEachSpanFromARandomSlotUpwards) {
+  // A class no other test uses (2560 B: a few slots per span), so each thread starts from
+  // fresh spans: a whole span's slots come out as one run, ascending from a random slot and
+  // wrapping once to the span's first slot.
+  gHeapConfig.randomization = Randomization::kRotatedRuns;
+  constexpr size_t kSize = 2500;
+  constexpr size_t kObjectSize = 2560;
+  unsigned sizeClass = SizeClasses::classOf(kSize);
+  ASSERT_EQ(SizeClasses::plan(sizeClass).objectSize, kObjectSize);
+  size_t perSpan = SizeClasses::plan(sizeClass).objectCount;
+  ASSERT_GE(perSpan, 4u);
+  std::set<size_t> firstSlots;
+  for (int trial = 0; trial < 40; trial++) {
+    onNewThread([&] {
+      std::vector<void*> blocks;
+      for (size_t i = 0; i < perSpan; i++) blocks.push_back(heap::allocate(kSize));
+      size_t first = slotInSpan(reinterpret_cast<uintptr_t>(blocks[0]), kObjectSize);
+      firstSlots.insert(first);
+      for (size_t i = 0; i < perSpan; i++) {
+        uintptr_t address = reinterpret_cast<uintptr_t>(blocks[i]);
+        EXPECT_EQ(slotInSpan(address, kObjectSize), (first + i) % perSpan) << "block " << i;
+        // All from one span: the same span start.
+        EXPECT_EQ(address - slotInSpan(address, kObjectSize) * kObjectSize,
+                  reinterpret_cast<uintptr_t>(blocks[0]) - first * kObjectSize);
+      }
+      // A local free is handed out again next (no free-time shuffle at this level).
+      void* reused = blocks[perSpan / 2];
+      heap::deallocate(reused);
+      EXPECT_EQ(heap::allocate(kSize), reused);
+      for (void* p : blocks) heap::deallocate(p);
+    });
+  }
+  // The start is random: 40 fresh spans start at more than one slot.
+  EXPECT_GE(firstSlots.size(), std::min<size_t>(3, perSpan));
+}
+
+TEST_F(HeapTest, RotatedRunsVisitSpansInRandomOrder) {
+  // A refill from several partly used spans hands each span's free slots out as one run, the
+  // runs in random order: across trials, the first run is sometimes the higher span's.
+  gHeapConfig.randomization = Randomization::kRotatedRuns;
+  constexpr size_t kSize = 1500;  // 1536-byte class
+  size_t perSpan = SizeClasses::plan(SizeClasses::classOf(kSize)).objectCount;
+  ASSERT_GE(perSpan, 4u);
+  int ascendingFirst = 0, descendingFirst = 0;
+  for (int trial = 0; trial < 20; trial++) {
+    onNewThread([&] {
+      // Fill several spans, keep every other block, and hand the spans back: the next
+      // allocation refills from partly used spans.
+      std::vector<void*> blocks;
+      for (size_t i = 0; i < perSpan * 4; i++) blocks.push_back(heap::allocate(kSize));
+      std::vector<void*> kept;
+      for (size_t i = 0; i < blocks.size(); i++) {
+        if (i % 2) {
+          heap::deallocate(blocks[i]);
+        } else {
+          kept.push_back(blocks[i]);
+        }
+      }
+      heap::flushThreadCache();
+      // The spans of the first refill's blocks, in the order they were served.
+      std::vector<uintptr_t> spanOrder;
+      std::vector<void*> refilled;
+      for (size_t i = 0; i < perSpan; i++) {
+        void* p = heap::allocate(kSize);
+        refilled.push_back(p);
+        uintptr_t address = reinterpret_cast<uintptr_t>(p);
+        uintptr_t span = Arena::spanStartOf(address, Arena::entryFor(address));
+        if (spanOrder.empty() || spanOrder.back() != span) {
+          // A span's run is contiguous in allocation order: it never comes back.
+          EXPECT_EQ(std::count(spanOrder.begin(), spanOrder.end(), span), 0);
+          spanOrder.push_back(span);
+        }
+      }
+      if (spanOrder.size() >= 2) (spanOrder[0] < spanOrder[1] ? ascendingFirst : descendingFirst)++;
+      for (void* p : refilled) heap::deallocate(p);
+      for (void* p : kept) heap::deallocate(p);
+    });
+  }
+  EXPECT_GT(ascendingFirst, 0);
+  EXPECT_GT(descendingFirst, 0);
+}
+
 TEST_F(HeapTest, ShuffleIsRoughlyUniform) {
   // Which slot of its span does a thread's first allocation get? Over many fresh threads the
   // answer should cover most of the span's slots (nearly all of up to 64 slots for 200

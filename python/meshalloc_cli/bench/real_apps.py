@@ -4,10 +4,10 @@ and their geometric mean against glibc -- the Mesh paper's §6.2 in spirit.
 The paper measured Firefox (Speedometer), Redis and SPECint2006; Firefox needs a build without
 its own allocator and SPEC a licence, so neither can run here. This experiment takes the five
 Debian programs of the speed experiment (programs.py: python3, ruby, perl, sqlite3, git), runs
-each under glibc, jemalloc, mimalloc, tcmalloc and meshalloc with meshing off (0n) and on (2y),
+each under glibc, jemalloc, mimalloc, tcmalloc and meshalloc with meshing off (0n) and on (3y, the defaults),
 interleaved, and samples the PSS of the whole process tree every 10 ms (the paper's mstat rate).
 The claims set the paper's memory figures beside ours and are judged only on their direction:
-does meshalloc 2y use less memory than the reference allocator? See docs/real-apps.md.
+does meshalloc 3y use less memory than the reference allocator? See docs/real-apps.md.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from .speed import (Geomean, MemoryRecord, Workload, allocators_to_run, machine_
 NAME = "real-apps"
 BASELINE = "glibc"  # the paper's reference for SPEC (and perlbench)
 JEMALLOC = "jemalloc"  # the paper's reference for Firefox and Redis
-MESH_ON = "meshalloc:2y"
-MESH_OFF = "meshalloc:0n"  # meshing and randomisation off: what meshing itself saves is 2y against this
+MESH_ON = "meshalloc:3y"
+MESH_OFF = "meshalloc:0n"  # meshing and randomisation off: what meshing itself saves is 3y against this
 ALLOCATORS = (BASELINE, JEMALLOC, "mimalloc", "tcmalloc", MESH_OFF, MESH_ON)
 SMOKE_ALLOCATORS = (BASELINE, MESH_ON)
 
@@ -133,12 +133,12 @@ def _geomean_text(value: Geomean, decimals: int = 2) -> str:
 
 def ratio_table(programs: Sequence[str], names: Sequence[str], table: Table, metric: str) -> str:
     """One metric: the baseline's MiB, every other allocator over it, meshing's own effect
-    (2y over 0n), geometric means with the range of the per-repetition geomeans."""
+    (3y over 0n), geometric means with the range of the per-repetition geomeans."""
     others = [name for name in names if name != BASELINE]
     with_meshing = MESH_ON in names and MESH_OFF in names
     header = ["program", f"{BASELINE} MiB" if BASELINE in names else "MiB"] + [f"{name} ×" for name in others]
     if with_meshing:
-        header.append("2y ÷ 0n")
+        header.append("3y ÷ 0n")
     rows = []
     for program in programs:
         cells = table[program]
@@ -192,7 +192,7 @@ def absolute_table(programs: Sequence[str], names: Sequence[str], table: Table, 
 
 def claims(programs: Sequence[str], table: Table, checked: bool) -> List[Claim]:
     result: List[Claim] = []
-    direction = "in spirit ({}): holds when meshalloc 2y uses less than {} (the direction, not the size)"
+    direction = "in spirit ({}): holds when meshalloc 3y uses less than {} (the direction, not the size)"
 
     def add(claim: str, paper: str, value: Geomean, rows: int, note: str) -> None:
         holds = value.value < 1.0 if value.value is not None else None
@@ -212,15 +212,15 @@ def claims(programs: Sequence[str], table: Table, checked: bool) -> List[Claim]:
             note = "not measured here (an allocator is missing or failed); " + note
         result.append(Claim(claim, paper, ours, holds, note))
 
-    add("meshalloc 2y mean memory vs glibc, geomean of the real programs",
+    add("meshalloc 3y mean memory vs glibc, geomean of the real programs",
         f"{PAPER_SPEC_MEAN:.3f}× (SPECint2006 geomean, −2.4 %)",
         between(table, programs, MESH_ON, BASELINE, "mean_pss"),
         len(programs), direction.format("Debian programs, not SPECint2006; PSS, not RSS", "glibc"))
     if "perl" in programs:
-        add("meshalloc 2y peak memory vs glibc, perl", f"{PAPER_PERLBENCH_PEAK:.2f}× (400.perlbench peak RSS, "
+        add("meshalloc 3y peak memory vs glibc, perl", f"{PAPER_PERLBENCH_PEAK:.2f}× (400.perlbench peak RSS, "
             "564 vs 664 MB)", between(table, ["perl"], MESH_ON, BASELINE, "peak_pss"), 1,
             direction.format("our mail-filtering script, not perlbench; peak PSS", "glibc"))
-    add("meshalloc 2y mean memory vs jemalloc, geomean of the real programs",
+    add("meshalloc 3y mean memory vs jemalloc, geomean of the real programs",
         f"{PAPER_FIREFOX_MEAN:.2f}× (Firefox, Speedometer: 530 vs 632 MB)",
         between(table, programs, MESH_ON, JEMALLOC, "mean_pss"), len(programs),
         direction.format("Debian programs, not Firefox", "jemalloc"))
@@ -342,7 +342,7 @@ class RealApps(ExperimentBase):
         rates = [record.metric("hz") for record in records if record.metric("hz")]
         caption = (f"Each allocator's PSS over {BASELINE}'s (median of {repetitions} interleaved repetition(s); in "
                    "brackets the range of the per-repetition ratios); lower is less memory. PSS of the whole process "
-                   "tree sampled every 10 ms; mean = time-weighted over the run. 2y ÷ 0n: what meshing (with "
+                   "tree sampled every 10 ms; mean = time-weighted over the run. 3y ÷ 0n: what meshing (with "
                    "randomisation) saves over meshalloc without it.")
         main = "\n".join([f"**Mean PSS** (× {BASELINE})", "", ratio_table(rows, allocator_names, table, "mean_pss"),
                           f"**Peak PSS** (× {BASELINE})", "", ratio_table(rows, allocator_names, table, "peak_pss")])

@@ -43,7 +43,7 @@ BINARY = Path("bench") / "thread_scaling"  # inside the build directory
 # The allocators, in table order. The study measured mimalloc, jemalloc and libc; tcmalloc and
 # meshalloc with meshing off (0n) show what a thread cache and meshalloc without meshing do.
 GLIBC, JEMALLOC, MIMALLOC, TCMALLOC = "glibc", "jemalloc", "mimalloc", "tcmalloc"
-MESH_ON, MESH_OFF = "meshalloc:2y", "meshalloc:0n"
+MESH_ON, MESH_OFF = "meshalloc:3y", "meshalloc:0n"
 ALLOCATORS = (GLIBC, JEMALLOC, MIMALLOC, TCMALLOC, MESH_ON, MESH_OFF)
 
 # The study's grid: one thread and multiples of six up to 48 ("to allow greater precision when
