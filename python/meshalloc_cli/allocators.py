@@ -23,6 +23,9 @@ from .errors import EXIT_FAILURE, MeshallocError
 # the paper's: see docs/heap.md).
 MESHALLOC_CONFIGS = ("0n", "1n", "2n", "3n", "0y", "1y", "2y", "3y")
 PAPER_CONFIGS = ("0n", "2n", "0y", "1y", "2y")
+# What `meshalloc allocators` lists and error messages suggest: the paper's five and the
+# library's default level with meshing on.
+LISTED_CONFIGS = PAPER_CONFIGS + ("3y",)
 CONFIG_SEPARATOR = ":"
 # Variables that would override MESHALLOC_CONFIG inside the library; a named
 # configuration must mean exactly what its name says, so they are removed for it.
@@ -161,7 +164,7 @@ def looks_like_path(name: str) -> bool:
 
 
 def known_names_text() -> str:
-    configs = " ".join(f"meshalloc:{config}" for config in PAPER_CONFIGS)
+    configs = " ".join(f"meshalloc:{config}" for config in LISTED_CONFIGS)
     return f"{', '.join(KNOWN_NAMES)}, {configs}, or a path to a .so"
 
 
@@ -201,7 +204,7 @@ def resolve(name: str) -> Allocator:
         config = config.lower()
         if config not in MESHALLOC_CONFIGS:
             raise MeshallocError(f"unknown meshalloc configuration '{config}' in '{name}' "
-                                 f"(use one of {' '.join(PAPER_CONFIGS)}: randomisation 0/1/2, meshing n/y)")
+                                 f"(use one of {' '.join(LISTED_CONFIGS)}: randomisation 0/1/2/3, meshing n/y)")
         return Allocator(
             name=f"meshalloc{CONFIG_SEPARATOR}{config}",
             library=library,
@@ -248,7 +251,7 @@ def availability() -> List[Availability]:
             continue
         rows.append(Availability(name, allocator.library, True, allocator.description))
         if name == "meshalloc":
-            for config in PAPER_CONFIGS:
+            for config in LISTED_CONFIGS:
                 configured = resolve(f"meshalloc{CONFIG_SEPARATOR}{config}")
                 rows.append(Availability(configured.name, configured.library, True,
                                          f"{configured.description} (MESHALLOC_CONFIG={config})"))
