@@ -184,3 +184,17 @@ def test_a_failed_build_makes_the_experiment_unavailable(monkeypatch, tmp_path):
     monkeypatch.setenv(redis_support.CACHE_VARIABLE, str(tmp_path / "cache"))
     with pytest.raises(framework.ExperimentUnavailable, match="FAILED: no network"):
         redis_support.ensure_source_build(tmp_path, log=lambda line: None)
+
+
+def test_insertions_start_at_spread_phases_of_the_wall_clock_second():
+    """Redis's LRU clock ticks once a wall-clock second, so where in a second the insertion
+    starts decides how many first-phase keys survive: every configuration of a repetition
+    starts at the same phase, and the phases of successive repetitions spread over the second."""
+    phases = [redis_support.clock_phase(index) for index in range(1, 6)]
+    assert phases[0] == 0.0
+    assert all(0.0 <= phase < 1.0 for phase in phases)
+    gaps = [b - a for a, b in zip(sorted(phases), sorted(phases)[1:])]
+    assert min(gaps) > 0.1  # five phases, none closer than a tenth of a second
+    assert redis_support.seconds_until_phase(100.25, 0.5) == pytest.approx(0.25)
+    assert redis_support.seconds_until_phase(100.75, 0.5) == pytest.approx(0.75)
+    assert redis_support.seconds_until_phase(100.5, 0.5) == pytest.approx(0.0)

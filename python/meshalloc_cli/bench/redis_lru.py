@@ -30,7 +30,7 @@ from .common import ExperimentBase, checked_repetitions, machine_json, number, p
 from .framework import FULL, QUICK, SMOKE, Claim, Context, ExperimentUnavailable, Outcome
 from .redis_support import (ACTIVEDEFRAG_OPTIONS, BUILD_SCRIPT, SERVER_OPTIONS, Config, Insertion, RedisInstall,
                             Run, Workload, any_install, compile_client, describe_runs, ensure_source_build, one_run,
-                            run_seed, time_insertion, timed_run)
+                            time_insertion, timed_run)
 
 NAME = "redis-lru"
 
@@ -309,7 +309,10 @@ def caption(install: RedisInstall, load: Workload, repetitions: int, rounds: int
     return (f"Redis {install.version()}, {load.describe()}. Medians over {repetitions} interleaved "
             f"repetition(s){spread}; × = over jemalloc's median, except insertion ×: the median (min–max) of "
             f"{rounds} per-round ratios (timing.tsv). PSS of the server sampled every "
-            f"{load.interval_s * 1000:g} ms; mean = time-weighted over the server's whole life. meshing s, longest "
+            f"{load.interval_s * 1000:g} ms; mean = time-weighted over the server's whole life. Every "
+            "configuration of a repetition (or timing round) starts its insertion at the same fraction of a "
+            "wall-clock second, a different one in each repetition (Redis's LRU clock ticks once a second; "
+            "docs/redis-lru.md). meshing s, longest "
             "pause: meshalloc's statistics at exit (mesh_cpu_ns, mesh_pause_max_ns); active defrag s: Redis's "
             "total_active_defrag_time.")
 
@@ -685,8 +688,7 @@ def timing_rounds(context: Context, configs: Sequence[Config], load: Workload, i
         shift = (index - 1) % len(configs)
         for config in list(configs[shift:]) + list(configs[:shift]):
             directory = context.out / "timing" / f"{config.slug}-t{index}"
-            report, problem = time_insertion(config, load, install, client, directory,
-                                             run_seed(load, index), "insertion")
+            report, problem = time_insertion(config, load, install, client, directory, index, "insertion")
             insertions.append(Insertion(config, index, report, problem))
         line = ", ".join(f"{i.config.name} {i.seconds:.3f} s" if i.seconds is not None
                          else f"{i.config.name} FAILED: {i.problem}" for i in insertions[-len(configs):])
