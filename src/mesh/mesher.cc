@@ -9,6 +9,7 @@
 #include "heap/global_heap.h"
 #include "heap/operation_guard.h"
 #include "heap/thread_heap.h"
+#include "mesh/commit_thread.h"
 #include "mesh/write_barrier.h"
 #include "platform/os.h"
 #include "support/lock.h"
@@ -220,6 +221,29 @@ void Mesher::commitSource(MiniHeap* destination, MiniHeap* source) {
   gStats.meshedSpans++;
 }
 
+void Mesher::commitBatch(void* argument) {
+  CommitJob& job = *static_cast<CommitJob*>(argument);
+  uint64_t pauseStart = os::monotonicNanos();
+  uint64_t waited = OperationGuard::pause();
+  for (size_t g = 0; g < job.count; g++) {
+    bool* merged = job.mergedFlags + g * kMaxVirtualSpans;
+    for (uint32_t i = 0; i < job.groups[g].sourceCount; i++) {
+      if (!merged[i]) continue;
+      commitSource(job.groups[g].destination, job.groups[g].sources[i]);
+      job.released += job.spanBytes;
+    }
+  }
+  // Measured before the wake-up: a woken thread may preempt this one, but it is running.
+  uint64_t pause = os::monotonicNanos() - pauseStart;
+  OperationGuard::resume();
+  gStats.pauseCount++;
+  gStats.pauseTotalNs += pause;
+  if (pause > gStats.pauseMaxNs) {
+    gStats.pauseMaxNs = pause;
+    gStats.pauseWaitMaxNs = waited;
+  }
+}
+
 size_t Mesher::meshBatch(unsigned sizeClass, MeshGroup* groups, size_t count, bool* mergedFlags) {
   (void)sizeClass;
   size_t released = 0;
@@ -237,26 +261,11 @@ size_t Mesher::meshBatch(unsigned sizeClass, MeshGroup* groups, size_t count, bo
     // Only the switch of the page map needs guarded operations (remote frees, realloc,
     // malloc_usable_size) paused: none may hold a source's MiniHeap across it, and the slots
     // transferred must be the final ones. It is a few atomics per source, so the pause does
-    // not include the mapping calls, which can wait long for the mm lock or the CPU.
-    uint64_t pauseStart = os::monotonicNanos();
-    uint64_t waited = OperationGuard::pause();
-    for (size_t g = 0; g < count; g++) {
-      bool* merged = mergedFlags + g * kMaxVirtualSpans;
-      for (uint32_t i = 0; i < groups[g].sourceCount; i++) {
-        if (!merged[i]) continue;
-        commitSource(groups[g].destination, groups[g].sources[i]);
-        released += bytes;
-      }
-    }
-    // Measured before the wake-up: a woken thread may preempt this one, but it is running.
-    uint64_t pause = os::monotonicNanos() - pauseStart;
-    OperationGuard::resume();
-    gStats.pauseCount++;
-    gStats.pauseTotalNs += pause;
-    if (pause > gStats.pauseMaxNs) {
-      gStats.pauseMaxNs = pause;
-      gStats.pauseWaitMaxNs = waited;
-    }
+    // not include the mapping calls, which can wait long for the mm lock or the CPU. It runs
+    // on the commit thread, at the program's priority (mesh/commit_thread.h).
+    CommitJob job{groups, count, mergedFlags, bytes, 0};
+    CommitThread::run(commitBatch, &job);
+    released = job.released;
   }
   uint64_t barrier = os::monotonicNanos() - barrierStart;
   WriteBarrier::end();

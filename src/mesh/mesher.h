@@ -73,6 +73,15 @@ class Mesher {
   // With guarded operations paused: the source's live slots and virtual span go over to the
   // destination.
   static void commitSource(MiniHeap* destination, MiniHeap* source);
+  // A batch's commit: its merged sources, under one pause.
+  struct CommitJob {
+    MeshGroup* groups;
+    size_t count;
+    bool* mergedFlags;
+    size_t spanBytes;
+    size_t released;  // out
+  };
+  static void commitBatch(void* job);
 };
 
 }  // namespace meshalloc

@@ -10,6 +10,7 @@
 #include "heap/global_heap.h"
 #include "heap/heap.h"
 #include "heap/span_backing.h"
+#include "mesh/commit_thread.h"
 #include "mesh/mesher.h"
 #include "mesh/write_barrier.h"
 #include "platform/os.h"
@@ -103,7 +104,9 @@ void forkChild() {
     WriteBarrier::end();
   }
   Mesher::resetAfterFork();
-  // The background thread did not survive the fork; the child starts its own when it needs one.
+  // The background and commit threads did not survive the fork; the child starts its own when
+  // it needs them.
+  CommitThread::forgetAfterFork();
   gThreadStarted.store(false, std::memory_order_relaxed);
   gRefills.store(0, std::memory_order_relaxed);
 }
@@ -193,6 +196,9 @@ void* MeshPolicy::backgroundMain(void*) {
 
 void MeshPolicy::startBackgroundThread() {
   if (gThreadStarted.exchange(true)) return;
+  // The commit thread first, from this program thread, so that it keeps the program's priority
+  // while the mesher lowers its own. Without it, commits run on the mesher.
+  if (gHeapConfig.meshing && gHeapConfig.meshThreadNice > 0) CommitThread::start();
   // The thread takes no signals meant for the application.
   sigset_t all, saved;
   sigfillset(&all);
