@@ -1,7 +1,6 @@
 #include "mesh/commit_thread.h"
 
 #include <pthread.h>
-#include <signal.h>
 
 #include <atomic>
 #include <cstdint>
@@ -42,17 +41,7 @@ void* helperMain(void*) {
 
 bool start() {
   if (gRunning.load(std::memory_order_acquire)) return true;
-  // The thread takes no signals meant for the application.
-  sigset_t all, saved;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &saved);
-  pthread_attr_t attr;
-  pthread_attr_init(&attr);
-  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-  pthread_t thread;
-  bool started = pthread_create(&thread, &attr, helperMain, nullptr) == 0;
-  pthread_attr_destroy(&attr);
-  pthread_sigmask(SIG_SETMASK, &saved, nullptr);
+  bool started = os::startDetachedThread(helperMain);
   if (started) gRunning.store(true, std::memory_order_release);
   return started;
 }

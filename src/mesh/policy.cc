@@ -1,7 +1,6 @@
 #include "mesh/policy.h"
 
 #include <pthread.h>
-#include <signal.h>
 
 #include <atomic>
 
@@ -199,19 +198,8 @@ void MeshPolicy::startBackgroundThread() {
   // The commit thread first, from this program thread, so that it keeps the program's priority
   // while the mesher lowers its own. Without it, commits run on the mesher.
   if (gHeapConfig.meshing && gHeapConfig.meshThreadNice > 0) CommitThread::start();
-  // The thread takes no signals meant for the application.
-  sigset_t all, saved;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &saved);
-  pthread_attr_t attr;
-  pthread_attr_init(&attr);
-  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-  pthread_t thread;
-  if (pthread_create(&thread, &attr, backgroundMain, nullptr) != 0) {
+  if (!os::startDetachedThread(backgroundMain))
     gThreadFailed.store(true, std::memory_order_relaxed);
-  }
-  pthread_attr_destroy(&attr);
-  pthread_sigmask(SIG_SETMASK, &saved, nullptr);
 }
 
 void MeshPolicy::onThreadExit() {

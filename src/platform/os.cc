@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <linux/futex.h>
 #include <linux/membarrier.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/mman.h>
@@ -262,6 +263,20 @@ int currentThreadId() {
 
 bool setCurrentThreadNice(int nice) {
   return setpriority(PRIO_PROCESS, static_cast<id_t>(currentThreadId()), nice) == 0;
+}
+
+bool startDetachedThread(void* (*main)(void*)) {
+  sigset_t all, saved;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &saved);
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  pthread_t thread;
+  bool started = pthread_create(&thread, &attr, main, nullptr) == 0;
+  pthread_attr_destroy(&attr);
+  pthread_sigmask(SIG_SETMASK, &saved, nullptr);
+  return started;
 }
 
 void futexWait(const void* addr, uint32_t expected) {

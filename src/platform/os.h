@@ -74,6 +74,9 @@ long maxMapCount();
 int currentThreadId();
 // Sets the calling thread's nice value (Linux keeps one per thread); false if refused.
 bool setCurrentThreadNice(int nice);
+// Starts a detached thread running main(nullptr) with every signal blocked (the library's
+// threads take no signals meant for the application); false if it could not be created.
+bool startDetachedThread(void* (*main)(void*));
 
 void futexWait(const void* addr, uint32_t expected);
 void futexWakeOne(const void* addr);
