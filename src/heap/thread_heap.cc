@@ -21,14 +21,13 @@ Mutex gRegistryLock;
 ThreadHeap* gRegistry = nullptr;
 ThreadHeap* gPool = nullptr;  // heaps of finished threads, reused before allocating new ones
 
-void swapEntries(ShuffleVector& v, uint32_t i, uint32_t j) {
-  uint32_t t = v.entries[i];
-  v.entries[i] = v.entries[j];
-  v.entries[j] = t;
-}
 // Reverses entries [first, end).
 void reverseEntries(ShuffleVector& v, uint32_t first, uint32_t end) {
-  for (; first + 1 < end; first++, end--) swapEntries(v, first, end - 1);
+  for (; first + 1 < end; first++, end--) {
+    uint32_t t = v.entries[first];
+    v.entries[first] = v.entries[end - 1];
+    v.entries[end - 1] = t;
+  }
 }
 
 size_t wordsPerSpan(unsigned sizeClass) {
@@ -206,7 +205,7 @@ void ThreadHeap::shuffle(ShuffleVector& v) {
     shuffleRuns(v);
     return;
   }
-  for (uint32_t i = v.length; i > 1; i--) swapEntries(v, i - 1, rng_.below(i));  // Fisher-Yates
+  rng_.shuffle(v.entries, v.length);
 }
 
 void ThreadHeap::shuffleRuns(ShuffleVector& v) {
@@ -220,7 +219,7 @@ void ThreadHeap::shuffleRuns(ShuffleVector& v) {
                                 (v.entries[i - 1] >> ShuffleVector::kSpanShift);
     if (!newRun) continue;
     if (runs == kMaxSpansPerVector) {  // not one run per span: keep the vector a plain shuffle
-      for (uint32_t j = v.length; j > 1; j--) swapEntries(v, j - 1, rng_.below(j));
+      rng_.shuffle(v.entries, v.length);
       return;
     }
     runStart[runs++] = i;
@@ -236,12 +235,7 @@ void ThreadHeap::shuffleRuns(ShuffleVector& v) {
   // The runs in random order, through the scratch copy.
   unsigned order[kMaxSpansPerVector];
   for (unsigned r = 0; r < runs; r++) order[r] = r;
-  for (unsigned r = runs; r > 1; r--) {
-    unsigned j = rng_.below(r);
-    unsigned t = order[r - 1];
-    order[r - 1] = order[j];
-    order[j] = t;
-  }
+  rng_.shuffle(order, runs);
   memcpy(reorderScratch_, v.entries, v.length * sizeof(uint32_t));
   uint32_t out = 0;
   for (unsigned k = 0; k < runs; k++) {

@@ -65,8 +65,4 @@ void forgetAfterFork() {
   gState.store(kIdle, std::memory_order_relaxed);
 }
 
-bool running() {
-  return gRunning.load(std::memory_order_acquire);
-}
-
 }  // namespace meshalloc::CommitThread

@@ -20,7 +20,5 @@ bool start();
 void run(void (*job)(void*), void* arg);
 // In a child after fork: the helper did not survive; jobs run inline until start() again.
 void forgetAfterFork();
-// Whether jobs currently go to the helper (for tests).
-bool running();
 
 }  // namespace meshalloc::CommitThread

@@ -27,12 +27,7 @@ size_t SplitMesher::find(MiniHeap** candidates, size_t count, size_t probes, Rng
   if (count < 2 || maxGroups == 0) return 0;
   size_t words = candidates[0]->bitmap().words();
   if (words > kMaxBitmapWords) return 0;
-  for (size_t i = count; i > 1; i--) {  // Fisher-Yates: the split is random
-    size_t j = rng.below(static_cast<uint32_t>(i));
-    MiniHeap* t = candidates[i - 1];
-    candidates[i - 1] = candidates[j];
-    candidates[j] = t;
-  }
+  rng.shuffle(candidates, count);  // the split is random
   // Beyond the scratch, a random subset (the shuffle's prefix) is searched; the rest wait for
   // the next round.
   if (count > kScratchWords / words) count = kScratchWords / words;

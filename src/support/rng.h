@@ -2,6 +2,7 @@
 // randomised for meshing, not for security, so statistical quality and speed are what matter.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace meshalloc {
@@ -35,6 +36,17 @@ class Rng {
   // Uniform in [0, bound) by Lemire's multiply-shift; the tiny bias is irrelevant here.
   uint32_t below(uint32_t bound) {
     return static_cast<uint32_t>((static_cast<unsigned __int128>(next() >> 32) * bound) >> 32);
+  }
+
+  // Fisher-Yates: every order of items[0, count) equally likely.
+  template <typename T>
+  void shuffle(T* items, size_t count) {
+    for (size_t i = count; i > 1; i--) {
+      size_t j = below(static_cast<uint32_t>(i));
+      T t = items[i - 1];
+      items[i - 1] = items[j];
+      items[j] = t;
+    }
   }
 
  private:

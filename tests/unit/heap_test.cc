@@ -84,10 +84,7 @@ TEST_F(HeapTest, RandomizationShufflesAllocationOrder) {
 
 // Slot index of `address` within its virtual span.
 size_t slotInSpan(uintptr_t address, size_t objectSize) {
-  uint64_t entry = Arena::entryFor(address);
-  uintptr_t spanStart =
-      (address & ~(Arena::pageSize() - 1)) - PageEntry::pageIndex(entry) * Arena::pageSize();
-  return (address - spanStart) / objectSize;
+  return (address - Arena::spanStartOf(address, Arena::entryFor(address))) / objectSize;
 }
 
 TEST_F(HeapTest, RotatedRunsHandOutEachSpanFromARandomSlotUpwards) {
@@ -183,11 +180,7 @@ TEST_F(HeapTest, ShuffleIsRoughlyUniform) {
   for (int t = 0; t < kTrials; t++) {
     onNewThread([&] {
       void* p = heap::allocate(kSize);
-      uintptr_t address = reinterpret_cast<uintptr_t>(p);
-      uint64_t entry = Arena::entryFor(address);
-      uintptr_t spanStart =
-          (address & ~(Arena::pageSize() - 1)) - PageEntry::pageIndex(entry) * Arena::pageSize();
-      firstSlots.insert((address - spanStart) / kSize);
+      firstSlots.insert(slotInSpan(reinterpret_cast<uintptr_t>(p), kSize));
       heap::deallocate(p);
     });
   }

@@ -371,6 +371,14 @@ def seconds_text(stat: Optional[Stat], count: int, decimals: int = 2) -> str:
     return f"{stat.median:.{decimals}f} s"
 
 
+def insertion_text(insertion: Optional[Stat], rounds: Optional[Rounds], name: str, runs: int) -> str:
+    """A configuration's insertion ratio, counted in paired rounds when there were any, else in runs."""
+    paired = len(round_ratios(rounds, name)) if rounds is not None else 0
+    if paired:
+        return ratio_text(insertion, paired).replace(" run", " paired round")
+    return ratio_text(insertion, runs)
+
+
 def claims(table: Table, runs: Sequence[Run], checked: bool, rounds: Optional[Rounds] = None) -> List[Claim]:
     """The paper's statements about Redis and issue 3's targets, each with this machine's number.
     With checked False (smoke), every verdict is None."""
@@ -415,10 +423,7 @@ def claims(table: Table, runs: Sequence[Run], checked: bool, rounds: Optional[Ro
 
     insertion = mesh.get("insertion_ratio")
     mesh_s, base_s = mesh.get("insertion_s"), base.get("insertion_s")
-    paired = len(round_ratios(rounds, MESHALLOC)) if rounds is not None else 0
-    ours = ratio_text(insertion, n_mesh)
-    if paired:
-        ours = ratio_text(insertion, paired).replace(" run", " paired round")
+    ours = insertion_text(insertion, rounds, MESHALLOC, n_mesh)
     if mesh_s and base_s:
         ours += f": {mesh_s.median:.2f} s vs {base_s.median:.2f} s"
     mesh_paper, base_paper = PAPER_INSERTION_S
@@ -461,10 +466,7 @@ def claims(table: Table, runs: Sequence[Run], checked: bool, rounds: Optional[Ro
         ratio_text(paper_mean, n_paper),
         paper_mean.median <= PAPER_MEAN_RATIO + RATIO_SLACK if paper_mean else None,
         f"holds within {RATIO_SLACK:.2f} of the paper's ratio")
-    paper_paired = len(round_ratios(rounds, MESHALLOC_PAPER)) if rounds is not None else 0
-    ours = ratio_text(paper_insertion, paper_paired or n_paper)
-    if paper_paired:
-        ours = ours.replace(" run", " paired round")
+    ours = insertion_text(paper_insertion, rounds, MESHALLOC_PAPER, n_paper)
     add("meshalloc 2y (the paper's randomisation) insertion time vs jemalloc",
         f"{mesh_paper / base_paper:.2f}× ({mesh_paper:.2f} s vs {base_paper:.2f} s)", ours,
         paper_insertion.median <= TARGET_INSERTION if paper_insertion else None,

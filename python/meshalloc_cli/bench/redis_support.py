@@ -81,6 +81,14 @@ CONNECT_PROBE_S = 0.2
 CONDUCTOR_JOIN_SLACK_S = SHUTDOWN_TIMEOUT_S + 2 * KILL_GRACE_S + 60
 NS_PER_MS = 1e6
 NS_PER_S = 1e9
+# Metrics read from meshalloc's nanosecond statistics at exit: name -> (statistic, divisor).
+NANOSECOND_STATS = {
+    "mesh_pause_max_ms": ("mesh_pause_max_ns", NS_PER_MS),
+    "mesh_pause_wait_max_ms": ("mesh_pause_wait_max_ns", NS_PER_MS),
+    "mesh_barrier_max_ms": ("mesh_barrier_max_ns", NS_PER_MS),
+    "mesh_pause_total_s": ("mesh_pause_total_ns", NS_PER_S),
+    "mesh_cpu_s": ("mesh_cpu_ns", NS_PER_S),
+}
 MS_PER_S = 1000
 
 
@@ -330,18 +338,11 @@ class Run:
         # meshalloc's own statistics at exit
         if name in ("mesh_count", "mesh_released", "mesh_released_peak", "mappings", "mesh_passes", "mesh_pauses"):
             return float(stats[name]) if name in stats else None
-        if name == "mesh_pause_max_ms":
-            return stats["mesh_pause_max_ns"] / NS_PER_MS if "mesh_pause_max_ns" in stats else None
-        if name == "mesh_pause_wait_max_ms":
-            return stats["mesh_pause_wait_max_ns"] / NS_PER_MS if "mesh_pause_wait_max_ns" in stats else None
-        if name == "mesh_barrier_max_ms":
-            return stats["mesh_barrier_max_ns"] / NS_PER_MS if "mesh_barrier_max_ns" in stats else None
         if name == "barrier_faults":
             return float(stats[name]) if name in stats else None
-        if name == "mesh_pause_total_s":
-            return stats["mesh_pause_total_ns"] / NS_PER_S if "mesh_pause_total_ns" in stats else None
-        if name == "mesh_cpu_s":
-            return stats["mesh_cpu_ns"] / NS_PER_S if "mesh_cpu_ns" in stats else None
+        if name in NANOSECOND_STATS:
+            source, scale = NANOSECOND_STATS[name]
+            return stats[source] / scale if source in stats else None
         raise KeyError(name)
 
 
