@@ -23,9 +23,11 @@ bool Arena::init() {
   // Both top-level tables are reserved lazily: only the entries of granules in use are touched.
   pageMaps_ = static_cast<std::atomic<uintptr_t>*>(
       os::reserveAligned(kTopEntries * sizeof(uintptr_t), pageSize_));
+  classMaps_ = static_cast<std::atomic<uintptr_t>*>(
+      os::reserveAligned(kTopEntries * sizeof(uintptr_t), pageSize_));
   segments_ = static_cast<std::atomic<Segment*>*>(
       os::reserveAligned(kTopEntries * sizeof(Segment*), pageSize_));
-  return pageMaps_ && segments_;
+  return pageMaps_ && classMaps_ && segments_;
 }
 
 size_t Arena::binFor(size_t pages) {
@@ -47,7 +49,8 @@ Arena::Segment* Arena::createSegment(size_t bytes, size_t alignment, bool dedica
   }
   Segment* segment = static_cast<Segment*>(InternalHeap::allocate(sizeof(Segment)));
   size_t pages = segmentBytes >> pageShift_;
-  size_t mapBytes = roundUp(pages * sizeof(uint64_t), pageSize_);
+  size_t fullMapBytes = roundUp(pages * sizeof(uint64_t), pageSize_);
+  size_t mapBytes = fullMapBytes + roundUp(pages * sizeof(uint16_t), pageSize_);
   void* map = segment ? os::reserveAligned(mapBytes, pageSize_) : nullptr;
   if (!map) {
     if (segment) InternalHeap::free(segment, sizeof(Segment));
@@ -59,10 +62,15 @@ Arena::Segment* Arena::createSegment(size_t bytes, size_t alignment, bool dedica
   segment->dedicated = dedicated;
   segment->pageMap = static_cast<std::atomic<uint64_t>*>(map);
   segment->pageMapBytes = mapBytes;
+  segment->classMap =
+      reinterpret_cast<std::atomic<uint16_t>*>(static_cast<char*>(map) + fullMapBytes);
   uintptr_t biased = reinterpret_cast<uintptr_t>(map) - (start >> pageShift_) * sizeof(uint64_t);
+  uintptr_t classBiased =
+      reinterpret_cast<uintptr_t>(segment->classMap) - (start >> pageShift_) * sizeof(uint16_t);
   for (size_t g = start >> kGranuleShift; g < (start + segmentBytes) >> kGranuleShift; g++) {
     segments_[g].store(segment, std::memory_order_relaxed);
     pageMaps_[g].store(biased, std::memory_order_release);
+    classMaps_[g].store(classBiased, std::memory_order_release);
   }
   stats_.reservedBytes += segmentBytes;
   stats_.segmentCount++;
@@ -75,6 +83,7 @@ void Arena::destroySegment(Segment* segment) {
   for (size_t g = segment->base >> kGranuleShift; g < (segment->base + bytes) >> kGranuleShift;
        g++) {
     pageMaps_[g].store(0, std::memory_order_release);
+    classMaps_[g].store(0, std::memory_order_release);
     segments_[g].store(nullptr, std::memory_order_relaxed);
   }
   os::unmap(reinterpret_cast<void*>(segment->base), bytes);
@@ -264,10 +273,16 @@ uintptr_t Arena::allocate(size_t pages, size_t alignment, bool* zeroed) {
 void Arena::assign(uintptr_t start, size_t pages, MiniHeap* owner, bool everyPage) {
   Segment* segment = segmentOf(start);
   size_t count = everyPage ? pages : 1;
+  bool small = owner->sizeClass < kNumSizeClasses;
   for (size_t i = 0; i < count; i++) {
     size_t index = i <= PageEntry::kMaxPageIndex ? i : PageEntry::kMaxPageIndex;
-    entryRef(segment, start + (i << pageShift_))
+    uintptr_t page = start + (i << pageShift_);
+    entryRef(segment, page)
         .store(PageEntry::make(owner, index, owner->sizeClass), std::memory_order_release);
+    // A large object's pages keep 0 (release cleared them): its frees take the full entry.
+    if (small)
+      classEntryRef(segment, page)
+          .store(PageClassEntry::make(owner->sizeClass, index), std::memory_order_release);
   }
 }
 
@@ -283,7 +298,10 @@ void Arena::release(uintptr_t start, size_t pages, bool mayCache) {
   stats_.activeBytes -= bytes;
   // Owner entries go first, so a later free of a stale pointer finds nothing.
   for (size_t i = 0; i < pages; i++) {
-    std::atomic<uint64_t>& entry = entryRef(segment, start + (i << pageShift_));
+    uintptr_t page = start + (i << pageShift_);
+    std::atomic<uint16_t>& classEntry = classEntryRef(segment, page);
+    if (classEntry.load(std::memory_order_relaxed)) classEntry.store(0, std::memory_order_release);
+    std::atomic<uint64_t>& entry = entryRef(segment, page);
     if (entry.load(std::memory_order_relaxed)) entry.store(0, std::memory_order_release);
   }
   if (segment->dedicated) {

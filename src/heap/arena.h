@@ -47,6 +47,25 @@ struct PageEntry {
   }
 };
 
+// The compact page map: two bytes per page, for the fast paths that need only an address's size
+// class and span start (malloc_usable_size, the first half of free). The full entries above are
+// 8 bytes per page, so in a large heap whose lines keep getting evicted (Redis frees a random old
+// key on every eviction) each of those calls missed; four times denser, this map mostly stays
+// in cache. Bits 0..7 hold a small span's size class plus one (0 on every page that is not in a
+// small span: free, cached, large), bits 8..15 the page's index in its virtual span. Meshing
+// changes neither, so only assign and release write it.
+struct PageClassEntry {
+  static constexpr unsigned kPageIndexShift = 8;
+  static constexpr uint16_t kClassMask = (1u << kPageIndexShift) - 1;
+
+  static bool isSmall(uint16_t entry) { return (entry & kClassMask) != 0; }
+  static unsigned sizeClass(uint16_t entry) { return (entry & kClassMask) - 1u; }
+  static size_t pageIndex(uint16_t entry) { return entry >> kPageIndexShift; }
+  static uint16_t make(unsigned sizeClass, size_t pageIndex) {
+    return static_cast<uint16_t>((sizeClass + 1u) | (pageIndex << kPageIndexShift));
+  }
+};
+
 struct ArenaStats {
   size_t reservedBytes;  // address space held in segments
   size_t activeBytes;    // pages handed out to spans and large objects
@@ -96,13 +115,20 @@ class Arena {
   static void assign(uintptr_t start, size_t pages, MiniHeap* owner, bool everyPage);
 
   static uint64_t entryFor(uintptr_t address) {
-    size_t granule = address >> kGranuleShift;
-    if (granule >= kTopEntries) return 0;
-    uintptr_t biased = pageMaps_[granule].load(std::memory_order_acquire);
-    if (!biased) return 0;
-    return reinterpret_cast<const std::atomic<uint64_t>*>(biased + (address >> pageShift_) *
-                                                                       sizeof(uint64_t))
-        ->load(std::memory_order_acquire);
+    const std::atomic<uint64_t>* entry = slotIn<uint64_t>(pageMaps_, address);
+    return entry ? entry->load(std::memory_order_acquire) : 0;
+  }
+  // The compact entry of `address`'s page (0 outside the arena).
+  static uint16_t classEntryFor(uintptr_t address) {
+    const std::atomic<uint16_t>* entry = slotIn<uint16_t>(classMaps_, address);
+    return entry ? entry->load(std::memory_order_acquire) : 0;
+  }
+  // Where `address`'s full entry lives (for a prefetch); nullptr outside the arena.
+  static const void* entryAddressFor(uintptr_t address) {
+    return slotIn<uint64_t>(pageMaps_, address);
+  }
+  static uintptr_t spanStartOfClassEntry(uintptr_t address, uint16_t entry) {
+    return (address & ~(pageSize_ - 1)) - (PageClassEntry::pageIndex(entry) << pageShift_);
   }
   // Start of the virtual span holding `address`, from its page-map entry (each virtual span,
   // meshed aliases included, records its pages' indices, so this finds the alias's own start).
@@ -136,6 +162,7 @@ class Arena {
     bool dedicated;
     std::atomic<uint64_t>* pageMap;
     size_t pageMapBytes;
+    std::atomic<uint16_t>* classMap;  // the compact map, in the same reservation after pageMap
   };
   struct FreeRun : ListNode {
     uintptr_t start;
@@ -149,12 +176,26 @@ class Arena {
     Segment* segment;
   };
 
+  // `address`'s entry in the map whose biased bases `top` holds per granule; nullptr outside the
+  // arena.
+  template <typename Entry>
+  static const std::atomic<Entry>* slotIn(const std::atomic<uintptr_t>* top, uintptr_t address) {
+    size_t granule = address >> kGranuleShift;
+    if (granule >= kTopEntries) return nullptr;
+    uintptr_t biased = top[granule].load(std::memory_order_acquire);
+    if (!biased) return nullptr;
+    return reinterpret_cast<const std::atomic<Entry>*>(biased +
+                                                       (address >> pageShift_) * sizeof(Entry));
+  }
   static size_t binFor(size_t pages);
   static Segment* segmentOf(uintptr_t address) {
     return segments_[address >> kGranuleShift].load(std::memory_order_relaxed);
   }
   static std::atomic<uint64_t>& entryRef(Segment* segment, uintptr_t address) {
     return segment->pageMap[(address - segment->base) >> pageShift_];
+  }
+  static std::atomic<uint16_t>& classEntryRef(Segment* segment, uintptr_t address) {
+    return segment->classMap[(address - segment->base) >> pageShift_];
   }
   static Segment* createSegment(size_t bytes, size_t alignment, bool dedicated);
   static void destroySegment(Segment* segment);
@@ -180,7 +221,8 @@ class Arena {
   static void splitAndTake(FreeRun* run, uintptr_t start, size_t pages);
 
   static inline Mutex lock_;
-  static inline std::atomic<uintptr_t>* pageMaps_ = nullptr;  // biased page-map base per granule
+  static inline std::atomic<uintptr_t>* pageMaps_ = nullptr;   // biased page-map base per granule
+  static inline std::atomic<uintptr_t>* classMaps_ = nullptr;  // biased compact-map base
   static inline std::atomic<Segment*>* segments_ = nullptr;
   static inline size_t pageShift_ = 12;
   static inline size_t pageSize_ = 4096;

@@ -62,19 +62,13 @@ inline int64_t smallSlotOf(uintptr_t address, uint64_t entry) {
   return SizeClasses::slotOf(sizeClass, address - Arena::spanStartOf(address, entry));
 }
 
-// Pushes the free of `slot` (of the span at `spanStart`, whose MiniHeap is `mini`) onto `v`, the
-// vector of `heap`'s thread, if that thread holds the span and the free is plainly valid; false
-// sends it to the slow path. The caller has decoded the page-map entry once, so nothing here
-// repeats that work (a free is about a third of Redis's allocator time).
-__attribute__((always_inline)) inline bool pushLocalFree(ThreadHeap* heap, ShuffleVector& v,
-                                                         MiniHeap* mini, uintptr_t spanStart,
-                                                         uint32_t slot, uintptr_t address) {
-  // Only the MiniHeap's second cache line is read (owner, attachIndex, remoteFrees, bitmap).
-  if (__builtin_expect(mini->owner.load(std::memory_order_relaxed) != heap, 0)) return false;
-  unsigned span = mini->attachIndex;
-  // This path takes no guard, so it trusts the entry only if the span really is one this thread
-  // holds at that address (a MiniHeap retired by meshing may have been reused; a free through a
-  // meshed alias resolves to another start and takes the slow path).
+// Pushes the free of `slot` of attached span `span` onto `v`, the vector of `heap`'s thread, if
+// the free is plainly valid; false sends it to the slow path. Only the second cache line of the
+// span's MiniHeap is read (remoteFrees, bitmap).
+__attribute__((always_inline)) inline bool pushHeldFree(ThreadHeap* heap, ShuffleVector& v,
+                                                        unsigned span, uint32_t slot,
+                                                        uintptr_t address) {
+  MiniHeap* mini = v.spans[span];
   // A full vector (its spans can have more slots out than it holds) sends the slot back through
   // the bitmap instead; the span stays attached and reclaims it on refill. The bitmap bit is
   // clear if another thread already freed this slot (a double free); if other threads' frees
@@ -82,7 +76,7 @@ __attribute__((always_inline)) inline bool pushLocalFree(ThreadHeap* heap, Shuff
   // (remoteFrees shares the bitmap's cache line: no extra miss). A block with the recycled tag
   // may sit in another thread's recycled blocks (its bit still set): the slow path looks.
   if (__builtin_expect(
-          v.spanStarts[span] != spanStart || v.contains(span, slot) || v.length >= v.capacity ||
+          v.contains(span, slot) || v.length >= v.capacity ||
               mini->remoteFrees.load(std::memory_order_relaxed) != MiniHeap::kRemoteFreesEmpty ||
               !mini->bitmap().isSet(slot) || ShuffleVector::isTaggedRecycled(address),
           0)) {
@@ -96,50 +90,87 @@ __attribute__((always_inline)) inline bool pushLocalFree(ThreadHeap* heap, Shuff
   return true;
 }
 
+// pushHeldFree for a free whose span is known only by its MiniHeap `mini` (from the full
+// page-map entry), if `heap`'s thread holds that span at `spanStart`. This path takes no guard,
+// so it trusts the entry only if the span really is one this thread holds at that address (a
+// MiniHeap retired by meshing may have been reused; a free through a meshed alias resolves to
+// another start and takes the slow path).
+__attribute__((always_inline)) inline bool pushLocalFree(ThreadHeap* heap, ShuffleVector& v,
+                                                         MiniHeap* mini, uintptr_t spanStart,
+                                                         uint32_t slot, uintptr_t address) {
+  if (__builtin_expect(mini->owner.load(std::memory_order_relaxed) != heap, 0)) return false;
+  unsigned span = mini->attachIndex;
+  if (__builtin_expect(v.spanStarts[span] != spanStart, 0)) return false;
+  return pushHeldFree(heap, v, span, slot, address);
+}
+
 // Called for a free of a block that carries the recycled tag: reports a double free if some
 // thread holds it among its recycled blocks (else the tag was stale or program data).
 void checkRecycledFree(unsigned sizeClass, uintptr_t address);
 // A recycled block's free, applied to its span: its page-map entry is read again (meshing may
 // have changed it).
 void applyRecycledFree(ThreadHeap* heap, uintptr_t address);
+// Both lines of `block`'s MiniHeap (0: none): a free reads the second, and the first free into
+// a full span (or the last out of any) moves it between its size class's lists through the
+// first.
+inline void prefetchRecycledSpan(uintptr_t block) {
+  if (!block) return;
+  uint64_t entry = Arena::entryFor(block);
+  if (!PageEntry::isMiniHeap(entry)) return;
+  MiniHeap* mini = PageEntry::miniHeap(entry);
+  __builtin_prefetch(mini, 1);
+  __builtin_prefetch(reinterpret_cast<const char*>(mini) + kCacheLine, 1);
+}
 
 inline void deallocate(void* pointer) {
   uintptr_t address = reinterpret_cast<uintptr_t>(pointer);
-  uint64_t entry = Arena::entryFor(address);
+  // The compact entry says the class and the span start; the full one (the MiniHeap) is read
+  // only for a span this thread may hold, whose entry is usually in cache.
+  uint16_t classEntry = Arena::classEntryFor(address);
   ThreadHeap* heap = tlsThreadHeap;
-  if (__builtin_expect(heap != nullptr && PageEntry::isMiniHeap(entry), 1)) {
-    unsigned sizeClass = PageEntry::sizeClass(entry);
-    uintptr_t spanStart = Arena::spanStartOf(address, entry);
+  if (__builtin_expect(heap != nullptr && PageClassEntry::isSmall(classEntry), 1)) {
+    unsigned sizeClass = PageClassEntry::sizeClass(classEntry);
+    uintptr_t spanStart = Arena::spanStartOfClassEntry(address, classEntry);
     int64_t slot;
-    if (__builtin_expect(sizeClass < kNumSizeClasses &&
-                             (slot = SizeClasses::slotOf(sizeClass, address - spanStart)) >= 0,
-                         1)) {
+    if (__builtin_expect((slot = SizeClasses::slotOf(sizeClass, address - spanStart)) >= 0, 1)) {
       // A span this thread may hold: free now (its MiniHeap is usually in cache). Frees into
       // other spans are recycled (ShuffleVector), after every other kind of misuse has been
       // checked. A second free of a recycled block is caught by the tag: here for one in a span
       // this thread does not hold (this thread's own recycled blocks are all such), and by
-      // pushLocalFree's last check for one another thread recycled from a span since attached
+      // pushHeldFree's last check for one another thread recycled from a span since attached
       // here. (Read at the top of every free, before the filter, the tag cost larson about 10 %.)
       ShuffleVector& v = heap->vector(sizeClass);
-      MiniHeap* mini = PageEntry::miniHeap(entry);
-      if (__builtin_expect(v.mayHoldSpanAt(spanStart), 1)) {
-        if (__builtin_expect(
-                !pushLocalFree(heap, v, mini, spanStart, static_cast<uint32_t>(slot), address),
-                0)) {
+      int span = v.attachedSpanAt(spanStart);
+      if (__builtin_expect(span >= 0, 1)) {
+        // Attached spans are never meshed, so the span table's MiniHeap is this address's.
+        if (__builtin_expect(!pushHeldFree(heap, v, static_cast<unsigned>(span),
+                                           static_cast<uint32_t>(slot), address),
+                             0)) {
+          deallocateSlow(pointer);
+        }
+        return;
+      }
+      if (__builtin_expect(span == ShuffleVector::kMaybeAttached, 0)) {
+        uint64_t entry = Arena::entryFor(address);
+        if (!PageEntry::isMiniHeap(entry) ||
+            !pushLocalFree(heap, v, PageEntry::miniHeap(entry), spanStart,
+                           static_cast<uint32_t>(slot), address)) {
           deallocateSlow(pointer);
         }
         return;
       }
       if (__builtin_expect(ShuffleVector::isTaggedRecycled(address), 0))
         checkRecycledFree(sizeClass, address);
-      // Both lines, for when this block is applied: a free reads the second, and the first
-      // free into a full span (or the last out of any) moves it between its size class's lists
-      // through the first. (Only here: a prefetch on every free cost larson about 5 %, its
-      // spans' lines bouncing between threads.)
-      __builtin_prefetch(mini, 1);
-      __builtin_prefetch(reinterpret_cast<const char*>(mini) + kCacheLine, 1);
+      // The block's full entry now, and the MiniHeap of a block kRecycledPrefetchDistance
+      // applications ahead (its entry fetched long since), so that applying it later misses on
+      // neither. (Only here: a prefetch on every free cost larson about 5 %, its spans' lines
+      // bouncing between threads.)
+      __builtin_prefetch(Arena::entryAddressFor(address));
       uintptr_t due = v.pushRecycled(address);
-      if (due) applyRecycledFree(heap, due);
+      if (due) {
+        prefetchRecycledSpan(v.recycledToApplyAfter(kRecycledPrefetchDistance));
+        applyRecycledFree(heap, due);
+      }
       return;
     }
   }
@@ -166,12 +197,17 @@ size_t usableSizeSlow(const void* pointer);
 // Usable bytes of a live block (0 for nullptr); reports misuse like free does. Inline because
 // programs that count their memory (Redis) call it after every malloc and before every free.
 inline size_t usableSize(const void* pointer) {
-  // Small objects: the page-map entry alone says the class, and the slot check needs only the
-  // class's plan. Meshing never changes an address's class, so no guard is needed either.
+  // Small objects: the compact entry alone says the class and the span start, and the slot
+  // check needs only the class's plan. Meshing never changes an address's class, so no guard
+  // is needed either.
   uintptr_t address = reinterpret_cast<uintptr_t>(pointer);
-  uint64_t entry = Arena::entryFor(address);
-  if (__builtin_expect(smallSlotOf(address, entry) >= 0, 1))
-    return kSizeClassSizes[PageEntry::sizeClass(entry)];
+  uint16_t classEntry = Arena::classEntryFor(address);
+  if (__builtin_expect(PageClassEntry::isSmall(classEntry), 1)) {
+    unsigned sizeClass = PageClassEntry::sizeClass(classEntry);
+    uintptr_t delta = address - Arena::spanStartOfClassEntry(address, classEntry);
+    if (__builtin_expect(SizeClasses::slotOf(sizeClass, delta) >= 0, 1))
+      return kSizeClassSizes[sizeClass];
+  }
   return usableSizeSlow(pointer);
 }
 

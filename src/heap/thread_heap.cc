@@ -301,7 +301,7 @@ bool ThreadHeap::refill(unsigned sizeClass) {
       claimFreeSlots(v, span);
     }
   }
-  v.rebuildSpanFilter();
+  v.rebuildSpanTable();
   shuffle(v);
   return v.length > 0;
 }
@@ -330,7 +330,7 @@ void ThreadHeap::detachAll(unsigned sizeClass) {
     GlobalHeap::releaseSpan(v.spans[v.attachedCount - 1]);
     removeSpan(v, v.attachedCount - 1);
   }
-  v.rebuildSpanFilter();
+  v.rebuildSpanTable();
 }
 
 void ThreadHeap::detachAll() {

@@ -39,6 +39,9 @@ constexpr uint32_t kMaxRecycled = 16;
 constexpr uint32_t kMinRecycled = 2;
 constexpr size_t kRecycledBytes = 32 * 1024;
 static_assert((kMaxRecycled & (kMaxRecycled - 1)) == 0);
+// A free that applies the oldest recycled block prefetches the MiniHeap of the one this many
+// applications later: far enough ahead for the lines to arrive, near enough to stay in cache.
+constexpr uint32_t kRecycledPrefetchDistance = 4;
 // A recycled block carries this value (random per process, set at start-up) in its second word,
 // so that a second free of it is noticed from the block alone (heap::deallocate), as glibc's
 // tcache key does: scanning the rings on every free cost more than the free itself.
@@ -73,26 +76,39 @@ struct ShuffleVector {
     __atomic_store_n(inVectorWord(span, slot), value, __ATOMIC_RELAXED);
   }
 
-  // A filter of the attached spans' starts, so a free can tell without touching the span's
-  // MiniHeap (or scanning spanStarts) that its span is not attached here: false means certainly
-  // not, true means probably (the free then checks the MiniHeap).
-  static constexpr unsigned kSpanFilterBits = 256;
-  uint64_t spanFilter[kSpanFilterBits / 64] = {};
+  // The attached spans by a hash of their starts, so a free can tell without touching the span's
+  // MiniHeap (which misses in a large heap) whether its span is attached here, and which one it
+  // is: a cell holds the span's index plus one, kNoSpan, or kSeveralSpans where starts collide.
+  // (A bit filter still had to read the MiniHeap to confirm; its false positives, one in eight
+  // frees with a full table, then also went the slow way.)
+  static constexpr unsigned kSpanTableCells = 256;
+  static constexpr uint8_t kNoSpan = 0;
+  static constexpr uint8_t kSeveralSpans = 0xff;
+  static_assert(kMaxSpansPerVector < kSeveralSpans);
+  // attachedSpanAt's answers besides an index.
+  static constexpr int kNotAttached = -1;
+  static constexpr int kMaybeAttached = -2;
+  uint8_t spanTable[kSpanTableCells] = {};
 
-  static unsigned filterBit(uintptr_t spanStart) {
+  static unsigned spanCell(uintptr_t spanStart) {
     constexpr uint64_t kFibonacciMultiplier = 0x9E3779B97F4A7C15ull;
-    constexpr unsigned kFilterShift = 64 - __builtin_ctz(kSpanFilterBits);
-    return static_cast<unsigned>((spanStart * kFibonacciMultiplier) >> kFilterShift);
+    constexpr unsigned kCellShift = 64 - __builtin_ctz(kSpanTableCells);
+    return static_cast<unsigned>((spanStart * kFibonacciMultiplier) >> kCellShift);
   }
-  bool mayHoldSpanAt(uintptr_t spanStart) const {
-    unsigned bit = filterBit(spanStart);
-    return (spanFilter[bit / 64] >> (bit % 64)) & 1;
+  // The index of the attached span that starts at `spanStart`, kNotAttached, or kMaybeAttached
+  // (a shared cell: the caller asks the MiniHeap).
+  int attachedSpanAt(uintptr_t spanStart) const {
+    uint8_t cell = spanTable[spanCell(spanStart)];
+    if (cell == kNoSpan) return kNotAttached;
+    if (__builtin_expect(cell == kSeveralSpans, 0)) return kMaybeAttached;
+    unsigned span = cell - 1u;
+    return spanStarts[span] == spanStart ? static_cast<int>(span) : kNotAttached;
   }
-  void rebuildSpanFilter() {
-    for (uint64_t& word : spanFilter) word = 0;
+  void rebuildSpanTable() {
+    for (uint8_t& cell : spanTable) cell = kNoSpan;
     for (uint32_t i = 0; i < attachedCount; i++) {
-      unsigned bit = filterBit(spanStarts[i]);
-      spanFilter[bit / 64] |= 1ull << (bit % 64);
+      uint8_t& cell = spanTable[spanCell(spanStarts[i])];
+      cell = cell == kNoSpan ? static_cast<uint8_t>(i + 1) : kSeveralSpans;
     }
   }
 
@@ -143,6 +159,12 @@ struct ShuffleVector {
     recycledHead = (recycledHead + 1) & (kMaxRecycled - 1);
     recycledCount++;
     return evicted;
+  }
+  // The block `distance` places after the oldest (the newest if there are fewer), or 0.
+  uintptr_t recycledToApplyAfter(uint32_t distance) const {
+    if (recycledCount == 0) return 0;
+    uint32_t ahead = distance < recycledCount ? distance : recycledCount - 1;
+    return recycledAt((recycledHead - recycledCount + ahead) & (kMaxRecycled - 1));
   }
   // Takes the oldest block (for applying them all); false once empty.
   bool takeOldestRecycled(uintptr_t* block) {

@@ -9,6 +9,7 @@
 
 #include "heap/config.h"
 #include "heap/heap.h"
+#include "heap/mini_heap.h"
 
 namespace meshalloc {
 namespace {
@@ -83,6 +84,45 @@ TEST_F(ArenaTest, AddressSpaceGrowsBeyondOneSegmentAndLookupsScale) {
     Arena::release(run, pagesPerRun, false);
     EXPECT_FALSE(PageEntry::isMiniHeap(Arena::entryFor(run))) << "a released run has no owner";
   }
+}
+
+// The compact map (malloc_usable_size's and free's first look) says a small span's class and
+// each page's index in it, and nothing for large objects, released pages or foreign addresses.
+TEST_F(ArenaTest, CompactEntriesFollowAssignAndRelease) {
+  constexpr size_t kPages = 6;
+  constexpr unsigned kSmallClass = 5;
+  bool zeroed;
+  uintptr_t run = Arena::allocate(kPages, 0, &zeroed);
+  ASSERT_NE(run, 0u);
+  MiniHeap small;
+  small.sizeClass = kSmallClass;
+  Arena::assign(run, kPages, &small, true);
+  for (size_t p = 0; p < kPages; p++) {
+    uintptr_t address = run + p * page() + 48;
+    uint16_t entry = Arena::classEntryFor(address);
+    ASSERT_TRUE(PageClassEntry::isSmall(entry));
+    EXPECT_EQ(PageClassEntry::sizeClass(entry), kSmallClass);
+    EXPECT_EQ(PageClassEntry::pageIndex(entry), p);
+    EXPECT_EQ(Arena::spanStartOfClassEntry(address, entry), run);
+    EXPECT_EQ(Arena::entryAddressFor(address), Arena::entryAddressFor(run + p * page()));
+  }
+  Arena::release(run, kPages, false);
+  for (size_t p = 0; p < kPages; p++) EXPECT_EQ(Arena::classEntryFor(run + p * page()), 0u);
+
+  run = Arena::allocate(kPages, 0, &zeroed);
+  ASSERT_NE(run, 0u);
+  MiniHeap large;
+  large.sizeClass = kLargeClass;
+  Arena::assign(run, kPages, &large, false);
+  EXPECT_TRUE(PageEntry::isMiniHeap(Arena::entryFor(run)));
+  for (size_t p = 0; p < kPages; p++) EXPECT_EQ(Arena::classEntryFor(run + p * page()), 0u);
+  Arena::release(run, kPages, false);
+
+  int onStack = 0;
+  EXPECT_EQ(Arena::classEntryFor(reinterpret_cast<uintptr_t>(&onStack)), 0u);
+  EXPECT_EQ(Arena::classEntryFor(0), 0u);
+  EXPECT_EQ(Arena::classEntryFor(~uintptr_t{0}), 0u);
+  EXPECT_EQ(Arena::entryAddressFor(~uintptr_t{0}), nullptr);
 }
 
 TEST_F(ArenaTest, HugeObjectsGetADedicatedSegmentThatIsUnmappedOnRelease) {

@@ -527,6 +527,76 @@ TEST_F(HeapDeathTest, MisuseIsReportedWithTheAddress) {
       "meshalloc: free of interior pointer 0x[0-9a-f]+ \\(the object starts at 0x[0-9a-f]+\\)");
 }
 
+// A free finds its span among the attached ones through the span table, without the MiniHeap:
+// the exact index for a start that has a cell to itself, "not attached" for any other start,
+// and "maybe" only where two attached starts share a cell.
+TEST(SpanTable, FindsAttachedSpansExactlyAndFlagsSharedCells) {
+  const uintptr_t page = Arena::pageSize();
+  auto startOf = [&](size_t i) { return uintptr_t{0x7f0000000000} + i * page; };
+  ShuffleVector v;
+  // Two attached starts that share a cell, then ones that have a cell to themselves.
+  size_t first = 0, partner = 1;
+  while (ShuffleVector::spanCell(startOf(partner)) != ShuffleVector::spanCell(startOf(first)))
+    partner++;
+  std::set<unsigned> cells = {ShuffleVector::spanCell(startOf(first))};
+  v.spanStarts[v.attachedCount++] = startOf(first);
+  v.spanStarts[v.attachedCount++] = startOf(partner);
+  for (size_t i = partner + 1; v.attachedCount < kMaxSpansPerVector; i++) {
+    if (cells.insert(ShuffleVector::spanCell(startOf(i))).second)
+      v.spanStarts[v.attachedCount++] = startOf(i);
+  }
+  v.rebuildSpanTable();
+  EXPECT_EQ(v.attachedSpanAt(startOf(first)), ShuffleVector::kMaybeAttached);
+  EXPECT_EQ(v.attachedSpanAt(startOf(partner)), ShuffleVector::kMaybeAttached);
+  for (uint32_t i = 2; i < v.attachedCount; i++)
+    EXPECT_EQ(v.attachedSpanAt(v.spanStarts[i]), int(i));
+  // Starts that are not attached, whether or not their cell is taken.
+  size_t notAttached = 0, inTakenCell = 0;
+  for (size_t i = 0; i < 4096; i++) {
+    uintptr_t start = startOf(i) + (size_t{1} << 32);
+    unsigned cell = ShuffleVector::spanCell(start);
+    if (cell == ShuffleVector::spanCell(startOf(first))) continue;
+    EXPECT_EQ(v.attachedSpanAt(start), ShuffleVector::kNotAttached);
+    notAttached++;
+    inTakenCell += cells.count(cell);
+  }
+  EXPECT_GT(inTakenCell, 0u) << "the table must compare the start, not just find a taken cell";
+  EXPECT_GT(notAttached, inTakenCell);
+  // Detaching rebuilds the table: a start that is gone is no longer found.
+  v.attachedCount = 2;
+  v.rebuildSpanTable();
+  EXPECT_EQ(v.attachedSpanAt(startOf(partner + 1)), ShuffleVector::kNotAttached);
+}
+
+// The frees of a thread's own spans take the span table's exact answer; make sure the same
+// blocks come back (pushed locally, not recycled) and a double free there is still caught.
+TEST_F(HeapTest, FreesIntoAttachedSpansArePushedLocallyThroughTheSpanTable) {
+  constexpr size_t kSize = 48;
+  const unsigned sizeClass = SizeClasses::classOf(kSize);
+  onNewThread([&] {
+    ShuffleVector& v = heap::currentThreadHeap()->vector(sizeClass);
+    std::vector<void*> blocks;
+    for (int i = 0; i < 64; i++) blocks.push_back(heap::allocate(kSize));
+    for (void* block : blocks) {
+      uintptr_t address = reinterpret_cast<uintptr_t>(block);
+      uint16_t classEntry = Arena::classEntryFor(address);
+      ASSERT_TRUE(PageClassEntry::isSmall(classEntry));
+      EXPECT_EQ(PageClassEntry::sizeClass(classEntry), sizeClass);
+      uintptr_t spanStart = Arena::spanStartOfClassEntry(address, classEntry);
+      EXPECT_EQ(spanStart, Arena::spanStartOf(address, Arena::entryFor(address)));
+      int span = v.attachedSpanAt(spanStart);
+      if (span == ShuffleVector::kMaybeAttached) continue;
+      ASSERT_GE(span, 0) << "a span this thread allocates from must be found attached";
+      EXPECT_EQ(v.spans[span], PageEntry::miniHeap(Arena::entryFor(address)));
+    }
+    uint32_t lengthBefore = v.length;
+    uint32_t recycledBefore = v.recycledCount;
+    for (void* block : blocks) heap::deallocate(block);
+    EXPECT_EQ(v.recycledCount, recycledBefore) << "frees into attached spans were recycled";
+    EXPECT_EQ(v.length, lengthBefore + blocks.size());
+  });
+}
+
 // Every free (local or remote) reads the owner and remoteFrees and then writes liveCount or
 // the bitmap: those fields share the second cache line, so a free costs one MiniHeap miss;
 // the first line holds what refills and the lists use.

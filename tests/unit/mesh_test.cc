@@ -148,6 +148,17 @@ TEST_F(MeshTest, TwoSpansShareOnePhysicalSpan) {
     EXPECT_TRUE(
         holds(reinterpret_cast<void*>(other), kSize, 1, reinterpret_cast<uintptr_t>(s.pointer)));
   }
+  // The compact map is the same through both virtual spans: each resolves to its own start, and
+  // malloc_usable_size answers through either (meshing rewrote only the full entries).
+  for (const Survivor& s : survivors) {
+    uintptr_t other = (s.spanStart == first ? second : first) + s.slot * objectSize;
+    uint16_t entry = Arena::classEntryFor(other);
+    ASSERT_TRUE(PageClassEntry::isSmall(entry));
+    EXPECT_EQ(PageClassEntry::sizeClass(entry), owner->sizeClass);
+    EXPECT_EQ(Arena::spanStartOfClassEntry(other, entry), s.spanStart == first ? second : first);
+    EXPECT_EQ(heap::usableSize(reinterpret_cast<void*>(other)), objectSize);
+    EXPECT_EQ(heap::usableSize(s.pointer), objectSize);
+  }
   // Writes through an object's own address are seen through the alias.
   const Survivor& s = survivors.front();
   fill(s.pointer, kSize, 2);
