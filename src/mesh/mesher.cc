@@ -244,6 +244,9 @@ void Mesher::commitBatch(void* argument) {
   }
 }
 
+static_assert(WriteBarrier::kMaxSpans >= 2 * Mesher::kSourcesPerBatch * kMaxVirtualSpans,
+              "a batch's destinations and sources, with all their virtual spans");
+
 size_t Mesher::meshBatch(unsigned sizeClass, MeshGroup* groups, size_t count, bool* mergedFlags) {
   (void)sizeClass;
   size_t released = 0;
@@ -253,7 +256,22 @@ size_t Mesher::meshBatch(unsigned sizeClass, MeshGroup* groups, size_t count, bo
   // that span is write-protected waits for the batch. Other threads, and every other span,
   // are not held up by the copies and mapping calls.
   uint64_t barrierStart = os::monotonicNanos();
-  WriteBarrier::begin();
+  // Every virtual span the batch may write-protect: destinations (their own span when first
+  // shared) and sources (all of a meshed source's spans).
+  uintptr_t protectable[WriteBarrier::kMaxSpans];
+  uint32_t protectableCount = 0;
+  auto note = [&](MiniHeap* span) {
+    SpanBacking::forEachVirtualSpan(span, [&](uintptr_t start) {
+      if (protectableCount < WriteBarrier::kMaxSpans) protectable[protectableCount] = start;
+      protectableCount++;
+    });
+  };
+  for (size_t g = 0; g < count; g++) {
+    note(groups[g].destination);
+    for (uint32_t i = 0; i < groups[g].sourceCount; i++) note(groups[g].sources[i]);
+  }
+  // More than the table holds: beginSpans falls back to a barrier over everything.
+  WriteBarrier::beginSpans(protectable, protectableCount, bytes);
   bool anyMerged = false;
   for (size_t g = 0; g < count; g++)
     anyMerged |= meshGroup(groups[g], mergedFlags + g * kMaxVirtualSpans);

@@ -51,9 +51,38 @@ bool WriteBarrier::install() {
   return true;
 }
 
+// The description of a barrier is stored with release and read with acquire: a reader that sees
+// the next barrier's description also sees the end of the one it asked about (mayProtect).
 void WriteBarrier::begin() {
+  everything_.store(true, std::memory_order_release);
   uint32_t seq = sequence_.load(std::memory_order_relaxed);
   sequence_.store(seq | 1, std::memory_order_seq_cst);
+}
+
+void WriteBarrier::beginSpans(const uintptr_t* starts, uint32_t count, size_t bytes) {
+  if (count > kMaxSpans) {
+    begin();
+    return;
+  }
+  for (uint32_t i = 0; i < count; i++) spans_[i].store(starts[i], std::memory_order_release);
+  spanCount_.store(count, std::memory_order_release);
+  spanBytes_.store(bytes, std::memory_order_release);
+  everything_.store(false, std::memory_order_release);
+  uint32_t seq = sequence_.load(std::memory_order_relaxed);
+  sequence_.store(seq | 1, std::memory_order_seq_cst);
+}
+
+bool WriteBarrier::mayProtect(uint32_t seen, uintptr_t start, uintptr_t end) {
+  // A seqlock read: the description is only trusted if barrier `seen` is still up after it was
+  // read (the next barrier rewrites it, but only after this one ended).
+  bool overlap = everything_.load(std::memory_order_acquire);
+  uint32_t count = spanCount_.load(std::memory_order_acquire);
+  size_t bytes = spanBytes_.load(std::memory_order_acquire);
+  for (uint32_t i = 0; i < count && i < kMaxSpans && !overlap; i++) {
+    uintptr_t span = spans_[i].load(std::memory_order_acquire);
+    overlap = span < end && start < span + bytes;
+  }
+  return overlap || sequence_.load(std::memory_order_acquire) != seen;
 }
 
 void WriteBarrier::end() {

@@ -20,12 +20,22 @@ class WriteBarrier {
   static bool installed() { return installed_.load(std::memory_order_acquire); }
 
   // Between begin() and end(), write faults inside the arena wait instead of crashing.
+  // begin() may protect anything (fork's snapshot); beginSpans() only the `count` virtual
+  // spans of `bytes` each starting at `starts` (a mesh batch), so that system calls writing
+  // elsewhere need not wait for it (mayProtect).
   static void begin();
+  static void beginSpans(const uintptr_t* starts, uint32_t count, size_t bytes);
   static void end();
   static bool active() { return sequence_.load(std::memory_order_seq_cst) & 1; }
   static uint32_t sequence() { return sequence_.load(std::memory_order_seq_cst); }
   // Blocks until the barrier whose sequence number is `seen` (odd) has ended.
   static void waitForEnd(uint32_t seen);
+  // Whether the barrier with sequence number `seen` (odd) may write-protect part of
+  // [start, end): false only for a barrier limited to spans that all lie outside it. True as
+  // well once that barrier is over (the caller then reads the sequence again).
+  static bool mayProtect(uint32_t seen, uintptr_t start, uintptr_t end);
+  // A mesh batch protects at most the virtual spans of its sources and destinations.
+  static constexpr uint32_t kMaxSpans = 128;
 
   // For the exported sigaction(): true if it handled the call (the signal is ours to
   // multiplex), with the result in *result.
@@ -41,6 +51,12 @@ class WriteBarrier {
 
   static inline std::atomic<bool> installed_{false};
   static inline std::atomic<uint32_t> sequence_{0};
+  // What the current barrier may protect: everything, or spans_ (written only while no barrier
+  // is up, then published by the odd sequence number).
+  static inline std::atomic<bool> everything_{true};
+  static inline std::atomic<uint32_t> spanCount_{0};
+  static inline std::atomic<size_t> spanBytes_{0};
+  static inline std::atomic<uintptr_t> spans_[kMaxSpans] = {};
   static inline std::atomic<uint64_t> faultsWaited_{0};
 };
 

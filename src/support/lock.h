@@ -9,6 +9,15 @@
 
 namespace meshalloc {
 
+// A spin-wait hint: lets the sibling hyperthread (or the hypervisor) run meanwhile.
+inline void cpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
 class Mutex {
  public:
   constexpr Mutex() = default;
@@ -56,14 +65,6 @@ class Mutex {
     while (state_.exchange(kContended, std::memory_order_acquire) != kUnlocked) {
       os::futexWait(&state_, kContended);
     }
-  }
-
-  static inline void cpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    asm volatile("yield");
-#endif
   }
 
   std::atomic<uint32_t> state_{kUnlocked};

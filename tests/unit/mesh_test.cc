@@ -4,6 +4,7 @@
 // becomes plain memory again; mapping failures undo the mesh; fork snapshots meshed pages.
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -24,6 +25,7 @@
 #include "mesh/mesher.h"
 #include "mesh/policy.h"
 #include "mesh/split_mesher.h"
+#include "mesh/write_barrier.h"
 #include "platform/os.h"
 
 namespace meshalloc {
@@ -635,6 +637,78 @@ TEST_F(MeshTest, MeshingSurvivesMembarrierFailing) {
         _exit(meshed && intact && fellBack ? 0 : 1);
       },
       ::testing::ExitedWithCode(0), "membarrier\\(2\\) failed after it was registered");
+}
+
+// A mesh batch's barrier names the spans it may write-protect, so a system call writing into
+// any other heap memory need not wait for the batch (an event loop's epoll_wait or read would
+// otherwise sleep through every batch); fork's barrier may protect anything.
+TEST(WriteBarrierScope, ABatchBarrierCoversOnlyItsSpans) {
+  constexpr size_t kBytes = 16384;
+  const uintptr_t first = uintptr_t{0x7e0000000000};
+  const uintptr_t second = first + 64 * kBytes;
+  const uintptr_t spans[] = {first, second};
+  WriteBarrier::beginSpans(spans, 2, kBytes);
+  uint32_t batch = WriteBarrier::sequence();
+  ASSERT_TRUE(batch & 1);
+  EXPECT_TRUE(WriteBarrier::mayProtect(batch, first + 100, first + 200));
+  EXPECT_TRUE(WriteBarrier::mayProtect(batch, second - 8, second + 8)) << "straddles the start";
+  EXPECT_TRUE(WriteBarrier::mayProtect(batch, second + kBytes - 1, second + kBytes + 64));
+  EXPECT_FALSE(WriteBarrier::mayProtect(batch, first + kBytes, first + 2 * kBytes))
+      << "the neighbour of a protected span";
+  EXPECT_FALSE(WriteBarrier::mayProtect(batch, second - kBytes, second));
+  EXPECT_FALSE(WriteBarrier::mayProtect(batch, 0x1000, 0x2000));
+  WriteBarrier::end();
+  // An answer about a barrier that is over says "maybe": the caller reads the sequence again.
+  EXPECT_TRUE(WriteBarrier::mayProtect(batch, 0x1000, 0x2000));
+
+  WriteBarrier::begin();
+  uint32_t everything = WriteBarrier::sequence();
+  EXPECT_TRUE(WriteBarrier::mayProtect(everything, 0x1000, 0x2000));
+  WriteBarrier::end();
+
+  // More spans than the table holds: a barrier over everything.
+  std::vector<uintptr_t> many(WriteBarrier::kMaxSpans + 1);
+  for (size_t i = 0; i < many.size(); i++) many[i] = first + i * 2 * kBytes;
+  WriteBarrier::beginSpans(many.data(), static_cast<uint32_t>(many.size()), kBytes);
+  EXPECT_TRUE(WriteBarrier::mayProtect(WriteBarrier::sequence(), 0x1000, 0x2000));
+  WriteBarrier::end();
+}
+
+// A guarded operation that meets a short pause spins through it instead of sleeping (a sleep
+// and wake-up cost more than the pause). Voluntary context switches tell the two apart; the
+// bound leaves room for a loaded machine, where the waiter may lose its CPU to the pauser.
+TEST(OperationGuardPause, AShortPauseIsWaitedThroughWithoutSleeping) {
+  ASSERT_TRUE(heap::ensureInitialized());
+  constexpr int kTrials = 40;
+  int slept = 0;
+  for (int trial = 0; trial < kTrials; trial++) {
+    std::atomic<bool> waiting{false};
+    std::atomic<bool> entered{false};
+    long switches = 0;
+    OperationGuard::pause();
+    std::thread waiter([&] {
+      ASSERT_NE(heap::currentThreadHeap(), nullptr);
+      struct rusage before, after;
+      getrusage(RUSAGE_THREAD, &before);
+      waiting.store(true);
+      {
+        OperationGuard guard;
+        entered.store(true);
+      }
+      getrusage(RUSAGE_THREAD, &after);
+      switches = after.ru_nvcsw - before.ru_nvcsw;
+    });
+    while (!waiting.load()) std::this_thread::yield();
+    uint64_t until = os::monotonicNanos() + 5000;  // the waiter reaches the guard meanwhile
+    while (os::monotonicNanos() < until) {
+    }
+    EXPECT_FALSE(entered.load()) << "a guarded operation began during a pause";
+    OperationGuard::resume();
+    waiter.join();
+    EXPECT_TRUE(entered.load());
+    slept += switches > 0;
+  }
+  EXPECT_LE(slept, kTrials / 2) << "waiters slept through short pauses instead of spinning";
 }
 
 }  // namespace
