@@ -138,7 +138,8 @@ inline void deallocate(void* pointer) {
       // checked. A second free of a recycled block is caught by the tag: here for one in a span
       // this thread does not hold (this thread's own recycled blocks are all such), and by
       // pushHeldFree's last check for one another thread recycled from a span since attached
-      // here. (Read at the top of every free, before the filter, the tag cost larson about 10 %.)
+      // here. (Read at the top of every free, before the span table, the tag cost larson about
+      // 10 %.)
       ShuffleVector& v = heap->vector(sizeClass);
       int span = v.attachedSpanAt(spanStart);
       if (__builtin_expect(span >= 0, 1)) {

@@ -55,8 +55,7 @@ bool WriteBarrier::install() {
 // the next barrier's description also sees the end of the one it asked about (mayProtect).
 void WriteBarrier::begin() {
   everything_.store(true, std::memory_order_release);
-  uint32_t seq = sequence_.load(std::memory_order_relaxed);
-  sequence_.store(seq | 1, std::memory_order_seq_cst);
+  raiseSequence();
 }
 
 void WriteBarrier::beginSpans(const uintptr_t* starts, uint32_t count, size_t bytes) {
@@ -68,6 +67,10 @@ void WriteBarrier::beginSpans(const uintptr_t* starts, uint32_t count, size_t by
   spanCount_.store(count, std::memory_order_release);
   spanBytes_.store(bytes, std::memory_order_release);
   everything_.store(false, std::memory_order_release);
+  raiseSequence();
+}
+
+void WriteBarrier::raiseSequence() {
   uint32_t seq = sequence_.load(std::memory_order_relaxed);
   sequence_.store(seq | 1, std::memory_order_seq_cst);
 }

@@ -46,6 +46,8 @@ class WriteBarrier {
   static uint64_t faultsWaited() { return faultsWaited_.load(std::memory_order_relaxed); }
 
  private:
+  // Makes the sequence number odd, publishing the description begin/beginSpans stored.
+  static void raiseSequence();
   static void onFault(int signal, siginfo_t* info, void* context);
   static void chain(int signal, siginfo_t* info, void* context);
 
