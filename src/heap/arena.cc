@@ -291,12 +291,7 @@ void Arena::releaseClean(uintptr_t start, size_t pages) {
   insertFreeRun(segment, start, pages);
 }
 
-void Arena::release(uintptr_t start, size_t pages, bool mayCache) {
-  size_t bytes = pages << pageShift_;
-  LockGuard guard(lock_);
-  Segment* segment = segmentOf(start);
-  stats_.activeBytes -= bytes;
-  // Owner entries go first, so a later free of a stale pointer finds nothing.
+void Arena::clearOwnersLocked(Segment* segment, uintptr_t start, size_t pages) {
   for (size_t i = 0; i < pages; i++) {
     uintptr_t page = start + (i << pageShift_);
     std::atomic<uint16_t>& classEntry = classEntryRef(segment, page);
@@ -304,10 +299,27 @@ void Arena::release(uintptr_t start, size_t pages, bool mayCache) {
     std::atomic<uint64_t>& entry = entryRef(segment, page);
     if (entry.load(std::memory_order_relaxed)) entry.store(0, std::memory_order_release);
   }
-  if (segment->dedicated) {
-    destroySegment(segment);
-    return;
-  }
+}
+
+void Arena::forgetOwners(uintptr_t start, size_t pages) {
+  LockGuard guard(lock_);
+  clearOwnersLocked(segmentOf(start), start, pages);
+}
+
+bool Arena::forgetRunLocked(uintptr_t start, size_t pages) {
+  Segment* segment = segmentOf(start);
+  stats_.activeBytes -= pages << pageShift_;
+  // Owner entries go first, so a later free of a stale pointer finds nothing.
+  clearOwnersLocked(segment, start, pages);
+  if (!segment->dedicated) return false;
+  destroySegment(segment);
+  return true;
+}
+
+void Arena::release(uintptr_t start, size_t pages, bool mayCache) {
+  size_t bytes = pages << pageShift_;
+  LockGuard guard(lock_);
+  if (forgetRunLocked(start, pages)) return;
   uint64_t now = os::monotonicNanos();
   if (mayCache && bytes <= gHeapConfig.maxCachedRunBytes && gHeapConfig.dirtyCacheBytes > 0) {
     insertDirty(start, pages, now);
@@ -318,6 +330,17 @@ void Arena::release(uintptr_t start, size_t pages, bool mayCache) {
   }
   os::decommit(reinterpret_cast<void*>(start), bytes);
   stats_.purgedBytesTotal += bytes;
+  releaseClean(start, pages);
+}
+
+void Arena::abandon(uintptr_t start, size_t pages) {
+  LockGuard guard(lock_);
+  forgetRunLocked(start, pages);
+}
+
+void Arena::releaseRemapped(uintptr_t start, size_t pages) {
+  LockGuard guard(lock_);
+  if (forgetRunLocked(start, pages)) return;
   releaseClean(start, pages);
 }
 

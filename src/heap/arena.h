@@ -104,6 +104,16 @@ class Arena {
   static uintptr_t allocate(size_t pages, size_t alignment, bool* zeroed);
   // Returns a run to the arena. `mayCache` lets it sit in the dirty cache for quick reuse.
   static void release(uintptr_t start, size_t pages, bool mayCache);
+  // Returns a run whose pages were just replaced by a fresh private mapping (a meshed span
+  // made private again): it holds no pages, so it goes straight to the clean runs, without a
+  // decommit call or a stay in the dirty cache.
+  static void releaseRemapped(uintptr_t start, size_t pages);
+  // A run that could not be made private again (its mapping call failed): its owner entries
+  // are cleared, so a stale free finds nothing, and its pages are never handed out again.
+  static void abandon(uintptr_t start, size_t pages);
+  // Clears the owner entries of a run that stays out of use for now (a retired meshed span):
+  // a stale free through it finds nothing. It is released later.
+  static void forgetOwners(uintptr_t start, size_t pages);
   // Extends [start, start+pages) in place to newPages if the following pages are free.
   static bool tryGrow(uintptr_t start, size_t pages, size_t newPages);
   // Returns the tail of a run beyond newPages to the arena; false (run unchanged) if the run
@@ -211,6 +221,10 @@ class Arena {
   static uintptr_t taggedRunAt(Segment* segment, uintptr_t address, uint64_t tag);
   static void markFreeRun(FreeRun* run);
   static void releaseClean(uintptr_t start, size_t pages);
+  // With lock_ held: forgets the run's owner entries and active bytes; true if the run was a
+  // dedicated segment, which is then destroyed whole.
+  static bool forgetRunLocked(uintptr_t start, size_t pages);
+  static void clearOwnersLocked(Segment* segment, uintptr_t start, size_t pages);
   static uintptr_t takeDirty(size_t pages);
   static void insertDirty(uintptr_t start, size_t pages, uint64_t freedAtNs);
   static void markDirty(DirtyRun* run);

@@ -77,11 +77,55 @@ void GlobalHeap::destroySpan(ClassState& state, MiniHeap* heap) {
   unlink(state, heap);
   heap->state = SpanState::kFreed;
   state.spans--;
-  // A meshed span's virtual spans all become plain private memory again (the aliases go back
-  // to the arena here; the span's own below).
-  if (heap->mesh) SpanBacking::restore(heap);
+  if (heap->mesh) {
+    retireMeshedSpan(heap);
+    return;
+  }
   Arena::release(heap->spanStart, heap->spanPages, true);
   InternalHeap::free(heap, MiniHeap::bytesFor(heap->objectCount));
+}
+
+void GlobalHeap::retireMeshedSpan(MiniHeap* heap) {
+  // From here on a stale free through any of its virtual spans finds no owner.
+  SpanBacking::forEachVirtualSpan(
+      heap, [&](uintptr_t start) { Arena::forgetOwners(start, heap->spanPages); });
+  // The memory goes back now; only the remapping of its virtual spans waits.
+  SpanBacking::releasePages(heap);
+  bool restoreNow, wake = false;
+  {
+    LockGuard guard(retiredLock_);
+    retired_.pushBack(heap);
+    retiredCount_++;
+    restoreNow = retiredCount_ >= kMaxRetiredSpans;
+    if (!restoreNow && !restoreRequested_ && retiredCount_ >= kRetiredSpansBeforeWake) {
+      restoreRequested_ = true;
+      wake = true;
+    }
+  }
+  if (restoreNow || !retiredSpansHook_ || !retiredSpansHook_(wake)) restoreRetiredSpans();
+}
+
+void GlobalHeap::restoreRetiredSpans() {
+  for (;;) {
+    MiniHeap* heap;
+    {
+      LockGuard guard(retiredLock_);
+      heap = retired_.popFront();
+      if (!heap) {
+        restoreRequested_ = false;
+        return;
+      }
+      retiredCount_--;
+    }
+    // Every virtual span becomes plain private memory again and goes back to the arena, empty.
+    SpanBacking::restore(heap);
+    InternalHeap::free(heap, MiniHeap::bytesFor(heap->objectCount));
+  }
+}
+
+size_t GlobalHeap::retiredSpans() {
+  LockGuard guard(retiredLock_);
+  return retiredCount_;
 }
 
 unsigned GlobalHeap::exchangeSpans(unsigned sizeClass, ThreadHeap* owner, MiniHeap* const* release,
@@ -413,14 +457,17 @@ size_t GlobalHeap::largeCount() {
 void GlobalHeap::lockForFork() {
   for (auto& state : classes_) state.lock.lock();
   largeLock_.lock();
+  retiredLock_.lock();
 }
 
 void GlobalHeap::unlockAfterFork() {
+  retiredLock_.unlock();
   largeLock_.unlock();
   for (auto& state : classes_) state.lock.unlock();
 }
 
 void GlobalHeap::resetAfterFork() {
+  retiredLock_.resetAfterFork();
   largeLock_.resetAfterFork();
   for (auto& state : classes_) state.lock.resetAfterFork();
 }

@@ -77,6 +77,21 @@ class GlobalHeap {
   // Spans that are pinned now.
   static size_t pinnedSpans() { return pinnedSpans_.load(std::memory_order_relaxed); }
 
+  // --- meshed spans that died ---
+  // A meshed span whose last object is freed keeps its virtual spans on the shared file until
+  // they are made private again, a mapping call each. The thread that freed the last object
+  // only retires it (its owner entries are cleared at once); the background thread restores
+  // the retired spans, so that a program freeing meshed memory does not make the calls itself.
+  // Without a background thread, or when it falls too far behind, the freeing thread does.
+  static constexpr size_t kRetiredSpansBeforeWake = 16;
+  static constexpr size_t kMaxRetiredSpans = 256;
+  // Restores every retired span and frees its MiniHeap. Takes no class lock.
+  static void restoreRetiredSpans();
+  static size_t retiredSpans();
+  // `hook(wake)`: true if a background thread will restore retired spans (woken if `wake`),
+  // false if the caller must. Called with a class lock held: it may only signal.
+  static void setRetiredSpansHook(bool (*hook)(bool wake)) { retiredSpansHook_ = hook; }
+
   static void lockForFork();
   static void unlockAfterFork();
   static void resetAfterFork();
@@ -105,6 +120,13 @@ class GlobalHeap {
   static inline size_t largeBytes_ = 0;
   static inline size_t largeCount_ = 0;
   static inline std::atomic<size_t> pinnedSpans_{0};
+  static void retireMeshedSpan(MiniHeap* heap);
+  // A leaf lock: taken under a class lock, never the other way round.
+  static inline Mutex retiredLock_;
+  static inline IntrusiveList<MiniHeap> retired_;
+  static inline size_t retiredCount_ = 0;
+  static inline bool restoreRequested_ = false;
+  static inline bool (*retiredSpansHook_)(bool wake) = nullptr;
 };
 
 }  // namespace meshalloc

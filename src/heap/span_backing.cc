@@ -110,8 +110,8 @@ bool SpanBacking::allocateFileRange(size_t bytes, size_t* offset) {
   return true;
 }
 
-void SpanBacking::freeFileRangeLocked(size_t offset, size_t bytes) {
-  os::punchHole(fd_, offset, bytes);
+void SpanBacking::freeFileRangeLocked(size_t offset, size_t bytes, bool punch) {
+  if (punch) os::punchHole(fd_, offset, bytes);
   if (offset + bytes == fileEnd_) {
     fileEnd_ = offset;
     return;
@@ -225,24 +225,37 @@ void SpanBacking::restore(MiniHeap* span) {
   if (!info) return;
   size_t pages = span->spanPages;
   size_t bytes = span->spanBytes(Arena::pageSize());
+  // A fresh private mapping holds no pages: each virtual span goes back to the arena's clean
+  // runs with no decommit call. One that cannot be made private again still shows the file
+  // range, which is reused, so it is never handed out again.
+  auto makePrivate = [&](uintptr_t start) {
+    if (os::mapAnonymousFixed(reinterpret_cast<void*>(start), bytes))
+      Arena::releaseRemapped(start, pages);
+    else
+      Arena::abandon(start, pages);
+  };
   {
     LockGuard guard(lock_);
-    for (uint32_t i = 0; i < info->aliasCount; i++) {
-      // A virtual span that cannot be made private again is leaked: never handed out twice.
-      if (os::mapAnonymousFixed(reinterpret_cast<void*>(info->aliases[i]), bytes)) {
-        Arena::release(info->aliases[i], pages, false);
-      }
-    }
+    for (uint32_t i = 0; i < info->aliasCount; i++) makePrivate(info->aliases[i]);
     stats_.aliasSpans -= info->aliasCount;
     stats_.releasedBytes -= static_cast<size_t>(info->aliasCount) * bytes;
-    os::mapAnonymousFixed(reinterpret_cast<void*>(span->spanStart), bytes);
-    freeFileRangeLocked(info->fileOffset, bytes);
+    makePrivate(span->spanStart);
+    freeFileRangeLocked(info->fileOffset, bytes, !info->pagesReleased);
     shared_.remove(info);
     stats_.meshedSpans--;
     stats_.fileBytes -= bytes;
   }
   span->mesh = nullptr;
   InternalHeap::free(info, sizeof(MeshInfo));
+}
+
+// Without lock_: the range stays this span's until restore() frees it, and the mesher holds
+// lock_ across its mapping calls, which the freeing thread must not wait for.
+void SpanBacking::releasePages(MiniHeap* span) {
+  MeshInfo* info = span->mesh;
+  if (!info || info->pagesReleased) return;
+  os::punchHole(fd_, info->fileOffset, span->spanBytes(Arena::pageSize()));
+  info->pagesReleased = true;
 }
 
 SpanBackingStats SpanBacking::stats() {

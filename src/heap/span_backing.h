@@ -22,6 +22,7 @@ struct MeshInfo : ListNode {
   MiniHeap* owner;
   size_t fileOffset;
   uint32_t aliasCount;                      // virtual spans besides owner->spanStart
+  bool pagesReleased = false;               // dead: its file range is already punched out
   uintptr_t aliases[kMaxVirtualSpans - 1];  // their starts
 };
 
@@ -63,10 +64,13 @@ class SpanBacking {
       for (uint32_t i = 0; i < span->mesh->aliasCount; i++) fn(span->mesh->aliases[i]);
     }
   }
-  // Called when a shared span dies: every virtual span becomes plain private memory again
-  // and the aliases go back to the arena; the file range is punched out. A virtual span that
-  // cannot be made private again is leaked, never handed out twice.
+  // Called when a shared span dies: every virtual span, its own included, becomes plain
+  // private memory again and goes back to the arena; the file range is punched out. A virtual
+  // span that cannot be made private again is leaked, never handed out twice.
   static void restore(MiniHeap* span);
+  // A shared span that died: its pages go back to the kernel now (one call), while its
+  // virtual spans keep showing the file range, now empty, until restore() remaps them.
+  static void releasePages(MiniHeap* span);
 
   static SpanBackingStats stats();
   // Testing: after `after` more mapping calls of share()/addAlias()/absorb(), the next `count`
@@ -92,7 +96,7 @@ class SpanBacking {
   static bool ensureFile();
   static void setProtectionOfAll(bool (*protect)(void*, size_t));
   static bool allocateFileRange(size_t bytes, size_t* offset);
-  static void freeFileRangeLocked(size_t offset, size_t bytes);
+  static void freeFileRangeLocked(size_t offset, size_t bytes, bool punch = true);
 
   struct FreeRange : ListNode {
     size_t offset;

@@ -331,6 +331,9 @@ size_t Mesher::compactClassRound(unsigned sizeClass, long* mappingBudget, size_t
     }
     released += meshBatch(sizeClass, gPieces + g, n, &gMerged[g][0]);
     g += n;
+    // A long pass must not leave spans that died meanwhile to the freeing threads, which
+    // restore them themselves once kMaxRetiredSpans wait.
+    GlobalHeap::restoreRetiredSpans();
   }
   // Sources meshed away are forgotten; everything else goes back to the lists.
   size_t returned = 0;
@@ -362,6 +365,9 @@ size_t Mesher::compactClass(unsigned sizeClass, long* mappingBudget) {
 }
 
 size_t Mesher::compact(size_t minGainBytes) {
+  // Spans that died since the last pass are plain memory again before this one looks at the
+  // heap (and before meshalloc_compact() returns).
+  GlobalHeap::restoreRetiredSpans();
   // Without a barrier a pause cannot tell which guarded operations are in flight.
   if (!OperationGuard::barrierAvailable()) return 0;
   LockGuard pass(gPassLock);

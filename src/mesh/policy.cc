@@ -45,8 +45,11 @@ std::atomic<uint64_t> gBudgetClockNs{0};
 uint64_t earliestBudgetClock(uint64_t nowNs) {
   return nowNs > kBudgetCreditNs ? nowNs - kBudgetCreditNs : 0;
 }
-// Bumped (and futex-woken) to bring the background thread's next pass forward.
+// Bumped (and futex-woken) to wake the background thread: to bring its next pass forward
+// (gExitWakeups bumped too) or to restore retired meshed spans (gRestoreWakeup set).
 std::atomic<uint32_t> gWakeups{0};
+std::atomic<uint32_t> gExitWakeups{0};
+std::atomic<bool> gRestoreWakeup{false};
 // A woken thread waits until no thread has exited for this long (at most a period) before its
 // pass, so that a burst of thread exits (a pool shutting down) is meshed in one pass: a pass
 // started after the first exit would order the classes by that thread's spans alone, and the
@@ -118,6 +121,17 @@ void MeshPolicy::init() {
   heap::setForkHooks({forkPrepareFirst, forkPrepare, forkParent, forkChild});
   heap::setRefillHook(onRefill);
   heap::setThreadExitHook(onThreadExit);
+  GlobalHeap::setRetiredSpansHook(onRetiredSpans);
+}
+
+bool MeshPolicy::onRetiredSpans(bool wake) {
+  if (!backgroundThreadRunning()) return false;
+  if (wake) {
+    gRestoreWakeup.store(true, std::memory_order_relaxed);
+    gWakeups.fetch_add(1, std::memory_order_release);
+    os::futexWakeOne(&gWakeups);
+  }
+  return true;
 }
 
 size_t MeshPolicy::compactNow() {
@@ -172,14 +186,24 @@ void* MeshPolicy::backgroundMain(void*) {
   uint64_t nice = gHeapConfig.meshThreadNice;
   os::setCurrentThreadNice(
       static_cast<int>(nice < kLowestPriorityNice ? nice : kLowestPriorityNice));
+  uint64_t period = gHeapConfig.meshPeriodMs * kNanosPerMilli;
+  uint64_t nextTick = os::monotonicNanos() + period;
   for (;;) {
     // Every period, whatever the mesh budget says: the dirty cache decays on this tick.
     uint32_t wakeups = gWakeups.load(std::memory_order_acquire);
-    os::futexWaitFor(&gWakeups, wakeups, gHeapConfig.meshPeriodMs * kNanosPerMilli);
+    uint32_t exits = gExitWakeups.load(std::memory_order_acquire);
+    uint64_t now = os::monotonicNanos();
+    if (now < nextTick) os::futexWaitFor(&gWakeups, wakeups, nextTick - now);
+    // Whatever woke the thread, meshed spans that died are made private again first.
+    GlobalHeap::restoreRetiredSpans();
+    bool restoreOnly = gRestoreWakeup.exchange(false, std::memory_order_relaxed) &&
+                       exits == gExitWakeups.load(std::memory_order_acquire);
     uint64_t settleStart = os::monotonicNanos();
-    for (uint32_t seen = gWakeups.load(std::memory_order_acquire); seen != wakeups;
-         seen = gWakeups.load(std::memory_order_acquire)) {
-      wakeups = seen;
+    if (restoreOnly && settleStart < nextTick) continue;
+    nextTick = settleStart + period;
+    for (uint32_t seen = gExitWakeups.load(std::memory_order_acquire); seen != exits;
+         seen = gExitWakeups.load(std::memory_order_acquire)) {
+      exits = seen;
       os::sleepNanos(kWakeupSettleNs);
       if (os::monotonicNanos() - settleStart > gHeapConfig.meshPeriodMs * kNanosPerMilli) break;
     }
@@ -209,6 +233,7 @@ void MeshPolicy::onThreadExit() {
   if (!gHeapConfig.meshing || !backgroundThreadRunning()) return;
   endIdleBackoff();
   if (os::monotonicNanos() < gNextPassNs.load(std::memory_order_relaxed)) return;
+  gExitWakeups.fetch_add(1, std::memory_order_release);
   gWakeups.fetch_add(1, std::memory_order_release);
   os::futexWakeOne(&gWakeups);
 }

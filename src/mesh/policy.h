@@ -22,6 +22,9 @@ class MeshPolicy {
   // A full pass now, whatever the policy says. Returns the bytes released.
   static size_t compactNow();
   static bool backgroundThreadRunning();
+  // GlobalHeap's retired-spans hook (installed by init): the background thread restores them
+  // (see GlobalHeap::restoreRetiredSpans), woken if `wake`; false when there is none.
+  static bool onRetiredSpans(bool wake);
 
  private:
   static void onRefill();

@@ -171,10 +171,18 @@ TEST_F(MeshTest, TwoSpansShareOnePhysicalSpan) {
 
   // Free through both virtual spans; the last free restores plain memory.
   SpanBackingStats backingBefore = SpanBacking::stats();
+  ArenaStats arenaBefore = Arena::stats();
+  size_t spanBytes = owner->spanBytes(Arena::pageSize());  // owner dies with the last free
   for (const Survivor& x : survivors) heap::deallocate(x.pointer);
   SpanBackingStats backingAfter = SpanBacking::stats();
+  ArenaStats arenaAfter = Arena::stats();
   EXPECT_LT(backingAfter.meshedSpans, backingBefore.meshedSpans);
   EXPECT_LT(backingAfter.aliasSpans, backingBefore.aliasSpans);
+  // Both virtual spans were just mapped afresh, so they hold no pages: they go back as clean
+  // runs, with no decommit call and no stay in the dirty cache.
+  EXPECT_EQ(arenaAfter.activeBytes, arenaBefore.activeBytes - 2 * spanBytes);
+  EXPECT_EQ(arenaAfter.dirtyBytes, arenaBefore.dirtyBytes);
+  EXPECT_EQ(arenaAfter.purgedBytesTotal, arenaBefore.purgedBytesTotal);
   // The restored memory is ordinary again: allocate over it and use it.
   std::thread([&] {
     std::vector<void*> again;
@@ -187,6 +195,54 @@ TEST_F(MeshTest, TwoSpansShareOnePhysicalSpan) {
       heap::deallocate(p);
     }
   }).join();
+}
+
+// With a background thread, the thread that frees a meshed span's last object only retires
+// it: no mapping call on the program's thread. Its owner entries are cleared at once, so a
+// stale free finds nothing; the restore happens when the background thread (here the test)
+// calls restoreRetiredSpans.
+std::vector<bool> gRetiredHookCalls;
+bool backgroundRestores(bool wake) {
+  gRetiredHookCalls.push_back(wake);
+  return true;
+}
+
+TEST_F(MeshTest, ADeadMeshedSpanIsRetiredThenRestoredByTheBackgroundThread) {
+  constexpr size_t kSize = 112;
+  GlobalHeap::restoreRetiredSpans();
+  auto survivors = makeDisjointSpans(kSize, 2);
+  ASSERT_FALSE(survivors.empty());
+  MeshPolicy::compactNow();
+  uintptr_t first = survivors.front().spanStart;
+  uintptr_t second = survivors.back().spanStart;
+  ASSERT_NE(first, second);
+  MiniHeap* owner = ownerOf(first);
+  ASSERT_EQ(owner, ownerOf(second));
+  ASSERT_NE(owner->mesh, nullptr);
+  size_t spanBytes = owner->spanBytes(Arena::pageSize());
+
+  gRetiredHookCalls.clear();
+  GlobalHeap::setRetiredSpansHook(backgroundRestores);
+  SpanBackingStats backingBefore = SpanBacking::stats();
+  ArenaStats arenaBefore = Arena::stats();
+  for (const Survivor& x : survivors) heap::deallocate(x.pointer);
+  EXPECT_EQ(GlobalHeap::retiredSpans(), 1u);
+  ASSERT_EQ(gRetiredHookCalls.size(), 1u);
+  EXPECT_FALSE(gRetiredHookCalls[0]) << "one retired span is below the wake-up threshold";
+  EXPECT_EQ(SpanBacking::stats().meshedSpans, backingBefore.meshedSpans) << "not restored yet";
+  EXPECT_EQ(Arena::entryFor(first), 0u);
+  EXPECT_EQ(Arena::entryFor(second), 0u);
+  EXPECT_EQ(Arena::classEntryFor(second), 0u);
+
+  GlobalHeap::restoreRetiredSpans();
+  GlobalHeap::setRetiredSpansHook(MeshPolicy::onRetiredSpans);
+  EXPECT_EQ(GlobalHeap::retiredSpans(), 0u);
+  SpanBackingStats backingAfter = SpanBacking::stats();
+  EXPECT_EQ(backingAfter.meshedSpans, backingBefore.meshedSpans - 1);
+  EXPECT_LT(backingAfter.aliasSpans, backingBefore.aliasSpans);
+  ArenaStats arenaAfter = Arena::stats();
+  EXPECT_EQ(arenaAfter.activeBytes, arenaBefore.activeBytes - 2 * spanBytes);
+  EXPECT_EQ(arenaAfter.dirtyBytes, arenaBefore.dirtyBytes);
 }
 
 TEST_F(MeshTest, SeveralSpansMeshOntoOne) {
