@@ -102,11 +102,17 @@ void GlobalHeap::retireMeshedSpan(MiniHeap* heap) {
       wake = true;
     }
   }
-  if (restoreNow || !retiredSpansHook_ || !retiredSpansHook_(wake)) restoreRetiredSpans();
+  if (!retiredSpansHook_ || !retiredSpansHook_(wake)) {
+    restoreRetiredSpans();
+  } else if (restoreNow) {
+    // The background thread is behind: one span per free, as many as it adds, rather than
+    // a stall of hundreds of mapping calls for the one free that crossed the limit.
+    restoreRetiredSpans(1);
+  }
 }
 
-void GlobalHeap::restoreRetiredSpans() {
-  for (;;) {
+void GlobalHeap::restoreRetiredSpans(size_t limit) {
+  for (size_t restored = 0; restored < limit; restored++) {
     MiniHeap* heap;
     {
       LockGuard guard(retiredLock_);

@@ -85,8 +85,9 @@ class GlobalHeap {
   // Without a background thread, or when it falls too far behind, the freeing thread does.
   static constexpr size_t kRetiredSpansBeforeWake = 16;
   static constexpr size_t kMaxRetiredSpans = 256;
-  // Restores every retired span and frees its MiniHeap. Takes no class lock.
-  static void restoreRetiredSpans();
+  // Restores up to `limit` retired spans, oldest first, and frees their MiniHeaps. Takes no
+  // class lock.
+  static void restoreRetiredSpans(size_t limit = SIZE_MAX);
   static size_t retiredSpans();
   // `hook(wake)`: true if a background thread will restore retired spans (woken if `wake`),
   // false if the caller must. Called with a class lock held: it may only signal.
