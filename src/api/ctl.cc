@@ -132,6 +132,7 @@ int statValue(const char* name, void* oldp, size_t* oldlenp) {
       {"mesh.released_peak", s.meshReleasedPeak},
       {"mesh.meshed_spans", s.meshedSpans},
       {"mesh.aliases", s.meshAliases},
+      {"mesh.retired", s.meshRetired},
       {"mesh.mappings", s.mappings},
       {"mesh.mapping_limit", s.mappingLimit},
       {"mesh.passes", s.meshPasses},

@@ -65,6 +65,7 @@ HeapStats collectStats() {
   stats.meshReleasedPeak = backing.releasedBytesPeak;
   stats.meshedSpans = backing.meshedSpans;
   stats.meshAliases = backing.aliasSpans;
+  stats.meshRetired = GlobalHeap::retiredSpans();
   long mappings = os::countMappings();
   stats.mappings = mappings > 0 ? static_cast<size_t>(mappings) : 0;
   stats.mappingLimit = mesh.mappingLimit;
@@ -147,6 +148,7 @@ void writeStats(int fd, bool json) {
       {"mesh_released_peak", stats.meshReleasedPeak},
       {"meshed_spans", stats.meshedSpans},
       {"mesh_aliases", stats.meshAliases},
+      {"mesh_retired", stats.meshRetired},
       {"mappings", stats.mappings},
       {"mapping_limit", stats.mappingLimit},
       {"mesh_passes", stats.meshPasses},

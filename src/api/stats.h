@@ -28,6 +28,7 @@ struct HeapStats {
   size_t meshReleasedPeak;
   size_t meshedSpans;   // physical spans backing more than one virtual span
   size_t meshAliases;   // virtual spans mapping another span's memory
+  size_t meshRetired;   // meshed spans that died, memory returned, not yet remapped private
   size_t mappings;      // lines of /proc/self/maps now (bounded by vm.max_map_count)
   size_t mappingLimit;  // what meshing stays under
   uint64_t meshPasses;

@@ -376,4 +376,69 @@ TEST(MeshThread, BacksOffWhileIdlePassesReleaseNothing) {
   for (void* p : blocks) free(p);
 }
 
+// A meshed span whose objects all die is retired by the freeing thread and remapped by the
+// background thread: none stays retired, and the meshed spans are gone once it has run.
+TEST(MeshThread, RemapsMeshedSpansThatDie) {
+  bool meshing = false, background = false;
+  size_t len = sizeof(meshing);
+  ASSERT_EQ(mallctl("opt.mesh", &meshing, &len, nullptr, 0), 0);
+  len = sizeof(background);
+  ASSERT_EQ(mallctl("opt.mesh_background", &background, &len, nullptr, 0), 0);
+  if (!meshing || !background) GTEST_SKIP() << "meshing or its background thread is off";
+  // The thread starts after a few refills: allocate through many spans of many classes.
+  constexpr int kWarmBlocks = 200000;
+  constexpr int kClasses = 64;
+  std::vector<void*> warm;
+  for (int i = 0; i < kWarmBlocks; i++) warm.push_back(malloc(16 + (i % kClasses) * 16));
+  freeAll(warm);
+  constexpr int kPolls = 200;
+  constexpr useconds_t kPollMicros = 10000;
+  bool running = false;
+  for (int poll = 0; poll < kPolls && !running; poll++) {
+    running = niceOfThread("meshalloc-mesh") != kNoThread;
+    if (!running) usleep(kPollMicros);
+  }
+  ASSERT_TRUE(running) << "no meshalloc-mesh thread";
+
+  // One block in eight survives, on a thread that then exits: sparse detached spans that mesh.
+  constexpr size_t kBlocks = 100000;
+  constexpr size_t kSize = 64;
+  constexpr size_t kKeepEvery = 8;
+  // The pass may also mesh a span holding a few of the test's own live blocks (gtest's, a
+  // vector's buffer), which stays meshed.
+  constexpr size_t kUnrelatedMeshes = 4;
+  std::vector<void*> survivors;
+  std::thread([&] {
+    std::vector<void*> blocks = allocateTouched(kBlocks, kSize);
+    for (size_t i = 0; i < kBlocks; i++) {
+      if (i % kKeepEvery == 0)
+        survivors.push_back(blocks[i]);
+      else
+        free(blocks[i]);
+    }
+  }).join();
+  refresh();
+  uint64_t meshesBefore = readCtl<uint64_t>("mesh.count");
+  size_t meshedBefore = readCtl<size_t>("mesh.meshed_spans");
+  meshalloc_compact();
+  refresh();
+  ASSERT_GT(readCtl<uint64_t>("mesh.count"), meshesBefore) << "nothing was meshed";
+  size_t meshedAfter = readCtl<size_t>("mesh.meshed_spans");
+  ASSERT_GT(meshedAfter, meshedBefore);
+  for (void* p : survivors) {
+    for (size_t b = 0; b < kSize; b++) ASSERT_EQ(static_cast<unsigned char*>(p)[b], 0x6D);
+  }
+  freeAll(survivors);
+  size_t retired = 0, meshed = 0;
+  for (int poll = 0; poll < kPolls; poll++) {
+    refresh();
+    retired = readCtl<size_t>("mesh.retired");
+    meshed = readCtl<size_t>("mesh.meshed_spans");
+    if (retired == 0 && meshed <= meshedBefore + kUnrelatedMeshes) break;
+    usleep(kPollMicros);
+  }
+  EXPECT_EQ(retired, 0u) << "meshed spans that died were never remapped";
+  EXPECT_LE(meshed, meshedBefore + kUnrelatedMeshes) << "of " << meshedAfter << " after meshing";
+}
+
 }  // namespace
