@@ -316,28 +316,40 @@ int niceOfThread(const char* name) {
   return nice;
 }
 
+bool readBool(const char* name) {
+  bool value = false;
+  size_t len = sizeof(value);
+  EXPECT_EQ(mallctl(name, &value, &len, nullptr, 0), 0) << name;
+  return value;
+}
+
+constexpr int kThreadPolls = 200;
+constexpr useconds_t kThreadPollMicros = 10000;
+
+// The background thread starts after a few refills: allocates through many spans of many
+// classes, then waits for it. Returns its nice value, or kNoThread if it never appears.
+int startMeshThread() {
+  constexpr int kBlocks = 200000;
+  constexpr int kClasses = 64;
+  std::vector<void*> blocks;
+  for (int i = 0; i < kBlocks; i++) blocks.push_back(malloc(16 + (i % kClasses) * 16));
+  freeAll(blocks);
+  int nice = kNoThread;
+  for (int poll = 0; poll < kThreadPolls && nice == kNoThread; poll++) {
+    nice = niceOfThread("meshalloc-mesh");
+    if (nice == kNoThread) usleep(kThreadPollMicros);
+  }
+  return nice;
+}
+
 // The background mesher yields to the program's threads: it runs at the nice value of
 // mesh_thread_nice (19 unless configured), which Linux keeps per thread.
 TEST(MeshThread, RunsAtTheConfiguredNiceValue) {
   uint64_t wanted = 0;
   size_t len = sizeof(wanted);
   ASSERT_EQ(mallctl("opt.mesh_thread_nice", &wanted, &len, nullptr, 0), 0);
-  bool background = false;
-  len = sizeof(background);
-  ASSERT_EQ(mallctl("opt.mesh_background", &background, &len, nullptr, 0), 0);
-  if (!background) GTEST_SKIP() << "mesh_background is off";
-  // The thread starts after a few refills: allocate through many spans of many classes.
-  constexpr int kBlocks = 200000;
-  constexpr int kClasses = 64;
-  std::vector<void*> blocks;
-  for (int i = 0; i < kBlocks; i++) blocks.push_back(malloc(16 + (i % kClasses) * 16));
-  for (void* p : blocks) free(p);
-  constexpr int kPolls = 200;
-  int nice = kNoThread;
-  for (int poll = 0; poll < kPolls && nice == kNoThread; poll++) {
-    nice = niceOfThread("meshalloc-mesh");
-    if (nice == kNoThread) usleep(10000);
-  }
+  if (!readBool("opt.mesh_background")) GTEST_SKIP() << "mesh_background is off";
+  int nice = startMeshThread();
   ASSERT_NE(nice, kNoThread) << "no meshalloc-mesh thread";
   EXPECT_EQ(nice, static_cast<int>(wanted > 19 ? 19 : wanted));
 }
@@ -346,14 +358,10 @@ TEST(MeshThread, RunsAtTheConfiguredNiceValue) {
 // program stops allocating the background mesher's passes release nothing. They back off
 // instead of running every period: an idle program does not keep paying for them.
 TEST(MeshThread, BacksOffWhileIdlePassesReleaseNothing) {
-  bool meshing = false, background = false;
-  size_t len = sizeof(meshing);
-  ASSERT_EQ(mallctl("opt.mesh", &meshing, &len, nullptr, 0), 0);
-  len = sizeof(background);
-  ASSERT_EQ(mallctl("opt.mesh_background", &background, &len, nullptr, 0), 0);
-  if (!meshing || !background) GTEST_SKIP() << "meshing or its background thread is off";
+  if (!readBool("opt.mesh") || !readBool("opt.mesh_background"))
+    GTEST_SKIP() << "meshing or its background thread is off";
   uint64_t periodMs = 0;
-  len = sizeof(periodMs);
+  size_t len = sizeof(periodMs);
   ASSERT_EQ(mallctl("opt.mesh_period_ms", &periodMs, &len, nullptr, 0), 0);
   // Far more free bytes than mesh_min_gain, in spans that keep half their blocks.
   constexpr size_t kBlocks = 200000;
@@ -379,26 +387,9 @@ TEST(MeshThread, BacksOffWhileIdlePassesReleaseNothing) {
 // A meshed span whose objects all die is retired by the freeing thread and remapped by the
 // background thread: none stays retired, and the meshed spans are gone once it has run.
 TEST(MeshThread, RemapsMeshedSpansThatDie) {
-  bool meshing = false, background = false;
-  size_t len = sizeof(meshing);
-  ASSERT_EQ(mallctl("opt.mesh", &meshing, &len, nullptr, 0), 0);
-  len = sizeof(background);
-  ASSERT_EQ(mallctl("opt.mesh_background", &background, &len, nullptr, 0), 0);
-  if (!meshing || !background) GTEST_SKIP() << "meshing or its background thread is off";
-  // The thread starts after a few refills: allocate through many spans of many classes.
-  constexpr int kWarmBlocks = 200000;
-  constexpr int kClasses = 64;
-  std::vector<void*> warm;
-  for (int i = 0; i < kWarmBlocks; i++) warm.push_back(malloc(16 + (i % kClasses) * 16));
-  freeAll(warm);
-  constexpr int kPolls = 200;
-  constexpr useconds_t kPollMicros = 10000;
-  bool running = false;
-  for (int poll = 0; poll < kPolls && !running; poll++) {
-    running = niceOfThread("meshalloc-mesh") != kNoThread;
-    if (!running) usleep(kPollMicros);
-  }
-  ASSERT_TRUE(running) << "no meshalloc-mesh thread";
+  if (!readBool("opt.mesh") || !readBool("opt.mesh_background"))
+    GTEST_SKIP() << "meshing or its background thread is off";
+  ASSERT_NE(startMeshThread(), kNoThread) << "no meshalloc-mesh thread";
 
   // One block in eight survives, on a thread that then exits: sparse detached spans that mesh.
   constexpr size_t kBlocks = 100000;
@@ -430,12 +421,12 @@ TEST(MeshThread, RemapsMeshedSpansThatDie) {
   }
   freeAll(survivors);
   size_t retired = 0, meshed = 0;
-  for (int poll = 0; poll < kPolls; poll++) {
+  for (int poll = 0; poll < kThreadPolls; poll++) {
     refresh();
     retired = readCtl<size_t>("mesh.retired");
     meshed = readCtl<size_t>("mesh.meshed_spans");
     if (retired == 0 && meshed <= meshedBefore + kUnrelatedMeshes) break;
-    usleep(kPollMicros);
+    usleep(kThreadPollMicros);
   }
   EXPECT_EQ(retired, 0u) << "meshed spans that died were never remapped";
   EXPECT_LE(meshed, meshedBefore + kUnrelatedMeshes) << "of " << meshedAfter << " after meshing";
