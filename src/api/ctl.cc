@@ -145,6 +145,7 @@ int statValue(const char* name, void* oldp, size_t* oldlenp) {
       {"mesh.pause_wait_max_ns", s.pauseWaitMaxNs},
       {"mesh.barrier_max_ns", s.barrierMaxNs},
       {"mesh.cpu_ns", s.meshCpuNs},
+      {"mesh.restore_cpu_ns", s.meshRestoreCpuNs},
       {"mesh.barrier_faults", s.barrierFaults},
       {"mesh.pinned_spans", s.pinnedSpans},
   };

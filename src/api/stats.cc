@@ -80,6 +80,7 @@ HeapStats collectStats() {
   stats.pauseWaitMaxNs = mesh.pauseWaitMaxNs;
   stats.barrierMaxNs = mesh.barrierMaxNs;
   stats.meshCpuNs = mesh.cpuNs;
+  stats.meshRestoreCpuNs = mesh.restoreCpuNs;
   stats.barrierFaults = WriteBarrier::faultsWaited();
   // Aliases are address space, not memory: active counts physical span bytes.
   stats.active -= stats.meshReleased < stats.active ? stats.meshReleased : stats.active;
@@ -161,6 +162,7 @@ void writeStats(int fd, bool json) {
       {"mesh_pause_wait_max_ns", stats.pauseWaitMaxNs},
       {"mesh_barrier_max_ns", stats.barrierMaxNs},
       {"mesh_cpu_ns", stats.meshCpuNs},
+      {"mesh_restore_cpu_ns", stats.meshRestoreCpuNs},
       {"barrier_faults", stats.barrierFaults},
       {"pinned_spans", stats.pinnedSpans},
   };

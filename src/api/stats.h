@@ -41,8 +41,9 @@ struct HeapStats {
   uint64_t pauseWaitMaxNs;  // of that pause, waiting for guarded operations in flight
   uint64_t barrierMaxNs;    // a write into a span being meshed held up (longest batch)
   uint64_t meshCpuNs;
-  uint64_t barrierFaults;  // writes that waited on the write barrier
-  size_t pinnedSpans;      // spans never meshed: they hold buffers glibc has the kernel fill
+  uint64_t meshRestoreCpuNs;  // the background thread remapping meshed spans that died
+  uint64_t barrierFaults;     // writes that waited on the write barrier
+  size_t pinnedSpans;         // spans never meshed: they hold buffers glibc has the kernel fill
   SizeClassStats classes[kNumSizeClasses];
 };
 

@@ -333,7 +333,7 @@ size_t Mesher::compactClassRound(unsigned sizeClass, long* mappingBudget, size_t
     g += n;
     // A long pass must not leave spans that died meanwhile to the freeing threads, which
     // restore them themselves once kMaxRetiredSpans wait.
-    GlobalHeap::restoreRetiredSpans();
+    restoreRetiredSpans();
   }
   // Sources meshed away are forgotten; everything else goes back to the lists.
   size_t returned = 0;
@@ -364,14 +364,22 @@ size_t Mesher::compactClass(unsigned sizeClass, long* mappingBudget) {
   return released;
 }
 
+void Mesher::restoreRetiredSpans() {
+  if (GlobalHeap::retiredSpans() == 0) return;
+  uint64_t start = os::threadCpuNanos();
+  GlobalHeap::restoreRetiredSpans();
+  gStats.restoreCpuNs += os::threadCpuNanos() - start;
+}
+
 size_t Mesher::compact(size_t minGainBytes) {
   // Spans that died since the last pass are plain memory again before this one looks at the
   // heap (and before meshalloc_compact() returns).
-  GlobalHeap::restoreRetiredSpans();
+  restoreRetiredSpans();
   // Without a barrier a pause cannot tell which guarded operations are in flight.
   if (!OperationGuard::barrierAvailable()) return 0;
   LockGuard pass(gPassLock);
   uint64_t cpuStart = os::threadCpuNanos();
+  uint64_t restoreStart = gStats.restoreCpuNs;
   // Classes with the most free memory in sparse spans first: the CPU budget and the mapping
   // budget go where they release the most. A class with less than one span's worth of free
   // slots cannot release a span. The same walk tells whether the pass is worth it at all.
@@ -418,7 +426,7 @@ size_t Mesher::compact(size_t minGainBytes) {
     Arena::purge(false);
   }
   gStats.passes++;
-  gStats.cpuNs += os::threadCpuNanos() - cpuStart;
+  gStats.cpuNs += os::threadCpuNanos() - cpuStart - (gStats.restoreCpuNs - restoreStart);
   return released;
 }
 
