@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <set>
@@ -110,6 +111,23 @@ std::vector<Survivor> makeDisjointSpans(size_t size, size_t spanCount) {
   return survivors;
 }
 
+// Allocates `count` blocks of `size`, writes and checks each, and frees them, on a thread of its
+// own: a thread heap on the test's main thread would defer its later frees (the recycling ring)
+// and change what other tests mesh.
+void useOnAThread(size_t size, size_t count, uint64_t generation) {
+  std::thread([&] {
+    std::vector<void*> blocks;
+    for (size_t i = 0; i < count; i++) {
+      blocks.push_back(heap::allocate(size));
+      fill(blocks.back(), size, generation);
+    }
+    for (void* p : blocks) {
+      EXPECT_TRUE(holds(p, size, generation, reinterpret_cast<uintptr_t>(p)));
+      heap::deallocate(p);
+    }
+  }).join();
+}
+
 class MeshTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -184,17 +202,7 @@ TEST_F(MeshTest, TwoSpansShareOnePhysicalSpan) {
   EXPECT_EQ(arenaAfter.dirtyBytes, arenaBefore.dirtyBytes);
   EXPECT_EQ(arenaAfter.purgedBytesTotal, arenaBefore.purgedBytesTotal);
   // The restored memory is ordinary again: allocate over it and use it.
-  std::thread([&] {
-    std::vector<void*> again;
-    for (int i = 0; i < 200; i++) {
-      again.push_back(heap::allocate(kSize));
-      fill(again.back(), kSize, 3);
-    }
-    for (void* p : again) {
-      EXPECT_TRUE(holds(p, kSize, 3, reinterpret_cast<uintptr_t>(p)));
-      heap::deallocate(p);
-    }
-  }).join();
+  useOnAThread(kSize, 200, 3);
 }
 
 // With a background thread, the thread that frees a meshed span's last object only retires
@@ -243,6 +251,56 @@ TEST_F(MeshTest, ADeadMeshedSpanIsRetiredThenRestoredByTheBackgroundThread) {
   ArenaStats arenaAfter = Arena::stats();
   EXPECT_EQ(arenaAfter.activeBytes, arenaBefore.activeBytes - 2 * spanBytes);
   EXPECT_EQ(arenaAfter.dirtyBytes, arenaBefore.dirtyBytes);
+}
+
+// Threads free the last objects of meshed spans (retiring them) while another thread restores
+// retired spans in a loop, as the background thread does: every span ends restored, the memory
+// is usable again, and (under TSan) nothing races.
+std::atomic<uint64_t> gConcurrentHookCalls{0};
+bool concurrentBackgroundRestores(bool) {
+  gConcurrentHookCalls.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+TEST_F(MeshTest, RetiringAndRestoringRunConcurrently) {
+  constexpr size_t kSize = 144;
+  constexpr int kPairs = 8;
+  constexpr int kFreeingThreads = 2;
+  GlobalHeap::restoreRetiredSpans();
+  size_t meshedBefore = SpanBacking::stats().meshedSpans;
+  std::vector<Survivor> survivors;
+  for (int pair = 0; pair < kPairs; pair++) {
+    auto made = makeDisjointSpans(kSize, 2);
+    MeshPolicy::compactNow();
+    survivors.insert(survivors.end(), made.begin(), made.end());
+  }
+  ASSERT_GT(SpanBacking::stats().meshedSpans, meshedBefore) << "nothing was meshed";
+  for (const Survivor& x : survivors)
+    ASSERT_TRUE(holds(x.pointer, kSize, 1, reinterpret_cast<uintptr_t>(x.pointer)));
+
+  gConcurrentHookCalls.store(0);
+  GlobalHeap::setRetiredSpansHook(concurrentBackgroundRestores);
+  std::atomic<bool> stop{false};
+  std::thread restorer([&] {
+    while (!stop.load(std::memory_order_relaxed)) GlobalHeap::restoreRetiredSpans();
+  });
+  std::vector<std::thread> freeing;
+  for (int t = 0; t < kFreeingThreads; t++) {
+    freeing.emplace_back([&, t] {
+      for (size_t i = t; i < survivors.size(); i += kFreeingThreads)
+        heap::deallocate(survivors[i].pointer);
+    });
+  }
+  for (std::thread& thread : freeing) thread.join();
+  stop.store(true, std::memory_order_relaxed);
+  restorer.join();
+  GlobalHeap::restoreRetiredSpans();
+  GlobalHeap::setRetiredSpansHook(MeshPolicy::onRetiredSpans);
+  EXPECT_GT(gConcurrentHookCalls.load(), 0u) << "no meshed span was retired";
+  EXPECT_EQ(GlobalHeap::retiredSpans(), 0u);
+  EXPECT_EQ(SpanBacking::stats().meshedSpans, meshedBefore);
+  // The restored memory is ordinary again.
+  useOnAThread(kSize, survivors.size() * 4, 4);
 }
 
 TEST_F(MeshTest, SeveralSpansMeshOntoOne) {
