@@ -64,9 +64,11 @@ class SpanBacking {
       for (uint32_t i = 0; i < span->mesh->aliasCount; i++) fn(span->mesh->aliases[i]);
     }
   }
-  // Called when a shared span dies: every virtual span, its own included, becomes plain
-  // private memory again and goes back to the arena; the file range is punched out. A virtual
-  // span that cannot be made private again is leaked, never handed out twice.
+  // Called for a shared span that died (after releasePages, on the background thread, see
+  // GlobalHeap::restoreRetiredSpans): every virtual span, its own included, becomes plain
+  // private memory again and goes back to the arena; the file range is freed (punched out
+  // unless releasePages did). A virtual span that cannot be made private again is leaked,
+  // never handed out twice.
   static void restore(MiniHeap* span);
   // A shared span that died: its pages go back to the kernel now (one call), while its
   // virtual spans keep showing the file range, now empty, until restore() remaps them.

@@ -13,6 +13,7 @@
 #include "mesh/write_barrier.h"
 #include "platform/os.h"
 #include "support/lock.h"
+#include "support/range.h"
 
 namespace meshalloc {
 
@@ -34,10 +35,6 @@ MeshGroup gGroups[Mesher::kMaxCandidatesPerClass / 2];
 MeshGroup gPieces[Mesher::kMaxCandidatesPerClass / 2];
 bool gMerged[Mesher::kMaxCandidatesPerClass / 2][kMaxVirtualSpans];
 
-bool overlaps(uintptr_t start, size_t bytes, uintptr_t ioStart, uintptr_t ioEnd) {
-  return ioStart < start + bytes && start < ioEnd;
-}
-
 // True if a system call in progress on some thread writes into [start, start+bytes). Called
 // with the barrier raised, so a call that starts later sees the barrier and waits instead.
 bool busyWithIo(uintptr_t start, size_t bytes) {
@@ -47,7 +44,7 @@ bool busyWithIo(uintptr_t start, size_t bytes) {
        heap = heap->nextInRegistry()) {
     uintptr_t ioStart = heap->activity().ioBufferStart.load(std::memory_order_seq_cst);
     uintptr_t ioEnd = heap->activity().ioBufferEnd.load(std::memory_order_seq_cst);
-    busy = ioEnd != 0 && overlaps(start, bytes, ioStart, ioEnd);
+    busy = ioEnd != 0 && rangesOverlap(start, bytes, ioStart, ioEnd);
   }
   ThreadHeap::unlockRegistry();
   return busy;

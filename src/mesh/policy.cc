@@ -207,7 +207,7 @@ void* MeshPolicy::backgroundMain(void*) {
          seen = gExitWakeups.load(std::memory_order_acquire)) {
       exits = seen;
       os::sleepNanos(kWakeupSettleNs);
-      if (os::monotonicNanos() - settleStart > gHeapConfig.meshPeriodMs * kNanosPerMilli) break;
+      if (os::monotonicNanos() - settleStart > period) break;
     }
     // Dirty pages past their decay time go back even if the program has stopped freeing.
     Arena::purge(false);

@@ -8,6 +8,7 @@
 #include "heap/arena.h"
 #include "platform/os.h"
 #include "support/lock.h"
+#include "support/range.h"
 
 namespace meshalloc {
 
@@ -83,7 +84,7 @@ bool WriteBarrier::mayProtect(uint32_t seen, uintptr_t start, uintptr_t end) {
   size_t bytes = spanBytes_.load(std::memory_order_acquire);
   for (uint32_t i = 0; i < count && i < kMaxSpans && !overlap; i++) {
     uintptr_t span = spans_[i].load(std::memory_order_acquire);
-    overlap = span < end && start < span + bytes;
+    overlap = rangesOverlap(span, bytes, start, end);
   }
   return overlap || sequence_.load(std::memory_order_acquire) != seen;
 }
