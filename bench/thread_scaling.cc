@@ -8,14 +8,18 @@
 // size class, as the thread-scaling study's workload did), writes a pattern into every byte,
 // keeps a random `keep-percent` of them (exactly that many, chosen by selection sampling) until
 // the end of the run and frees the rest. Threads stay alive until every thread has finished,
-// then exit and are joined. The main thread then adds up the live bytes (requested sizes of the
+// then wait, alive and idle, on a condition variable, as a server's thread pool does between
+// requests. The main thread sleeps --settle-ms and reads PSS with the threads alive
+// (alive_pss_bytes), then wakes them: each checks that every object it kept is intact and
+// exits. Once they are joined, the main thread adds up the live bytes (requested sizes of the
 // retained objects), optionally calls meshalloc_compact() (--compact, only if the symbol
-// exists), sleeps --settle-ms so background work (meshing, decay) can act, reads its own PSS
-// (/proc/self/smaps_rollup), page-table bytes (VmPTE) and mapping count, verifies every
+// exists), sleeps --settle-ms again so background work (meshing, decay) can act, reads its own
+// PSS (/proc/self/smaps_rollup), page-table bytes (VmPTE) and mapping count, verifies every
 // retained object's pattern and prints one line:
 //
 //   threads=T live_bytes=... pss_bytes=... pte_bytes=... ratio=pss/live seconds=...
 //     base_pss_bytes=... mappings=... retained=... checksum=...
+//     alive_pss_bytes=... alive_pte_bytes=... alive_ratio=alive_pss/live
 //
 // base_pss_bytes is the PSS measured before any thread started (program, libraries, stack):
 // the part of pss_bytes no allocator can avoid. `seconds` is the wall time of the threaded
@@ -32,11 +36,13 @@
 #include <unistd.h>
 
 #include <cinttypes>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -194,10 +200,19 @@ struct Worker {
   Retained* retained = nullptr;  // mmap()ed, capacity rounds * keep
   size_t count = 0;
   size_t capacity = 0;
+  size_t damaged = 0;  // retained objects found altered after the idle wait
+};
+
+// Where the finished threads wait, alive and idle, until the main thread has read its PSS.
+struct IdlePool {
+  std::mutex lock;
+  std::condition_variable changed;
+  unsigned waiting = 0;
+  bool released = false;
 };
 
 void work(const Options& o, unsigned index, Worker* worker, bench::Barrier* start,
-          bench::Barrier* done) {
+          bench::Barrier* done, IdlePool* idle) {
   bench::Rng rng(o.seed, index + 1);
   const size_t perRound = o.objects;
   const size_t keepPerRound = perRound * o.keepPercent / 100;
@@ -226,6 +241,16 @@ void work(const Options& o, unsigned index, Worker* worker, bench::Barrier* star
   }
   munmap(round, scratchBytes);
   done->wait();  // every thread stays alive until all have finished
+  {
+    std::unique_lock<std::mutex> guard(idle->lock);
+    idle->waiting++;
+    idle->changed.notify_all();
+    idle->changed.wait(guard, [idle] { return idle->released; });
+  }
+  // Whatever the allocator did with this thread's memory while it slept, its objects are intact.
+  for (size_t i = 0; i < worker->count; i++) {
+    if (!intact(worker->retained[i].p, worker->retained[i].size, o.seed)) worker->damaged++;
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -277,6 +302,13 @@ long long mappingCount() {
   return lines;
 }
 
+void settle(uint64_t milliseconds) {
+  timespec pause = {static_cast<time_t>(milliseconds / 1000),
+                    static_cast<long>(milliseconds % 1000) * 1000000L};
+  while (milliseconds && nanosleep(&pause, &pause) != 0) {
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -298,12 +330,33 @@ int main(int argc, char** argv) {
 
   // The main thread joins the start barrier too, so the clock starts when everyone is ready.
   bench::Barrier start(threads + 1), done(threads);
+  IdlePool idle;
   for (unsigned t = 0; t < threads; t++)
-    pool.emplace_back(work, std::cref(o), t, &workers[t], &start, &done);
+    pool.emplace_back(work, std::cref(o), t, &workers[t], &start, &done, &idle);
   start.wait();
   const double begin = bench::now();
-  for (std::thread& t : pool) t.join();
+  {
+    std::unique_lock<std::mutex> guard(idle.lock);
+    idle.changed.wait(guard, [&idle, threads] { return idle.waiting == threads; });
+  }
   const double seconds = bench::now() - begin;
+  // The threads are alive and idle: what a server's pool holds between bursts of work.
+  settle(o.settleMs);
+  long long alivePss = procField("/proc/self/smaps_rollup", "Pss:");
+  const long long alivePte = procField("/proc/self/status", "VmPTE:");
+  {
+    std::lock_guard<std::mutex> guard(idle.lock);
+    idle.released = true;
+  }
+  idle.changed.notify_all();
+  for (std::thread& t : pool) t.join();
+  for (const Worker& w : workers) {
+    if (w.damaged) {
+      fprintf(stderr, "thread_scaling: %zu retained objects altered while their thread was idle\n",
+              w.damaged);
+      return 1;
+    }
+  }
 
   uint64_t liveBytes = 0, retained = 0;
   for (const Worker& w : workers) {
@@ -316,12 +369,7 @@ int main(int argc, char** argv) {
     if (auto compact = reinterpret_cast<CompactFn>(dlsym(RTLD_DEFAULT, "meshalloc_compact")))
       compact();
   }
-  if (o.settleMs) {
-    timespec pause = {static_cast<time_t>(o.settleMs / 1000),
-                      static_cast<long>(o.settleMs % 1000) * 1000000L};
-    while (nanosleep(&pause, &pause) != 0) {
-    }
-  }
+  settle(o.settleMs);
 
   // The bookkeeping (the retained lists, fully written: selection sampling keeps exactly
   // `capacity` objects per thread) lives in private mappings that are not the allocator's:
@@ -332,6 +380,7 @@ int main(int argc, char** argv) {
     bookkeeping += (static_cast<long long>(w.count * sizeof(Retained)) + page - 1) / page * page;
   }
   long long pss = procField("/proc/self/smaps_rollup", "Pss:");
+  if (alivePss >= 0) alivePss -= bookkeeping;
   const long long pte = procField("/proc/self/status", "VmPTE:");
   const long long mappings = mappingCount();
   if (pss >= 0) pss -= bookkeeping;
@@ -350,9 +399,11 @@ int main(int argc, char** argv) {
 
   printf("threads=%u live_bytes=%" PRIu64
          " pss_bytes=%lld pte_bytes=%lld ratio=%.3f seconds=%.4f "
-         "base_pss_bytes=%lld mappings=%lld retained=%" PRIu64 " checksum=%016" PRIx64 "\n",
+         "base_pss_bytes=%lld mappings=%lld retained=%" PRIu64 " checksum=%016" PRIx64
+         " alive_pss_bytes=%lld alive_pte_bytes=%lld alive_ratio=%.3f\n",
          threads, liveBytes, pss, pte,
          liveBytes ? static_cast<double>(pss) / static_cast<double>(liveBytes) : 0.0, seconds,
-         basePss, mappings, retained, checksum);
+         basePss, mappings, retained, checksum, alivePss, alivePte,
+         liveBytes ? static_cast<double>(alivePss) / static_cast<double>(liveBytes) : 0.0);
   return 0;
 }

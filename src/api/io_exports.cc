@@ -29,6 +29,7 @@
 #include <atomic>
 #include <type_traits>
 
+#include "api/next_symbol.h"
 #include "heap/arena.h"
 #include "heap/heap.h"
 #include "heap/thread_heap.h"
@@ -41,12 +42,7 @@ namespace {
 
 template <typename Function>
 Function realFunction(std::atomic<Function>& cache, const char* name) {
-  Function f = cache.load(std::memory_order_acquire);
-  if (!f) {
-    f = reinterpret_cast<Function>(dlsym(RTLD_NEXT, name));
-    cache.store(f, std::memory_order_release);
-  }
-  return f;
+  return api::nextSymbol(cache, name);
 }
 
 // The real function of a name glibc keeps only as a compatibility symbol (no default version:

@@ -25,6 +25,7 @@ const OptionView kOptions[] = {
     {"mesh_probes", OptionView::kUnsigned, &gHeapConfig.meshProbes},
     {"mesh_background", OptionView::kBool, &gHeapConfig.meshBackgroundThread},
     {"mesh_thread_nice", OptionView::kUnsigned, &gHeapConfig.meshThreadNice},
+    {"idle_reclaim_ms", OptionView::kUnsigned, &gHeapConfig.idleReclaimMs},
     {"mesh_occupancy_percent", OptionView::kUnsigned, &gHeapConfig.meshOccupancyPercent},
     {"mesh_min_gain", OptionView::kSize, &gHeapConfig.meshMinGainBytes},
     {"stats", OptionView::kStatsFormat, &gHeapConfig.statsAtExit},

@@ -53,6 +53,10 @@ struct HeapConfig {
   // the budget. At 0 it competed with the program's own threads (Redis LRU on 2 CPUs: its
   // insertion took about 3 % longer, medians of 8 paired runs, for the same memory).
   uint64_t meshThreadNice = 19;
+  // A thread blocked this long in a condition-variable wait has its spans and free slots taken
+  // back by the background thread (ThreadHeap::reclaimIdle): a server's idle pool thread would
+  // otherwise hold them until it exits. 0 turns reclaiming off.
+  uint64_t idleReclaimMs = 10;
   // Detached spans at most this full are mesh candidates.
   uint64_t meshOccupancyPercent = 75;
   // A pass is skipped while partial spans hold less free memory than this: little to gain.

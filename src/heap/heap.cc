@@ -35,6 +35,8 @@ void (*gThreadExitHook)() = nullptr;
 
 void onThreadExit(void* value) {
   ThreadHeap* heap = static_cast<ThreadHeap*>(value);
+  // A thread cancelled in a parked wait never unparked: a reclaim may be under way.
+  if (tlsParkedHeap == heap) ThreadHeap::resumeParked();
   if (tlsThreadHeap == heap) {
     flushRecycledBlocks();
     tlsThreadHeap = nullptr;
@@ -45,6 +47,7 @@ void onThreadExit(void* value) {
 
 void prepareFork() {
   if (gForkHooks.prepareFirst) gForkHooks.prepareFirst();
+  ThreadHeap::lockReclaimForFork();
   ThreadHeap::lockRegistry();
   GlobalHeap::lockForFork();
   SpanBacking::lock();
@@ -60,6 +63,7 @@ void parentAfterFork() {
   SpanBacking::unlock();
   GlobalHeap::unlockAfterFork();
   ThreadHeap::unlockRegistry();
+  ThreadHeap::unlockReclaimAfterFork();
 }
 
 void childAfterFork() {
@@ -72,6 +76,7 @@ void childAfterFork() {
   SpanBacking::resetLockAfterFork();
   GlobalHeap::resetAfterFork();
   ThreadHeap::resetRegistryAfterFork();
+  ThreadHeap::resetReclaimAfterFork();
   OperationGuard::resetAfterFork();
 }
 
@@ -91,6 +96,9 @@ bool initializeOnce() {
 ThreadHeap* threadHeap() {
   ThreadHeap* heap = tlsThreadHeap;
   if (heap) return heap;
+  // A signal handler allocating during a parked wait (or a thread that left the wait by
+  // longjmp): the heap is the thread's again, once any reclaim of it is over.
+  if ((heap = ThreadHeap::resumeParked())) return heap;
   if (!ensureInitialized()) return nullptr;
   heap = ThreadHeap::create();
   if (!heap) return nullptr;

@@ -1,5 +1,6 @@
 #include "heap/thread_heap.h"
 
+#include <errno.h>
 #include <string.h>
 
 #include <new>
@@ -7,6 +8,7 @@
 #include "heap/arena.h"
 #include "heap/errors.h"
 #include "heap/global_heap.h"
+#include "heap/heap.h"
 #include "heap/internal_heap.h"
 #include "platform/os.h"
 #include "support/lock.h"
@@ -15,11 +17,17 @@ namespace meshalloc {
 
 constinit thread_local ThreadHeap* tlsThreadHeap __attribute__((tls_model("initial-exec"))) =
     nullptr;
+constinit thread_local ThreadHeap* tlsParkedHeap __attribute__((tls_model("initial-exec"))) =
+    nullptr;
 
 namespace {
 Mutex gRegistryLock;
 ThreadHeap* gRegistry = nullptr;
 ThreadHeap* gPool = nullptr;  // heaps of finished threads, reused before allocating new ones
+// Held for a whole reclaim pass, and by fork's prepare handler: a child never inherits a heap
+// half reclaimed.
+Mutex gReclaimLock;
+std::atomic<uint64_t> gIdleReclaims{0};
 
 // Reverses entries [first, end).
 void reverseEntries(ShuffleVector& v, uint32_t first, uint32_t end) {
@@ -99,6 +107,8 @@ ThreadHeap* ThreadHeap::create() {
   }
   heap->rng_.reseed(os::entropy64() ^ reinterpret_cast<uintptr_t>(heap));
   heap->randomization_ = gHeapConfig.randomization;
+  heap->parkWord_.store(heap->parkWord_.load(std::memory_order_relaxed) & ~kStateMask,
+                        std::memory_order_relaxed);
   heap->inUse_ = true;
   return heap;
 }
@@ -114,6 +124,109 @@ void ThreadHeap::retire() {
   inUse_ = false;
   poolNext_ = gPool;
   gPool = this;
+}
+
+ThreadHeap* ThreadHeap::park() {
+  ThreadHeap* heap = tlsThreadHeap;
+  if (!heap) return nullptr;  // no heap, or a wait nested in a signal handler of a parked one
+  uint32_t running = heap->parkWord_.load(std::memory_order_relaxed);
+  // From here on, an allocation by a signal handler finds no heap and resumes it first.
+  tlsParkedHeap = heap;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  tlsThreadHeap = nullptr;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  heap->parkedSinceNs_.store(os::monotonicNanos(), std::memory_order_relaxed);
+  // Release: everything this thread did to its heap is visible to the reclaimer. Fails only if
+  // a signal handler resumed the heap in between (and restored the thread-local pointers).
+  if (!heap->parkWord_.compare_exchange_strong(
+          running, running | kParked, std::memory_order_release, std::memory_order_relaxed)) {
+    return nullptr;
+  }
+  return heap;
+}
+
+void ThreadHeap::takeRunning() {
+  uint32_t word = parkWord_.load(std::memory_order_acquire);
+  for (;;) {
+    if ((word & kStateMask) == kReclaiming) {
+      int savedErrno = errno;
+      os::futexWait(&parkWord_, word);
+      errno = savedErrno;
+      word = parkWord_.load(std::memory_order_acquire);
+      continue;
+    }
+    // Acquire: the reclaimer's changes to this heap happen before the owner uses it again.
+    uint32_t next = (word & ~kStateMask) + kGeneration + kRunning;
+    if (parkWord_.compare_exchange_weak(word, next, std::memory_order_acquire,
+                                        std::memory_order_acquire)) {
+      return;
+    }
+  }
+}
+
+void ThreadHeap::unpark(ThreadHeap* heap) {
+  if (!heap) return;
+  heap->takeRunning();
+  tlsThreadHeap = heap;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  tlsParkedHeap = nullptr;
+}
+
+ThreadHeap* ThreadHeap::resumeParked() {
+  ThreadHeap* heap = tlsParkedHeap;
+  if (!heap) return nullptr;
+  unpark(heap);
+  return heap;
+}
+
+void ThreadHeap::releaseAll() {
+  uintptr_t block;
+  for (unsigned c = 0; c < kNumSizeClasses; c++) {
+    while (vectors_[c].takeOldestRecycled(&block)) heap::applyRecycledFree(this, block);
+  }
+  detachAll();
+}
+
+size_t ThreadHeap::reclaimIdle(uint64_t nowNs, uint64_t idleNs) {
+  LockGuard reclaimGuard(gReclaimLock);
+  ThreadHeap* head;
+  {
+    LockGuard guard(gRegistryLock);
+    head = gRegistry;
+  }
+  // Heaps are never freed and join the registry at its head: the list from `head` on is stable.
+  size_t reclaimed = 0;
+  for (ThreadHeap* heap = head; heap; heap = heap->registryNext_) {
+    uint32_t word = heap->parkWord_.load(std::memory_order_acquire);
+    if ((word & kStateMask) != kParked) continue;
+    uint64_t since = heap->parkedSinceNs_.load(std::memory_order_relaxed);
+    if (since == 0 || nowNs - since < idleNs || since > nowNs) continue;
+    uint32_t reclaiming = (word & ~kStateMask) | kReclaiming;
+    if (!heap->parkWord_.compare_exchange_strong(word, reclaiming, std::memory_order_acquire,
+                                                 std::memory_order_relaxed)) {
+      continue;  // its thread woke up
+    }
+    heap->releaseAll();
+    heap->parkedSinceNs_.store(0, std::memory_order_relaxed);
+    heap->parkWord_.store(word, std::memory_order_release);
+    os::futexWakeAll(&heap->parkWord_);
+    reclaimed++;
+  }
+  gIdleReclaims.fetch_add(reclaimed, std::memory_order_relaxed);
+  return reclaimed;
+}
+
+uint64_t ThreadHeap::idleReclaims() {
+  return gIdleReclaims.load(std::memory_order_relaxed);
+}
+void ThreadHeap::lockReclaimForFork() {
+  gReclaimLock.lock();
+}
+void ThreadHeap::unlockReclaimAfterFork() {
+  gReclaimLock.unlock();
+}
+void ThreadHeap::resetReclaimAfterFork() {
+  gReclaimLock.resetAfterFork();
 }
 
 bool ThreadHeap::holdsFreeSlot(MiniHeap* span, size_t slot) {

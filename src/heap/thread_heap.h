@@ -5,6 +5,7 @@
 // spans have only a few free slots each.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 
@@ -235,6 +236,32 @@ class ThreadHeap {
   bool inUse() const { return inUse_; }
   ThreadActivity& activity() { return activity_; }
 
+  // Idle threads (docs/heap.md#idle-threads). A thread about to block in a wait that no signal
+  // handler may call (pthread_cond_wait and its kin: not async-signal-safe, so the wait never
+  // interrupts one of our operations) parks its heap: tlsThreadHeap is cleared, so anything the
+  // thread allocates meanwhile (a signal handler) resumes the heap first, and the heap is marked
+  // parked. The background thread reclaims a heap parked for longer than idle_reclaim_ms: it
+  // applies its recycled blocks and detaches every span, as if the thread had called
+  // thread.tcache.flush, while the owner is blocked. The owner's next use waits out a reclaim
+  // in progress. Busy threads pay nothing: the fast paths never look at the park state.
+  //
+  // park() returns the heap it parked (nullptr if the thread has no heap or a handler resumed
+  // it at once); the caller passes it to unpark() once the wait is over.
+  static ThreadHeap* park();
+  static void unpark(ThreadHeap* heap);
+  // For an allocator entry that found tlsThreadHeap empty: the calling thread's parked heap,
+  // running again, or nullptr if it has none.
+  static ThreadHeap* resumeParked();
+  // The background thread: reclaims every heap parked since before `nowNs - idleNs`. Returns
+  // how many it reclaimed.
+  static size_t reclaimIdle(uint64_t nowNs, uint64_t idleNs);
+  // Heaps reclaimed while their thread was parked, since start.
+  static uint64_t idleReclaims();
+  // fork: no reclaim may be half done in the child.
+  static void lockReclaimForFork();
+  static void unlockReclaimAfterFork();
+  static void resetReclaimAfterFork();
+
   // Every heap ever created, for statistics and fork handling.
   static ThreadHeap* registryHead();
   static void lockRegistry();
@@ -249,6 +276,11 @@ class ThreadHeap {
   // Drops span `span` (which has no entries in the vector) from the table, compacting it.
   void removeSpan(ShuffleVector& v, unsigned span);
   void shuffle(ShuffleVector& v);
+  // Waits until this heap is running (a reclaim in progress finishes first) and makes it so,
+  // with a new generation: a park() that this interrupted then fails to publish.
+  void takeRunning();
+  // Applies the recycled blocks and detaches every span; called by the reclaiming thread.
+  void releaseAll();
   // Randomization::kRotatedRuns's order: each span's slots from a random one, spans shuffled.
   void shuffleRuns(ShuffleVector& v);
 
@@ -258,6 +290,13 @@ class ThreadHeap {
   Randomization randomization_ = Randomization::kRotatedRuns;
   bool inUse_ = false;
   ThreadActivity activity_;
+  // The park state in the low two bits, a generation above them: park() publishes kParked only
+  // if no signal handler resumed the heap meanwhile (which raises the generation). Only the
+  // owner moves it between kRunning and kParked; only the reclaimer out of kParked.
+  static constexpr uint32_t kRunning = 0, kParked = 1, kReclaiming = 2, kStateMask = 3;
+  static constexpr uint32_t kGeneration = 4;
+  std::atomic<uint32_t> parkWord_{kRunning};
+  std::atomic<uint64_t> parkedSinceNs_{0};  // 0 once reclaimed: nothing left to take
   ThreadHeap* registryNext_ = nullptr;
   ThreadHeap* poolNext_ = nullptr;
 };
@@ -266,5 +305,7 @@ class ThreadHeap {
 // glibc reserves static TLS surplus for preloaded libraries.
 // constinit: no dynamic initialisation, so the fast paths read it without a TLS wrapper call.
 extern constinit thread_local ThreadHeap* tlsThreadHeap __attribute__((tls_model("initial-exec")));
+// The heap of a thread that parked it (tlsThreadHeap is then nullptr), until it resumes.
+extern constinit thread_local ThreadHeap* tlsParkedHeap __attribute__((tls_model("initial-exec")));
 
 }  // namespace meshalloc

@@ -209,6 +209,10 @@ void* MeshPolicy::backgroundMain(void*) {
       os::sleepNanos(kWakeupSettleNs);
       if (os::monotonicNanos() - settleStart > period) break;
     }
+    // Idle threads' spans first, so that this tick's pass can mesh them.
+    if (gHeapConfig.idleReclaimMs &&
+        ThreadHeap::reclaimIdle(os::monotonicNanos(), gHeapConfig.idleReclaimMs * kNanosPerMilli))
+      endIdleBackoff();
     // Dirty pages past their decay time go back even if the program has stopped freeing.
     Arena::purge(false);
     if (gHeapConfig.meshing &&
