@@ -125,6 +125,7 @@ int statValue(const char* name, void* oldp, size_t* oldlenp) {
       {"stats.large.allocated", s.largeAllocated},
       {"stats.large.count", s.largeCount},
       {"stats.thread_heaps", s.threadHeaps},
+      {"stats.idle_reclaims", s.idleReclaims},
       {"stats.arenas.0.pactive", s.active / Arena::pageSize()},
       {"stats.arenas.0.pdirty", s.retained / Arena::pageSize()},
       {"mesh.count", s.meshCount},

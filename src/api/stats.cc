@@ -45,6 +45,7 @@ HeapStats collectStats() {
     }
   }
   ThreadHeap::unlockRegistry();
+  stats.idleReclaims = ThreadHeap::idleReclaims();
   for (unsigned c = 0; c < kNumSizeClasses; c++) {
     stats.allocated += stats.classes[c].liveObjects * stats.classes[c].objectSize;
   }
@@ -165,6 +166,7 @@ void writeStats(int fd, bool json) {
       {"mesh_restore_cpu_ns", stats.meshRestoreCpuNs},
       {"barrier_faults", stats.barrierFaults},
       {"pinned_spans", stats.pinnedSpans},
+      {"idle_reclaims", stats.idleReclaims},
   };
   if (json) {
     out.text("{\"version\":\"")

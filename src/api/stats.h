@@ -20,6 +20,7 @@ struct HeapStats {
   size_t largeAllocated;  // bytes in large objects
   size_t largeCount;
   size_t threadHeaps;
+  uint64_t idleReclaims;  // heaps taken back from threads parked in a wait (docs/heap.md)
   size_t segments;
   uint64_t purgedTotal;
   // Meshing (see docs/meshing.md).

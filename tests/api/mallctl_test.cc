@@ -6,8 +6,11 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -430,6 +433,78 @@ TEST(MeshThread, RemapsMeshedSpansThatDie) {
   }
   EXPECT_EQ(retired, 0u) << "meshed spans that died were never remapped";
   EXPECT_LE(meshed, meshedBefore + kUnrelatedMeshes) << "of " << meshedAfter << " after meshing";
+}
+
+// A pool of threads that allocated, kept a tenth and then block in a condition-variable wait
+// (pthread_cond_wait, through std::condition_variable) is alive but idle: the background thread
+// takes back every one of their heaps within idle_reclaim_ms plus one period, and each thread
+// finds what it kept intact when it wakes.
+TEST(MeshThread, ReclaimsTheHeapsOfThreadsBlockedInAConditionWait) {
+  if (!readBool("opt.mesh_background")) GTEST_SKIP() << "the background thread is off";
+  uint64_t idleMs = 0, periodMs = 0;
+  size_t len = sizeof(idleMs);
+  ASSERT_EQ(mallctl("opt.idle_reclaim_ms", &idleMs, &len, nullptr, 0), 0);
+  ASSERT_EQ(mallctl("opt.mesh_period_ms", &periodMs, &len, nullptr, 0), 0);
+  if (idleMs == 0) GTEST_SKIP() << "idle_reclaim_ms is 0";
+  ASSERT_NE(startMeshThread(), kNoThread) << "no meshalloc-mesh thread";
+
+  constexpr int kThreads = 4;
+  constexpr size_t kBlocks = 20000;
+  std::mutex lock;
+  std::condition_variable changed;
+  int waiting = 0;
+  bool wake = false;
+  std::atomic<int> damaged{0};
+  refresh();
+  const size_t before = readCtl<size_t>("stats.idle_reclaims");
+  std::vector<std::thread> pool;
+  for (int t = 0; t < kThreads; t++) {
+    pool.emplace_back([&, t] {
+      std::vector<void*> kept;
+      for (size_t i = 0; i < kBlocks; i++) {
+        size_t size = 16 + (i % 32) * 16;
+        auto* block = static_cast<unsigned char*>(malloc(size));
+        memset(block, 0x40 + t, size);
+        if (i % 10 == 0) {
+          kept.push_back(block);
+        } else {
+          free(block);
+        }
+      }
+      std::unique_lock<std::mutex> guard(lock);
+      waiting++;
+      changed.notify_all();
+      changed.wait(guard, [&] { return wake; });
+      guard.unlock();
+      for (size_t k = 0; k < kept.size(); k++) {
+        size_t size = 16 + ((k * 10) % 32) * 16;
+        for (size_t b = 0; b < size; b++)
+          damaged += kept[k] && static_cast<unsigned char*>(kept[k])[b] != 0x40 + t;
+      }
+      freeAll(kept);
+    });
+  }
+  {
+    std::unique_lock<std::mutex> guard(lock);
+    changed.wait(guard, [&] { return waiting == kThreads; });
+  }
+  // Bounded: parked idle_reclaim_ms, then at most one period until the next tick (with slack
+  // for a loaded machine).
+  size_t reclaimed = 0;
+  const int polls = static_cast<int>(10 * (idleMs + periodMs) / (kThreadPollMicros / 1000)) + 1;
+  for (int poll = 0; poll < polls && reclaimed < kThreads; poll++) {
+    usleep(kThreadPollMicros);
+    refresh();
+    reclaimed = readCtl<size_t>("stats.idle_reclaims") - before;
+  }
+  EXPECT_GE(reclaimed, static_cast<size_t>(kThreads)) << "idle threads kept their heaps";
+  {
+    std::lock_guard<std::mutex> guard(lock);
+    wake = true;
+  }
+  changed.notify_all();
+  for (std::thread& thread : pool) thread.join();
+  EXPECT_EQ(damaged.load(), 0) << "bytes of kept blocks changed while their threads slept";
 }
 
 }  // namespace
