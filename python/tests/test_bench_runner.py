@@ -242,17 +242,18 @@ def test_thread_scaling_smoke(tmp_path):
     allocators = {row["allocator"] for row in runs}
     assert "meshalloc:3y" in allocators
     assert {int(row["threads"]) for row in runs} == {1, 2}
-    assert all(row["status"] == "ok" and int(row["pss_bytes"]) > 0 for row in runs)
+    assert all(row["status"] == "ok" and int(row["pss_bytes"]) > 0 and int(row["alive_pss_bytes"]) > 0
+               for row in runs)
     assert len({row["live_bytes"] for row in runs if row["threads"] == "2"}) == 1  # same work for everyone
     assert read_tsv(out / "samples.tsv")[1]
     _, summary_rows = read_tsv(out / "summary.tsv")
     assert len(summary_rows) == 2 * len(allocators)
-    assert all(float(row["pss_per_live"]) > 0 for row in summary_rows)
+    assert all(float(row["pss_per_live"]) > 0 and float(row["alive_pss_per_live"]) > 0 for row in summary_rows)
     fits = {row["allocator"]: row for row in read_tsv(out / "fits.tsv")[1]}
     assert "live" in fits and allocators <= set(fits)
 
     table = (out / "table.md").read_text()
-    assert "| allocator | T=1 | T=2 |" in table and "slope MiB/thread" in table and "R²" in table
+    assert "| allocator | moment | T=1 | T=2 |" in table and "slope MiB/thread" in table and "R²" in table
     assert_figure(out / "pss-vs-threads")
 
     summary = (tmp_path / "SUMMARY.md").read_text()
