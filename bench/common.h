@@ -5,6 +5,7 @@
 // allocator can be put underneath with LD_PRELOAD; they never link meshalloc.
 #pragma once
 
+#include <fcntl.h>
 #include <sched.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -207,6 +208,55 @@ inline void* mustMalloc(size_t size) {
     abort();
   }
   return block;
+}
+
+// ---------------------------------------------------------------------------------------------
+// /proc readers that do not allocate (no stdio), so reading cannot change what is measured.
+
+inline ssize_t readWhole(const char* path, char* buffer, size_t capacity) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  size_t used = 0;
+  while (used + 1 < capacity) {
+    ssize_t n = read(fd, buffer + used, capacity - 1 - used);
+    if (n < 0) {
+      close(fd);
+      return -1;
+    }
+    if (n == 0) break;
+    used += static_cast<size_t>(n);
+  }
+  close(fd);
+  buffer[used] = '\0';
+  return static_cast<ssize_t>(used);
+}
+
+// The value in kB of the first line starting with `key` (e.g. "Pss:"), in bytes; -1 if absent.
+inline long long procField(const char* path, const char* key) {
+  static char buffer[1 << 16];
+  if (readWhole(path, buffer, sizeof(buffer)) < 0) return -1;
+  size_t keyLength = strlen(key);
+  for (const char* line = buffer; *line;) {
+    if (!strncmp(line, key, keyLength)) return strtoll(line + keyLength, nullptr, 10) * 1024;
+    const char* next = strchr(line, '\n');
+    if (!next) break;
+    line = next + 1;
+  }
+  return -1;
+}
+
+inline long long mappingCount() {
+  int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  char buffer[1 << 16];
+  long long lines = 0;
+  for (;;) {
+    ssize_t n = read(fd, buffer, sizeof(buffer));
+    if (n <= 0) break;
+    for (ssize_t i = 0; i < n; i++) lines += buffer[i] == '\n';
+  }
+  close(fd);
+  return lines;
 }
 
 // ---------------------------------------------------------------------------------------------

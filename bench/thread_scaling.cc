@@ -253,55 +253,6 @@ void work(const Options& o, unsigned index, Worker* worker, bench::Barrier* star
   }
 }
 
-// ---------------------------------------------------------------------------------------------
-// /proc readers that do not allocate (no stdio), so reading cannot change what is measured.
-
-ssize_t readWhole(const char* path, char* buffer, size_t capacity) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return -1;
-  size_t used = 0;
-  while (used + 1 < capacity) {
-    ssize_t n = read(fd, buffer + used, capacity - 1 - used);
-    if (n < 0) {
-      close(fd);
-      return -1;
-    }
-    if (n == 0) break;
-    used += static_cast<size_t>(n);
-  }
-  close(fd);
-  buffer[used] = '\0';
-  return static_cast<ssize_t>(used);
-}
-
-// The value in kB of the first line starting with `key` (e.g. "Pss:"), in bytes; -1 if absent.
-long long procField(const char* path, const char* key) {
-  static char buffer[1 << 16];
-  if (readWhole(path, buffer, sizeof(buffer)) < 0) return -1;
-  size_t keyLength = strlen(key);
-  for (const char* line = buffer; *line;) {
-    if (!strncmp(line, key, keyLength)) return strtoll(line + keyLength, nullptr, 10) * 1024;
-    const char* next = strchr(line, '\n');
-    if (!next) break;
-    line = next + 1;
-  }
-  return -1;
-}
-
-long long mappingCount() {
-  int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return -1;
-  char buffer[1 << 16];
-  long long lines = 0;
-  for (;;) {
-    ssize_t n = read(fd, buffer, sizeof(buffer));
-    if (n <= 0) break;
-    for (ssize_t i = 0; i < n; i++) lines += buffer[i] == '\n';
-  }
-  close(fd);
-  return lines;
-}
-
 void settle(uint64_t milliseconds) {
   timespec pause = {static_cast<time_t>(milliseconds / 1000),
                     static_cast<long>(milliseconds % 1000) * 1000000L};
@@ -326,7 +277,7 @@ int main(int argc, char** argv) {
   }
   std::vector<std::thread> pool;
   pool.reserve(threads);
-  const long long basePss = procField("/proc/self/smaps_rollup", "Pss:");
+  const long long basePss = bench::procField("/proc/self/smaps_rollup", "Pss:");
 
   // The main thread joins the start barrier too, so the clock starts when everyone is ready.
   bench::Barrier start(threads + 1), done(threads);
@@ -342,8 +293,8 @@ int main(int argc, char** argv) {
   const double seconds = bench::now() - begin;
   // The threads are alive and idle: what a server's pool holds between bursts of work.
   settle(o.settleMs);
-  long long alivePss = procField("/proc/self/smaps_rollup", "Pss:");
-  const long long alivePte = procField("/proc/self/status", "VmPTE:");
+  long long alivePss = bench::procField("/proc/self/smaps_rollup", "Pss:");
+  const long long alivePte = bench::procField("/proc/self/status", "VmPTE:");
   {
     std::lock_guard<std::mutex> guard(idle.lock);
     idle.released = true;
@@ -379,10 +330,10 @@ int main(int argc, char** argv) {
   for (const Worker& w : workers) {
     bookkeeping += (static_cast<long long>(w.count * sizeof(Retained)) + page - 1) / page * page;
   }
-  long long pss = procField("/proc/self/smaps_rollup", "Pss:");
+  long long pss = bench::procField("/proc/self/smaps_rollup", "Pss:");
   if (alivePss >= 0) alivePss -= bookkeeping;
-  const long long pte = procField("/proc/self/status", "VmPTE:");
-  const long long mappings = mappingCount();
+  const long long pte = bench::procField("/proc/self/status", "VmPTE:");
+  const long long mappings = bench::mappingCount();
   if (pss >= 0) pss -= bookkeeping;
 
   uint64_t checksum = 0;

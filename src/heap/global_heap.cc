@@ -323,17 +323,25 @@ size_t GlobalHeap::takeMeshCandidates(unsigned sizeClass, uint32_t maxLive, Mini
   ClassState& state = classes_[sizeClass];
   LockGuard guard(state.lock);
   size_t count = 0;
-  for (size_t bin = 0; bin < kOccupancyBins && count < max; bin++) {
-    MiniHeap* heap = state.partial[bin].front();
-    while (heap && count < max) {
-      MiniHeap* next = state.partial[bin].next(heap);
-      uint32_t live = heap->liveCount.load(std::memory_order_acquire);
-      if (live > 0 && live <= maxLive && !heap->pinned.load(std::memory_order_relaxed)) {
-        state.partial[bin].remove(heap);
-        heap->state = SpanState::kMeshing;
-        out[count++] = heap;
+  // Offered spans go back to the end of their bin: a bin's spans not yet offered in this sweep
+  // come before its first span that was, and the walk stops there. When a sweep has no more to
+  // offer, the next one begins (spans placed since are offered then too).
+  for (int sweep = 0; sweep < 2 && count < max; sweep++) {
+    if (sweep == 1)
+      state.meshSweep = static_cast<uint16_t>(state.meshSweep + 1 ? state.meshSweep + 1 : 1);
+    for (size_t bin = 0; bin < kOccupancyBins && count < max; bin++) {
+      MiniHeap* heap = state.partial[bin].front();
+      while (heap && count < max && heap->meshSweep != state.meshSweep) {
+        MiniHeap* next = state.partial[bin].next(heap);
+        uint32_t live = heap->liveCount.load(std::memory_order_acquire);
+        if (live > 0 && live <= maxLive && !heap->pinned.load(std::memory_order_relaxed)) {
+          state.partial[bin].remove(heap);
+          heap->state = SpanState::kMeshing;
+          heap->meshSweep = state.meshSweep;
+          out[count++] = heap;
+        }
+        heap = next;
       }
-      heap = next;
     }
   }
   return count;

@@ -55,7 +55,11 @@ class GlobalHeap {
   // --- for the mesher (mesh/) ---
   // Takes up to `max` detached partial spans of `sizeClass` holding at most `maxLive` objects
   // out of the lists (state kMeshing): nothing else attaches or frees them until they are
-  // handed back. Returns how many were taken.
+  // handed back. Returns how many were taken. Every span is offered once per sweep of the class
+  // before any is offered again, sparsest bins first: a span's bin is fixed when it is placed,
+  // so a heap freed down after filling sits in the fullest bin, and candidates that failed to
+  // mesh (refiled by their true, lower occupancy) would otherwise be taken again every round
+  // ahead of spans never tried.
   static size_t takeMeshCandidates(unsigned sizeClass, uint32_t maxLive, MiniHeap** out,
                                    size_t max);
   // Hands spans taken above back to the lists (an empty one is freed).
@@ -105,6 +109,8 @@ class GlobalHeap {
     // first free into one (which moves it to a bin) then touches no neighbours' lines.
     size_t fullSpans = 0;
     size_t spans = 0;
+    // Candidates are offered once per sweep (takeMeshCandidates); never 0, which new spans carry.
+    uint16_t meshSweep = 1;
   };
 
   static MiniHeap* createSpan(unsigned sizeClass);

@@ -70,6 +70,9 @@ struct MiniHeap : ListNode {
   // glibc, where no wrapper can publish it. Set by the owner while attached, read by the mesher
   // once the span is detached (under its class's lock); cleared only when the span is recreated.
   std::atomic<bool> pinned{false};
+  // The mesher's sweep of this class in which the span was last offered as a candidate (under
+  // the class's lock; see GlobalHeap::takeMeshCandidates). In the padding before the bitmap.
+  uint16_t meshSweep = 0;
   // Trailing storage: AtomicBitmap words (objectCount bits), on the same line as liveCount.
 
   // remoteFrees holds kRemoteFreesClosed while the span is detached (remote frees go straight
