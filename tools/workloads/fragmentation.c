@@ -219,7 +219,8 @@ static void usage(const char* message) {
   fprintf(stderr,
           "fragmentation: %s\n"
           "usage: fragmentation [--phases N] [--phase-mib MIB] [--free-min PCT] [--free-max PCT]\n"
-          "                     [--hold-ms MS] [--final-hold-ms MS] [--seed S] [--keep] [--quiet]\n",
+          "                     [--hold-ms MS] [--final-hold-ms MS] [--seed S] [--keep]\n"
+          "                     [--quiet]\n",
           message);
   exit(kExitUsage);
 }
@@ -247,7 +248,8 @@ static struct options parse_options(int argc, char** argv) {
     if (strcmp(name, "--help") == 0 || strcmp(name, "-h") == 0) {
       printf(
           "usage: fragmentation [--phases N] [--phase-mib MIB] [--free-min PCT] [--free-max PCT]\n"
-          "                     [--hold-ms MS] [--final-hold-ms MS] [--seed S] [--keep] [--quiet]\n"
+          "                     [--hold-ms MS] [--final-hold-ms MS] [--seed S] [--keep]\n"
+          "                     [--quiet]\n"
           "defaults: --phases 4 --phase-mib 48 --free-min 75 --free-max 90 --hold-ms 300 "
           "--final-hold-ms 400 --seed 42\n");
       exit(0);
