@@ -21,6 +21,7 @@ from rich.text import Text
 from rich import box
 
 from . import __version__, allocators as allocator_registry
+from .breakdown import COLUMNS as BREAKDOWN_COLUMNS
 from .compare import DEFAULT_REPEAT, Comparison, RunRecord, compare
 from .errors import EXIT_OK, EXIT_SIGNAL_BASE, EXIT_USAGE, MeshallocError
 from .measure import DEFAULT_INTERVAL_S, KIB, MIB, RunResult, check_command, measure
@@ -35,8 +36,9 @@ DEFAULT_BENCH_OUT = Path("results")
 TIMESTAMP_FORMAT = "%Y%m%d-%H%M%S"
 # The allocators `compare` uses when --allocators is not given (those that are present).
 DEFAULT_COMPARE_ALLOCATORS = ("glibc", "jemalloc", "mimalloc", "tcmalloc", "meshalloc")
-# Wide enough for the comparison table with its (min–max) ranges on one line per allocator.
-NON_TERMINAL_WIDTH = 240
+# Wide enough for the comparison table with its (min–max) ranges and meshalloc's breakdown
+# columns on one line per allocator.
+NON_TERMINAL_WIDTH = 340
 SIGINT_EXIT = EXIT_SIGNAL_BASE + 2  # what a shell reports for a command stopped by Ctrl-C
 
 EPILOG = """exit status: the command's own (run), or 128+N when it was killed by signal N;
@@ -213,10 +215,27 @@ def print_run_report(result: RunResult, files: List[Path], console: Console) -> 
     else:
         console.print("no samples: the command exited before the first one could be taken", highlight=False)
     console.print(f"* {RSS_NOTE}", highlight=False, soft_wrap=True)
+    if result.breakdown is not None:
+        print_breakdown(result, console)
     if result.signal_name:
         console.print(f"[bold red]the command was killed by {result.signal_name}[/bold red]; "
                       f"its partial samples were written", highlight=False)
     console.print("files: " + " ".join(str(path) for path in files), highlight=False, markup=False, soft_wrap=True)
+
+
+def print_breakdown(result: RunResult, console: Console) -> None:
+    """meshalloc's own account of its memory at the command's exit, as the column set of the
+    comparison table plus the totals it adds up to."""
+    breakdown = result.breakdown
+    processes = f"{breakdown.processes} process{'es' if breakdown.processes != 1 else ''}"
+    console.print(f"meshalloc's breakdown at exit, MiB ({processes}; docs/memory.md):", highlight=False)
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False)
+    values = [breakdown.column(group) for group, _ in BREAKDOWN_COLUMNS]
+    totals = [breakdown.components.get(name) for name in ("heap_total", "outside_heap", "pss")]
+    for header in [label for _, label in BREAKDOWN_COLUMNS] + ["heap total", "outside heap", "PSS"]:
+        table.add_column(header, justify="right")
+    table.add_row(*("—" if value is None else f"{value / MIB:.1f}" for value in values + totals))
+    console.print(table)
 
 
 def _command_or_error(command: Optional[List[str]], remainder: List[str]) -> List[str]:

@@ -13,9 +13,10 @@ import statistics
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 from .allocators import Allocator
+from .breakdown import COLUMNS as BREAKDOWN_COLUMNS
 from .errors import MeshallocError
 from .measure import DEFAULT_INTERVAL_S, RunResult, measure
 
@@ -62,6 +63,12 @@ class TableRow:
     mean_ratio: Optional[float] = None  # median mean PSS / the baseline's
     peak_ratio: Optional[float] = None
     time_ratio: Optional[float] = None
+    # meshalloc's breakdown at exit, per column group (breakdown.COLUMNS); empty for others.
+    breakdown: Dict[str, Optional[Stat]] = field(default_factory=dict)
+
+    @property
+    def has_breakdown(self) -> bool:
+        return any(stat is not None for stat in self.breakdown.values())
 
 
 @dataclass
@@ -118,6 +125,9 @@ def build_table(runs: Sequence[RunRecord], allocator_names: Sequence[str], basel
             peak_cgroup=Stat.of([_cgroup_peak(result) for result in good]),
             peak_pte=Stat.of([_peak(result, "pte") for result in good]),
             peak_maps=Stat.of([_peak(result, "maps") for result in good]),
+            breakdown={group: Stat.of([result.breakdown.column(group) if result.breakdown else None
+                                       for result in good])
+                       for group, _ in BREAKDOWN_COLUMNS},
         ))
     base = next((row for row in rows if row.allocator == baseline), None)
     for row in rows:

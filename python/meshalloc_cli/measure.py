@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Dict, Iterator, List, Mapping, Optional, Sequence
 
 from .allocators import Allocator
+from .breakdown import Breakdown, Collector
 from .cgroup import CgroupStatus, CgroupUnavailable, MemoryCgroup
 from .errors import EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, EXIT_SIGNAL_BASE, MeshallocError
 from .procfs import ProcessReader, exiting
@@ -81,6 +82,9 @@ class RunResult:
     started: str = ""
     interrupted: bool = False  # meshalloc received SIGINT while the command ran
     summaries: Dict[str, MetricSummary] = field(default_factory=dict)
+    # meshalloc's own account of the memory at the command's exit (docs/memory.md); None for
+    # other allocators, or when the user set MESHALLOC_STATS/MESHALLOC_STATS_FILE themselves.
+    breakdown: Optional[Breakdown] = None
 
     @property
     def signal_number(self) -> Optional[int]:
@@ -250,6 +254,8 @@ def measure(
     command = list(command)
     child_env = allocator.environment(env)
     check_command(command, child_env)
+    collector = Collector(allocator, child_env)
+    child_env = collector.environment(child_env)
 
     cgroup: Optional[MemoryCgroup] = None
     if use_cgroup:
@@ -293,18 +299,20 @@ def measure(
             watcher.close()
             returncode = process.wait()
         kernel_peak = cgroup.kernel_peak() if cgroup else None
+        breakdown = collector.collect()
     finally:
         if process is not None and process.poll() is None:
             kill_tree()  # only reached when meshalloc itself failed mid-run
             process.wait()
         if cgroup is not None:
             cgroup.remove()
+        collector.close()
 
     wall = end - start
     result = RunResult(
         command=command, allocator=allocator, interval=interval, samples=samples, wall_time=wall,
         returncode=returncode, cgroup=status, cgroup_kernel_peak=kernel_peak, started=started,
-        interrupted=signals.interrupts > 0,
+        interrupted=signals.interrupts > 0, breakdown=breakdown,
     )
     for metric in METRICS:
         summary = summarize(samples, metric, wall)

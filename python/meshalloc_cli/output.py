@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
+from .breakdown import COLUMNS as BREAKDOWN_COLUMNS
 from .compare import Comparison, Stat, TableRow
 from .errors import MeshallocError
 from .measure import KIB, METRIC_LABELS, MIB, RunResult, Sample
@@ -29,6 +30,10 @@ SECONDS_DECIMALS = 3  # shown in the table: 1 ms, well above the sampling jitter
 NO_VALUE = "—"
 RSS_NOTE = ("RSS counts a meshed page once per virtual mapping, so it overstates a meshing "
             "allocator's memory; compare PSS or the cgroup charge.")
+
+BREAKDOWN_NOTE = ("live … page tables: meshalloc's own breakdown of its memory at the command's exit "
+                 "(MESHALLOC_STATS=json, summed over the process tree; medians), see docs/memory.md. "
+                 "Meshed saving is memory not used, not part of the total; — for other allocators.")
 
 RUN_FILES = {"samples": "samples.tsv", "summary": "summary.json"}
 COMPARE_FILES = {"samples": "samples.tsv", "runs": "runs.tsv", "table_tsv": "table.tsv",
@@ -93,6 +98,7 @@ def run_summary(result: RunResult) -> Dict[str, Any]:
                              "final": summary.final}
                     for metric, summary in result.summaries.items()},
         "units": {"pss": "bytes", "rss": "bytes", "pte": "bytes", "cgroup": "bytes", "maps": "count"},
+        "breakdown": result.breakdown.to_json() if result.breakdown else None,
     }
 
 
@@ -123,6 +129,10 @@ def _has_cgroup(comparison: Comparison) -> bool:
     return any(row.peak_cgroup is not None for row in comparison.rows)
 
 
+def _has_breakdown(comparison: Comparison) -> bool:
+    return any(row.has_breakdown for row in comparison.rows)
+
+
 def table_cells(comparison: Comparison) -> tuple:
     """(headers, rows) of the human table, shared by the terminal and Markdown renderers.
     With repeats, each median is followed by the (min–max) range over the runs."""
@@ -133,6 +143,9 @@ def table_cells(comparison: Comparison) -> tuple:
     if with_cgroup:
         headers.append("peak cgroup MiB")
     headers += ["page tables KiB", "mappings"]
+    with_breakdown = _has_breakdown(comparison)
+    if with_breakdown:
+        headers += [f"{label} MiB" for _, label in BREAKDOWN_COLUMNS]
     rows = []
     for row in comparison.rows:
         name = row.allocator + (" (baseline)" if row.allocator == comparison.baseline else "")
@@ -144,6 +157,8 @@ def table_cells(comparison: Comparison) -> tuple:
         if with_cgroup:
             cells.append(_stat_text(row.peak_cgroup, MIB, MIB_DECIMALS, show_range))
         cells += [_stat_text(row.peak_pte, KIB, 0, False), _stat_text(row.peak_maps, 1, 0, False)]
+        if with_breakdown:
+            cells += [_stat_text(row.breakdown.get(group), MIB, MIB_DECIMALS, False) for group, _ in BREAKDOWN_COLUMNS]
         rows.append(cells)
     return headers, rows
 
@@ -158,6 +173,8 @@ def table_notes(comparison: Comparison) -> List[str]:
     else:
         reasons = {run.result.cgroup.reason for run in comparison.runs if run.result.cgroup.reason}
         notes.append("No memory cgroup: " + ("; ".join(sorted(reasons)) or "none was created") + ".")
+    if _has_breakdown(comparison):
+        notes.append(BREAKDOWN_NOTE)
     failures = comparison.failed_runs
     if failures:
         notes.append("Failed runs (left out of the medians): " + ", ".join(
@@ -184,7 +201,8 @@ TABLE_COLUMNS = ("allocator", "runs", "succeeded",
                  "peak_pss_mib", "peak_pss_min_mib", "peak_pss_max_mib",
                  "time_s", "time_min_s", "time_max_s",
                  "mean_ratio", "peak_ratio", "time_ratio",
-                 "peak_cgroup_mib", "peak_pte_kib", "peak_maps")
+                 "peak_cgroup_mib", "peak_pte_kib", "peak_maps") + tuple(
+                     f"exit_{group}_mib" for group, _ in BREAKDOWN_COLUMNS)
 
 
 def _stat_cells(stat: Optional[Stat], scale: float, decimals: int) -> List[str]:
@@ -202,12 +220,15 @@ def _table_tsv_row(row: TableRow) -> List[str]:
                _cell(row.time_ratio, RATIO_DECIMALS)]
             + [_cell(row.peak_cgroup.median / MIB if row.peak_cgroup else None, RATIO_DECIMALS),
                _cell(row.peak_pte.median / KIB if row.peak_pte else None, 0),
-               _cell(row.peak_maps.median if row.peak_maps else None, 0)])
+               _cell(row.peak_maps.median if row.peak_maps else None, 0)]
+            + [_cell(row.breakdown[group].median / MIB if row.breakdown.get(group) else None, RATIO_DECIMALS)
+               for group, _ in BREAKDOWN_COLUMNS])
 
 
 RUN_COLUMNS = ("order", "allocator", "repetition", "exit_code", "signal", "wall_time_s", "samples",
                "mean_pss_bytes", "peak_pss_bytes", "final_pss_bytes", "peak_rss_bytes",
-               "peak_cgroup_bytes", "kernel_peak_cgroup_bytes", "peak_pte_bytes", "peak_maps", "log")
+               "peak_cgroup_bytes", "kernel_peak_cgroup_bytes", "peak_pte_bytes", "peak_maps", "log") + tuple(
+                   f"exit_{group}_bytes" for group, _ in BREAKDOWN_COLUMNS)
 
 
 def _run_row(run) -> List[str]:
@@ -221,7 +242,13 @@ def _run_row(run) -> List[str]:
             f"{result.wall_time:.{TIME_DECIMALS}f}", str(len(result.samples)),
             pick("pss", "mean"), pick("pss", "peak"), pick("pss", "final"), pick("rss", "peak"),
             pick("cgroup", "peak"), "" if result.cgroup_kernel_peak is None else str(result.cgroup_kernel_peak),
-            pick("pte", "peak"), pick("maps", "peak"), run.log.name if run.log else ""]
+            pick("pte", "peak"), pick("maps", "peak"), run.log.name if run.log else ""] + [
+                _breakdown_cell(result, group) for group, _ in BREAKDOWN_COLUMNS]
+
+
+def _breakdown_cell(result: RunResult, group: str) -> str:
+    value = result.breakdown.column(group) if result.breakdown else None
+    return "" if value is None else str(value)
 
 
 def write_comparison(comparison: Comparison, directory: Path) -> Dict[str, Path]:

@@ -9,6 +9,7 @@ These runs are scaled down (a few MiB per phase, short holds); the demo runs the
 from __future__ import annotations
 
 import csv
+import json
 import os
 import re
 import subprocess
@@ -61,6 +62,21 @@ def test_workload_is_deterministic_and_reports_live_bytes(workload):
     other_seed = subprocess.run([str(workload), *SMALL, "--seed", "7"], capture_output=True, text=True,
                                 timeout=COMMAND_TIMEOUT_S)
     assert other_seed.returncode == 0 and other_seed.stdout != first.stdout
+
+
+@pytest.mark.skipif(meshalloc_library() is None, reason="build/release/src/libmeshalloc.so is not built")
+def test_kept_survivors_are_meshallocs_live_bytes_at_exit(workload, tmp_path):
+    """--keep leaves the survivors allocated at exit, where meshalloc's breakdown finds them:
+    at their size classes' sizes, so at least what the program holds and at most a quarter
+    more (classes are at most 25 % apart, docs/heap.md)."""
+    completed = run_meshalloc("run", "--no-figure", "--no-cgroup", "-a", "meshalloc", "--out", str(tmp_path), "--",
+                              str(workload), *SMALL, "--keep")
+    assert completed.returncode == 0, completed.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    log = (tmp_path / "summary.json").read_text()
+    live_bytes = summary["breakdown"]["components"]["small_live"]
+    objects, held = map(int, LIVE_LINE.search(completed.stdout).groups())
+    assert held <= live_bytes <= held * 1.25 + (1 << 20), log
 
 
 @pytest.mark.parametrize("args", [["--phases", "0"], ["--free-min", "95", "--free-max", "80"], ["--bogus", "1"],

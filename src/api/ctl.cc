@@ -22,6 +22,10 @@ Mutex gSnapshotLock;
 HeapStats gSnapshot;
 bool gHaveSnapshot = false;
 uint64_t gEpoch = 0;
+// The breakdown reads /proc and walks every span: computed when first asked for after an
+// epoch, so that refreshing the other statistics stays cheap.
+MemoryBreakdown gBreakdown;
+bool gHaveBreakdown = false;
 
 const HeapStats& snapshot() {
   if (!gHaveSnapshot) {
@@ -47,6 +51,18 @@ int readValue(void* oldp, size_t* oldlenp, T value) {
 
 bool readOnly(void* newp, size_t newlen) {
   return newp == nullptr && newlen == 0;
+}
+
+int breakdownValue(const char* component, void* oldp, size_t* oldlenp) {
+  for (size_t i = 0; i < kBreakdownComponentCount; i++) {
+    if (strcmp(component, kBreakdownComponents[i].name) != 0) continue;
+    if (!gHaveBreakdown) {
+      gBreakdown = collectBreakdown();
+      gHaveBreakdown = true;
+    }
+    return readValue<int64_t>(oldp, oldlenp, gBreakdown.*kBreakdownComponents[i].field);
+  }
+  return ENOENT;
 }
 
 // Parses "<digits>." at *cursor, advancing past it.
@@ -198,6 +214,7 @@ int control(const char* name, void* oldp, size_t* oldlenp, void* newp, size_t ne
     }
     gSnapshot = collectStats();
     gHaveSnapshot = true;
+    gHaveBreakdown = false;
     return readValue<uint64_t>(oldp, oldlenp, gEpoch);
   }
   if (!strcmp(name, "version"))
@@ -222,6 +239,8 @@ int control(const char* name, void* oldp, size_t* oldlenp, void* newp, size_t ne
   if (startsWith(cursor, "stats.classes.") && parseIndex(cursor, &index) && *cursor == '.') {
     return classValue(index, cursor + 1, oldp, oldlenp);
   }
+  cursor = name;
+  if (startsWith(cursor, "stats.breakdown.")) return breakdownValue(cursor, oldp, oldlenp);
   return statValue(name, oldp, oldlenp);
 }
 

@@ -14,11 +14,130 @@
 
 namespace meshalloc::api {
 
+const BreakdownComponent kBreakdownComponents[] = {
+#define MESHALLOC_BREAKDOWN_LINE(field, name, group, inHeap, basis, description) \
+  {name, group, inHeap != 0, basis, description, &MemoryBreakdown::field},
+    MESHALLOC_BREAKDOWN_COMPONENTS(MESHALLOC_BREAKDOWN_LINE)
+#undef MESHALLOC_BREAKDOWN_LINE
+};
+const size_t kBreakdownComponentCount =
+    sizeof(kBreakdownComponents) / sizeof(kBreakdownComponents[0]);
+
 namespace {
 constexpr size_t kReportCapacity = 32 << 10;
 constexpr char kVersion[] = "0.1.0";
 
+// The detached-free components, one per occupancy bin, in bin order.
+constexpr int64_t MemoryBreakdown::*kDetachedFree[] = {
+    &MemoryBreakdown::detachedFree0, &MemoryBreakdown::detachedFree1,
+    &MemoryBreakdown::detachedFree2, &MemoryBreakdown::detachedFree3};
+static_assert(sizeof(kDetachedFree) / sizeof(kDetachedFree[0]) == GlobalHeap::kOccupancyBins,
+              "MESHALLOC_BREAKDOWN_COMPONENTS needs one detached_free line per occupancy bin");
+
+size_t roundUp(size_t value, size_t multiple) {
+  return (value + multiple - 1) / multiple * multiple;
+}
+
+int64_t bytes(uint64_t value) {
+  return static_cast<int64_t>(value);
+}
+
+// What the internal heap gives a block of `size` bytes (see InternalHeap::allocate).
+size_t internalBlockBytes(size_t size) {
+  return size > InternalHeap::kMaxPooledSize ? roundUp(size, Arena::pageSize())
+                                             : roundUp(size, InternalHeap::kGranule);
+}
+
 }  // namespace
+
+MemoryBreakdown collectBreakdown() {
+  MemoryBreakdown b = {};
+  if (!heap::ensureInitialized()) return b;
+  // The caller's own frees count as done (other threads' recycled blocks count as free below).
+  heap::flushRecycledBlocks();
+  size_t pageSize = Arena::pageSize();
+
+  // Attached spans, through their threads. A slot in a shuffle vector counts as owned in its
+  // span's liveCount, and so does a block in a recycled ring (whichever span it is in): both
+  // are free memory held by a thread.
+  struct Attached {
+    uint64_t spans, slots, live, held;
+  };
+  Attached attached[kNumSizeClasses] = {};
+  size_t threadHeapResident = 0, threadHeapBlocks = 0;
+  size_t storage = ThreadHeap::storageBytes();
+  ThreadHeap::lockRegistry();
+  for (ThreadHeap* heap = ThreadHeap::registryHead(); heap; heap = heap->nextInRegistry()) {
+    threadHeapBlocks += internalBlockBytes(storage);
+    threadHeapResident += os::residentBytes(heap, roundUp(storage, pageSize));
+    for (unsigned c = 0; c < kNumSizeClasses; c++) {
+      ShuffleVector& v = heap->vector(c);
+      uint32_t count = __atomic_load_n(&v.attachedCount, __ATOMIC_RELAXED);
+      for (unsigned span = 0; span < count && span < kMaxSpansPerVector; span++) {
+        MiniHeap* mini = __atomic_load_n(&v.spans[span], __ATOMIC_RELAXED);
+        if (!mini) continue;
+        uint32_t live = mini->liveCount.load(std::memory_order_relaxed);
+        attached[c].spans++;
+        attached[c].slots += mini->objectCount;
+        attached[c].live += live < mini->objectCount ? live : mini->objectCount;
+      }
+      attached[c].held += __atomic_load_n(&v.length, __ATOMIC_RELAXED) +
+                          __atomic_load_n(&v.recycledCount, __ATOMIC_RELAXED);
+    }
+  }
+  ThreadHeap::unlockRegistry();
+
+  size_t miniHeapBytes = 0;
+  for (unsigned c = 0; c < kNumSizeClasses; c++) {
+    const SpanPlan& plan = SizeClasses::plan(c);
+    size_t spanBytes = static_cast<size_t>(plan.pages) * pageSize;
+    size_t tail = spanBytes - static_cast<size_t>(plan.objectCount) * plan.objectSize;
+    GlobalHeap::DetachedUsage detached = GlobalHeap::detachedUsage(c);
+    uint64_t live = detached.partialLive + detached.fullSpans * plan.objectCount + attached[c].live;
+    uint64_t held = attached[c].held < live ? attached[c].held : live;
+    b.smallLive += bytes((live - held) * plan.objectSize);
+    b.attachedFree += bytes((attached[c].slots - attached[c].live + held) * plan.objectSize);
+    for (size_t bin = 0; bin < GlobalHeap::kOccupancyBins; bin++)
+      b.*kDetachedFree[bin] += bytes(detached.freeSlots[bin] * plan.objectSize);
+    // The thread walk and this one are not one snapshot: a span that changed hands in between
+    // is missed (in transit) or seen twice (then nothing is in transit).
+    uint64_t seen = detached.fullSpans + detached.partialSpans + attached[c].spans;
+    b.spanTail += bytes(seen * tail);
+    if (detached.spans > seen) b.inTransit += bytes((detached.spans - seen) * spanBytes);
+    miniHeapBytes += detached.spans * internalBlockBytes(MiniHeap::bytesFor(plan.objectCount));
+  }
+
+  GlobalHeap::LargeUsage large = GlobalHeap::largeUsage();
+  b.largeLive = bytes(large.requestedBytes);
+  b.largeSlack = bytes(large.spanBytes - large.requestedBytes);
+  miniHeapBytes += large.count * internalBlockBytes(MiniHeap::bytesFor(1));
+  GlobalHeap::RetiredUsage retired = GlobalHeap::retiredUsage();
+  b.retiredMeshed = bytes(retired.virtualBytes);
+  miniHeapBytes += retired.metadataBytes;
+  b.dirtyCache = bytes(Arena::stats().dirtyBytes);
+  b.meshSaving = bytes(SpanBacking::stats().releasedBytes);
+
+  b.pageMaps = bytes(Arena::mapResidentBytes());
+  b.miniHeaps = bytes(miniHeapBytes);
+  b.threadHeaps = bytes(threadHeapResident);
+  // The internal heap's touched bytes hold the MiniHeaps and the thread heaps' blocks too.
+  int64_t internal = bytes(InternalHeap::bytesTouched());
+  internal -= bytes(miniHeapBytes + threadHeapBlocks);
+  b.internalOther = internal > 0 ? internal : 0;
+
+  for (size_t i = 0; i < kBreakdownComponentCount; i++) {
+    if (kBreakdownComponents[i].inHeap) b.heapTotal += b.*kBreakdownComponents[i].field;
+  }
+  long long pageTables = os::readProcKibField("/proc/self/status", "VmPTE:");
+  long long pss = os::readProcKibField("/proc/self/smaps_rollup", "Pss:");
+  b.pageTables = pageTables > 0 ? pageTables : 0;
+  if (pss > 0) {
+    b.pss = pss;
+    b.outsideHeap = pss - b.heapTotal;
+    b.charged = pss + b.pageTables;
+  }
+  return b;
+}
 
 HeapStats collectStats() {
   HeapStats stats = {};
@@ -124,6 +243,7 @@ bool expandStatsPath(const char* pattern, long pid, char* out, size_t capacity) 
 
 void writeStats(int fd, bool json) {
   HeapStats stats = collectStats();
+  MemoryBreakdown breakdown = collectBreakdown();
   static char buffer[kReportCapacity];  // static: a 32 KiB stack frame could overflow small stacks
   static Mutex bufferLock;
   LockGuard guard(bufferLock);
@@ -188,7 +308,22 @@ void writeStats(int fd, bool json) {
       first = false;
       out.put('"').text(f.name).text("\":").unsignedValue(f.value);
     }
-    out.text("},\"classes\":[");
+    out.text("},\"breakdown\":{");
+    for (size_t i = 0; i < kBreakdownComponentCount; i++) {
+      const BreakdownComponent& c = kBreakdownComponents[i];
+      if (i) out.put(',');
+      out.put('"').text(c.name).text("\":").signedValue(breakdown.*c.field);
+    }
+    out.text("},\"breakdown_components\":[");
+    for (size_t i = 0; i < kBreakdownComponentCount; i++) {
+      const BreakdownComponent& c = kBreakdownComponents[i];
+      if (i) out.put(',');
+      out.text("{\"name\":\"").text(c.name).text("\",\"group\":\"").text(c.group);
+      out.text("\",\"in_heap_total\":").boolean(c.inHeap);
+      out.text(",\"basis\":\"").text(c.basis).text("\",\"description\":\"").text(c.description);
+      out.text("\"}");
+    }
+    out.text("],\"classes\":[");
     for (unsigned c = 0; c < kNumSizeClasses; c++) {
       const SizeClassStats& s = stats.classes[c];
       if (c) out.put(',');
@@ -213,6 +348,20 @@ void writeStats(int fd, bool json) {
       out.text("  ").text(f.name);
       for (size_t pad = 0; pad + __builtin_strlen(f.name) < 20; pad++) out.put(' ');
       out.unsignedValue(f.value).text("\n");
+    }
+    out.text(
+        "  breakdown (bytes; counted: committed by the heap's books, resident: present now)\n");
+    for (size_t i = 0; i < kBreakdownComponentCount; i++) {
+      const BreakdownComponent& c = kBreakdownComponents[i];
+      char number[24];
+      TextWriter value(number, sizeof(number));
+      value.signedValue(breakdown.*c.field);
+      out.text("    ").text(c.name);
+      for (size_t pad = __builtin_strlen(c.name); pad < 16; pad++) out.put(' ');
+      for (size_t pad = value.length(); pad < 14; pad++) out.put(' ');
+      out.text(value.cString()).text("  ").text(c.basis);
+      for (size_t pad = __builtin_strlen(c.basis); pad < 10; pad++) out.put(' ');
+      out.text(c.description).text("\n");
     }
     out.text("  options:");
     for (const OptionView* o = optionsBegin(); o != optionsEnd(); o++) {

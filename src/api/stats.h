@@ -9,6 +9,87 @@
 
 namespace meshalloc::api {
 
+// "Where every byte goes" (docs/memory.md): the process's memory split into components, in
+// bytes. This list is the only place that names them: the struct below, the mallctl names
+// (`stats.breakdown.<name>`), the exit report (text and JSON, whose "breakdown_components"
+// carries the rest of each line for the `meshalloc` command) are all generated from it.
+//
+// X(field, name, group, inHeap, basis, description):
+//   group   the column the `meshalloc` command adds it to (components of one kind share one);
+//   inHeap  1 if it is part of heap_total, the heap's share of the process's memory;
+//   basis   "counted": the heap's bookkeeping of memory it has committed (pages it handed out
+//           or cached, whether or not they were ever touched, so an upper bound on what is
+//           resident); "resident": pages the kernel reports present (mincore, /proc);
+//           "derived": arithmetic on the others; "address": address space, not memory.
+// The detached-free lines are GlobalHeap::kOccupancyBins of them (checked in stats.cc).
+#define MESHALLOC_BREAKDOWN_COMPONENTS(X)                                                   \
+  X(smallLive, "small_live", "live", 1, "counted",                                          \
+    "live small objects at their size class (requested sizes of small objects are not "     \
+    "recorded)")                                                                            \
+  X(attachedFree, "attached_free", "attached_free", 1, "counted",                           \
+    "free slots of spans attached to threads, slots in shuffle vectors and recycled rings " \
+    "included")                                                                             \
+  X(detachedFree0, "detached_free_0", "detached_free", 1, "counted",                        \
+    "free slots of detached partial spans now under 25 % full")                             \
+  X(detachedFree1, "detached_free_1", "detached_free", 1, "counted",                        \
+    "free slots of detached partial spans now 25-50 % full")                                \
+  X(detachedFree2, "detached_free_2", "detached_free", 1, "counted",                        \
+    "free slots of detached partial spans now 50-75 % full")                                \
+  X(detachedFree3, "detached_free_3", "detached_free", 1, "counted",                        \
+    "free slots of detached partial spans now over 75 % full")                              \
+  X(spanTail, "span_tail", "other", 1, "counted", "the ends of spans past their last slot") \
+  X(inTransit, "in_transit", "other", 1, "counted",                                         \
+    "spans in no list at the snapshot (taken by the mesher, or changing hands)")            \
+  X(dirtyCache, "dirty_cache", "dirty", 1, "counted",                                       \
+    "freed runs of pages kept committed for reuse (the dirty cache)")                       \
+  X(largeLive, "large_live", "large", 1, "counted", "large objects: the bytes requested")   \
+  X(largeSlack, "large_slack", "large", 1, "counted",                                       \
+    "large objects: their pages beyond the bytes requested")                                \
+  X(pageMaps, "page_maps", "metadata", 1, "resident",                                       \
+    "page maps, compact class maps and their top-level tables")                             \
+  X(miniHeaps, "miniheaps", "metadata", 1, "counted",                                       \
+    "span descriptors (MiniHeaps and their bitmaps)")                                       \
+  X(threadHeaps, "thread_heaps", "metadata", 1, "resident",                                 \
+    "thread heaps (shuffle vectors, span tables)")                                          \
+  X(internalOther, "internal_other", "metadata", 1, "counted",                              \
+    "the rest of the internal heap: run, segment and mesh records, pooled free blocks")     \
+  X(heapTotal, "heap_total", "heap_total", 0, "derived", "the sum of the components above") \
+  X(meshSaving, "mesh_saving", "mesh_saving", 0, "counted",                                 \
+    "memory meshing saves now: spans mapping another span's physical pages (not in the "    \
+    "sum: no memory)")                                                                      \
+  X(retiredMeshed, "retired_meshed", "retired_meshed", 0, "address",                        \
+    "meshed spans that died, memory returned, address space not yet remapped")              \
+  X(pageTables, "page_tables", "page_tables", 0, "resident",                                \
+    "the process's page tables (VmPTE): charged by the kernel, not part of PSS")            \
+  X(pss, "pss", "pss", 0, "resident", "the process's proportional set size (smaps_rollup)") \
+  X(outsideHeap, "outside_heap", "outside_heap", 0, "derived",                              \
+    "PSS minus heap_total: program text and data, libraries, stacks, other mappings "       \
+    "(negative when the heap's counted pages were never touched)")                          \
+  X(charged, "charged", "charged", 0, "derived", "PSS plus page tables")
+
+struct MemoryBreakdown {
+#define MESHALLOC_BREAKDOWN_FIELD(field, name, group, inHeap, basis, description) int64_t field;
+  MESHALLOC_BREAKDOWN_COMPONENTS(MESHALLOC_BREAKDOWN_FIELD)
+#undef MESHALLOC_BREAKDOWN_FIELD
+};
+
+// One component's line of the list, for the writers and mallctl.
+struct BreakdownComponent {
+  const char* name;
+  const char* group;
+  bool inHeap;
+  const char* basis;
+  const char* description;
+  int64_t MemoryBreakdown::*field;
+};
+extern const BreakdownComponent kBreakdownComponents[];
+extern const size_t kBreakdownComponentCount;
+
+// Computed on demand, never maintained on the fast path: walks the global heap's lists, every
+// thread heap and the arena's maps, and reads /proc/self/status and /proc/self/smaps_rollup
+// (the latter walks every mapping). Milliseconds, not microseconds. Never allocates.
+MemoryBreakdown collectBreakdown();
+
 struct HeapStats {
   size_t allocated;       // bytes in live objects, at their size class
   size_t active;          // bytes of spans and large objects handed out

@@ -417,6 +417,37 @@ uint64_t Arena::entryAtOrBelow(uintptr_t address) {
   }
 }
 
+size_t Arena::mapResidentBytes() {
+  LockGuard guard(lock_);
+  size_t tableBytes = kTopEntries * sizeof(uintptr_t);
+  size_t resident = os::residentBytes(pageMaps_, tableBytes) +
+                    os::residentBytes(classMaps_, tableBytes) +
+                    os::residentBytes(segments_, tableBytes);
+  // Only the resident pages of the segment table can hold a segment: the others were never
+  // written, and reading them would fault zero pages in for nothing. Few of its pages are in
+  // use, so whole stretches are skipped with one call each.
+  size_t entriesPerPage = pageSize_ / sizeof(Segment*);
+  constexpr size_t kStretchPages = 512;
+  size_t entriesPerStretch = entriesPerPage * kStretchPages;
+  Segment* previous = nullptr;
+  for (size_t stretch = 0; stretch < kTopEntries; stretch += entriesPerStretch) {
+    size_t stretchEntries =
+        kTopEntries - stretch < entriesPerStretch ? kTopEntries - stretch : entriesPerStretch;
+    if (!os::residentBytes(&segments_[stretch], stretchEntries * sizeof(Segment*))) continue;
+    for (size_t first = stretch; first < stretch + stretchEntries; first += entriesPerPage) {
+      if (!os::residentBytes(&segments_[first], pageSize_)) continue;
+      for (size_t g = first; g < first + entriesPerPage; g++) {
+        Segment* segment = segments_[g].load(std::memory_order_relaxed);
+        // A segment of several granules fills consecutive entries.
+        if (!segment || segment == previous) continue;
+        previous = segment;
+        resident += os::residentBytes(segment->pageMap, segment->pageMapBytes);
+      }
+    }
+  }
+  return resident;
+}
+
 ArenaStats Arena::stats() {
   LockGuard guard(lock_);
   return stats_;

@@ -160,6 +160,9 @@ class Arena {
   // excess of the cache limit. Returns the bytes decommitted.
   static size_t purge(bool everything);
   static ArenaStats stats();
+  // Resident bytes of the page maps, compact maps and the three top-level tables (mincore: they
+  // are reserved whole but only the pages written are backed). For statistics; slow.
+  static size_t mapResidentBytes();
 
   static void lockForFork() { lock_.lock(); }
   static void unlockAfterFork() { lock_.unlock(); }

@@ -268,7 +268,7 @@ void* GlobalHeap::allocateLarge(size_t bytes, size_t alignment, bool* zeroed) {
   heap->spanPages = static_cast<uint32_t>(pages);
   heap->spanStart = start;
   heap->zeroed = *zeroed;
-  heap->requestedBytes = pages * pageSize;
+  heap->requestedBytes = bytes;
   heap->state = SpanState::kLarge;
   heap->liveCount.store(1, std::memory_order_relaxed);
   if (pages > UINT32_MAX) {
@@ -279,7 +279,8 @@ void* GlobalHeap::allocateLarge(size_t bytes, size_t alignment, bool* zeroed) {
   }
   Arena::assign(start, pages, heap, false);
   LockGuard guard(largeLock_);
-  largeBytes_ += heap->requestedBytes;
+  largeBytes_ += heap->spanBytes(pageSize);
+  largeRequested_ += heap->requestedBytes;
   largeCount_++;
   return reinterpret_cast<void*>(heap->largeStart());
 }
@@ -290,7 +291,8 @@ void GlobalHeap::freeLarge(MiniHeap* heap, uintptr_t address) {
   }
   {
     LockGuard guard(largeLock_);
-    largeBytes_ -= heap->requestedBytes;
+    largeBytes_ -= heap->spanBytes(os::pageSize());
+    largeRequested_ -= heap->requestedBytes;
     largeCount_--;
   }
   heap->state = SpanState::kFreed;
@@ -298,21 +300,30 @@ void GlobalHeap::freeLarge(MiniHeap* heap, uintptr_t address) {
   InternalHeap::free(heap, MiniHeap::bytesFor(1));
 }
 
+bool GlobalHeap::noteRequestedBytes(MiniHeap* heap, size_t bytes) {
+  LockGuard guard(largeLock_);
+  largeRequested_ = largeRequested_ - heap->requestedBytes + bytes;
+  heap->requestedBytes = bytes;
+  return true;
+}
+
 bool GlobalHeap::resizeLargeInPlace(MiniHeap* heap, size_t bytes) {
   size_t pageSize = os::pageSize();
   if (bytes > SIZE_MAX - heap->largeOffset - pageSize) return false;
   size_t pages = (bytes + heap->largeOffset + pageSize - 1) >> os::pageShift();
-  if (pages == heap->spanPages) return true;
   if (pages > UINT32_MAX) return false;
+  if (pages == heap->spanPages) return noteRequestedBytes(heap, bytes);
   if (pages < heap->spanPages) {
     // A dedicated segment keeps its pages; the object still fits, so stay put unchanged.
-    if (!Arena::shrink(heap->spanStart, heap->spanPages, pages)) return true;
+    if (!Arena::shrink(heap->spanStart, heap->spanPages, pages))
+      return noteRequestedBytes(heap, bytes);
   } else if (!Arena::tryGrow(heap->spanStart, heap->spanPages, pages)) {
     return false;
   }
   LockGuard guard(largeLock_);
-  largeBytes_ = largeBytes_ - heap->requestedBytes + pages * pageSize;
-  heap->requestedBytes = pages * pageSize;
+  largeBytes_ = largeBytes_ - heap->spanBytes(pageSize) + pages * pageSize;
+  largeRequested_ = largeRequested_ - heap->requestedBytes + bytes;
+  heap->requestedBytes = bytes;
   heap->spanPages = static_cast<uint32_t>(pages);
   heap->zeroed = false;
   return true;
@@ -396,6 +407,42 @@ SizeClassStats GlobalHeap::classStats(unsigned sizeClass) {
   // lock to move it, so for that moment its object is still counted here.
   result.liveObjects += state.fullSpans * SizeClasses::plan(sizeClass).objectCount;
   return result;
+}
+
+GlobalHeap::DetachedUsage GlobalHeap::detachedUsage(unsigned sizeClass) {
+  ClassState& state = classes_[sizeClass];
+  LockGuard guard(state.lock);
+  DetachedUsage usage = {};
+  usage.spans = state.spans;
+  usage.fullSpans = state.fullSpans;
+  for (auto& bin : state.partial) {
+    for (MiniHeap* heap = bin.front(); heap; heap = bin.next(heap)) {
+      uint32_t live = heap->liveCount.load(std::memory_order_relaxed);
+      if (live > heap->objectCount) live = heap->objectCount;
+      usage.partialSpans++;
+      usage.partialLive += live;
+      usage.freeSlots[binFor(heap, live)] += heap->objectCount - live;
+    }
+  }
+  return usage;
+}
+
+GlobalHeap::LargeUsage GlobalHeap::largeUsage() {
+  LockGuard guard(largeLock_);
+  return {largeCount_, largeBytes_, largeRequested_};
+}
+
+GlobalHeap::RetiredUsage GlobalHeap::retiredUsage() {
+  RetiredUsage usage = {};
+  size_t pageSize = os::pageSize();
+  LockGuard guard(retiredLock_);
+  for (MiniHeap* heap = retired_.front(); heap; heap = retired_.next(heap)) {
+    usage.spans++;
+    usage.virtualBytes += heap->spanBytes(pageSize) * SpanBacking::virtualSpans(heap);
+    usage.metadataBytes += (MiniHeap::bytesFor(heap->objectCount) + InternalHeap::kGranule - 1) /
+                           InternalHeap::kGranule * InternalHeap::kGranule;
+  }
+  return usage;
 }
 
 void GlobalHeap::debugDump(unsigned sizeClass) {

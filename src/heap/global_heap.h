@@ -28,6 +28,27 @@ class GlobalHeap {
  public:
   static constexpr size_t kOccupancyBins = 4;
 
+  // What the detached spans of one class hold (statistics, docs/memory.md).
+  struct DetachedUsage {
+    size_t spans;         // every span of the class, attached ones included
+    size_t fullSpans;     // detached, no free slot
+    size_t partialSpans;  // detached, in the occupancy bins
+    uint64_t partialLive;
+    // Free slots of the partial spans by their occupancy now (live * kOccupancyBins /
+    // objects), which may be lower than the bin a span was filed in when it was placed.
+    uint64_t freeSlots[kOccupancyBins];
+  };
+  struct LargeUsage {
+    size_t count;
+    size_t spanBytes;       // their runs of pages
+    size_t requestedBytes;  // what malloc, realloc & co. were asked for
+  };
+  struct RetiredUsage {
+    size_t spans;
+    size_t virtualBytes;   // every virtual span of them: address space, their memory is returned
+    size_t metadataBytes;  // their MiniHeaps
+  };
+
   // One trip to the global heap for a refill, under one lock: takes back `releaseCount` spans
   // from `owner`, then hands it up to `maxAcquire` spans, fullest first, until about
   // `wantSlots` free slots are covered (a fresh span if there is no partial one). Returns the
@@ -71,6 +92,9 @@ class GlobalHeap {
   static void partialOccupancy(unsigned sizeClass, size_t* spans, size_t* freeSlots);
 
   static SizeClassStats classStats(unsigned sizeClass);
+  static DetachedUsage detachedUsage(unsigned sizeClass);
+  static LargeUsage largeUsage();
+  static RetiredUsage retiredUsage();
   // Diagnostics (mallctl "debug.class_dump"): every detached partial span of the class with its
   // live count and bitmap population, and every heap's attached spans, on stderr.
   static void debugDump(unsigned sizeClass);
@@ -121,11 +145,14 @@ class GlobalHeap {
   static void detachLocked(ClassState& state, MiniHeap* heap);
   static void unlink(ClassState& state, MiniHeap* heap);
   static size_t binFor(const MiniHeap* heap, uint32_t live);
+  // A large object resized within its pages: only the bytes asked for change.
+  static bool noteRequestedBytes(MiniHeap* heap, size_t bytes);
 
   static ClassState classes_[kNumSizeClasses];
   static inline Mutex largeLock_;
   static inline size_t largeBytes_ = 0;
   static inline size_t largeCount_ = 0;
+  static inline size_t largeRequested_ = 0;
   static inline std::atomic<size_t> pinnedSpans_{0};
   static void retireMeshedSpan(MiniHeap* heap);
   // A leaf lock: taken under a class lock, never the other way round.

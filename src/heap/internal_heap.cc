@@ -59,6 +59,11 @@ void InternalHeap::free(void* block, size_t bytes) {
   pools_[pool] = freed;
 }
 
+size_t InternalHeap::bytesTouched() {
+  LockGuard guard(lock_);
+  return mapped_ - static_cast<size_t>(bumpEnd_ - bump_);
+}
+
 size_t InternalHeap::bytesMapped() {
   LockGuard guard(lock_);
   return mapped_;

@@ -20,6 +20,9 @@ class InternalHeap {
   // `bytes` must be the size passed to allocate().
   static void free(void* block, size_t bytes);
   static size_t bytesMapped();
+  // Mapped bytes less the part of the current chunk never handed out (fresh mmap memory that
+  // was never touched, so not resident). For statistics.
+  static size_t bytesTouched();
 
   static void lockForFork() { lock_.lock(); }
   static void unlockAfterFork() { lock_.unlock(); }

@@ -51,7 +51,7 @@ struct MiniHeap : ListNode {
   // Set once the span's physical memory lives in the shared file (it has been meshed): which
   // file range, and the other virtual spans that map it. See heap/span_backing.h.
   MeshInfo* mesh = nullptr;
-  size_t requestedBytes = 0;  // large objects only, for statistics
+  size_t requestedBytes = 0;  // large objects only: the bytes asked for (statistics)
   // --- second cache line: everything a free reads or writes, local or remote, and the start
   // of the bitmap: one cache miss per free (a program whose frees land in spans it allocated
   // long ago, such as an LRU cache, misses on every one). ---

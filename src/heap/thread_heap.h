@@ -262,6 +262,8 @@ class ThreadHeap {
   static void unlockReclaimAfterFork();
   static void resetReclaimAfterFork();
 
+  // The internal-heap block each thread heap lives at the start of (statistics).
+  static size_t storageBytes();
   // Every heap ever created, for statistics and fork handling.
   static ThreadHeap* registryHead();
   static void lockRegistry();
@@ -269,7 +271,6 @@ class ThreadHeap {
   static void resetRegistryAfterFork();
 
  private:
-  static size_t storageBytes();
   void initialize(char* storage);
   // Claims every free slot of attached span `span` into the vector.
   void claimFreeSlots(ShuffleVector& v, unsigned span);

@@ -148,6 +148,62 @@ long countMappings() {
   return lines;
 }
 
+long long readProcKibField(const char* path, const char* field) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  size_t fieldLength = strlen(field);
+  // Lines are short ("Pss:   123456 kB"); one longer than the buffer cannot be a match and is
+  // skipped piece by piece.
+  char line[256];
+  size_t used = 0;
+  long long result = -1;
+  bool atLineStart = true;
+  for (;;) {
+    ssize_t n = read(fd, line + used, sizeof(line) - 1 - used);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    used += static_cast<size_t>(n);
+    char* newline;
+    while ((newline = static_cast<char*>(memchr(line, '\n', used))) != nullptr) {
+      size_t length = static_cast<size_t>(newline - line);
+      if (atLineStart && length >= fieldLength && memcmp(line, field, fieldLength) == 0) {
+        long long value = 0;
+        size_t i = fieldLength;
+        while (i < length && (line[i] == ' ' || line[i] == '\t')) i++;
+        while (i < length && line[i] >= '0' && line[i] <= '9')
+          value = value * 10 + (line[i++] - '0');
+        result = value * 1024;
+      }
+      atLineStart = true;
+      used -= length + 1;
+      memmove(line, newline + 1, used);
+    }
+    if (used == sizeof(line) - 1) {
+      used = 0;
+      atLineStart = false;
+    }
+    if (result >= 0) break;
+  }
+  close(fd);
+  return result;
+}
+
+size_t residentBytes(const void* addr, size_t bytes) {
+  constexpr size_t kChunkPages = 512;
+  unsigned char vector[kChunkPages];
+  size_t page = pageSize();
+  size_t pages = (bytes + page - 1) / page;
+  uintptr_t start = reinterpret_cast<uintptr_t>(addr);
+  size_t resident = 0;
+  for (size_t done = 0; done < pages;) {
+    size_t count = pages - done < kChunkPages ? pages - done : kChunkPages;
+    if (mincore(reinterpret_cast<void*>(start + done * page), count * page, vector) != 0) return 0;
+    for (size_t i = 0; i < count; i++) resident += vector[i] & 1;
+    done += count;
+  }
+  return resident * page;
+}
+
 bool makePipe(int fds[2]) {
   // The raw call: pipe2 is one of the wrapped functions (api/io_exports.cc).
   return syscall(SYS_pipe2, fds, O_CLOEXEC) == 0;

@@ -44,6 +44,13 @@ bool protectReadWrite(void* addr, size_t bytes);
 void closeFd(int fd);
 // Lines of /proc/self/maps (the kernel's mapping count); -1 if unreadable.
 long countMappings();
+// The value of the line starting with `field` (e.g. "VmPTE:" in /proc/self/status, "Pss:" in
+// /proc/self/smaps_rollup), which the kernel gives in kB, in bytes; -1 if the file cannot be
+// read or has no such line. Reads through a stack buffer: no allocation.
+long long readProcKibField(const char* path, const char* field);
+// Bytes of the pages of [addr, addr+bytes) that are resident now (mincore); 0 if it cannot
+// tell. `addr` must be page-aligned. Never allocates.
+size_t residentBytes(const void* addr, size_t bytes);
 // A pipe whose ends do not survive exec; false on failure.
 bool makePipe(int fds[2]);
 // Blocking single-byte write/read that retry on EINTR.

@@ -14,10 +14,12 @@
  * before it is freed and again after every hold; a mismatch is reported and the program
  * exits with status 3. It uses only malloc and free, so any allocator can be put under
  * it with LD_PRELOAD. At the end it prints the live bytes it holds (what an ideal
- * allocator would need) and exits 0.
+ * allocator would need), frees the survivors (unless --keep: then they are still allocated
+ * when the process exits, so that an allocator's statistics at exit show the fragmented heap)
+ * and exits 0.
  *
  *   fragmentation [--phases N] [--phase-mib MIB] [--free-min PCT] [--free-max PCT]
- *                 [--hold-ms MS] [--final-hold-ms MS] [--seed S] [--quiet]
+ *                 [--hold-ms MS] [--final-hold-ms MS] [--seed S] [--keep] [--quiet]
  */
 #define _POSIX_C_SOURCE 200809L /* nanosleep */
 #include <errno.h>
@@ -63,6 +65,7 @@ struct options {
   unsigned hold_ms;
   unsigned final_hold_ms;
   uint64_t seed;
+  int keep;
   int quiet;
 };
 
@@ -216,7 +219,8 @@ static void usage(const char* message) {
   fprintf(stderr,
           "fragmentation: %s\n"
           "usage: fragmentation [--phases N] [--phase-mib MIB] [--free-min PCT] [--free-max PCT]\n"
-          "                     [--hold-ms MS] [--final-hold-ms MS] [--seed S] [--quiet]\n",
+          "                     [--hold-ms MS] [--final-hold-ms MS] [--seed S] [--keep]\n"
+          "                     [--quiet]\n",
           message);
   exit(kExitUsage);
 }
@@ -229,6 +233,7 @@ static struct options parse_options(int argc, char** argv) {
                             .hold_ms = 300,
                             .final_hold_ms = 400,
                             .seed = 42,
+                            .keep = 0,
                             .quiet = 0};
   for (int i = 1; i < argc; i++) {
     const char* name = argv[i];
@@ -236,10 +241,15 @@ static struct options parse_options(int argc, char** argv) {
       options.quiet = 1;
       continue;
     }
+    if (strcmp(name, "--keep") == 0) {
+      options.keep = 1;
+      continue;
+    }
     if (strcmp(name, "--help") == 0 || strcmp(name, "-h") == 0) {
       printf(
           "usage: fragmentation [--phases N] [--phase-mib MIB] [--free-min PCT] [--free-max PCT]\n"
-          "                     [--hold-ms MS] [--final-hold-ms MS] [--seed S] [--quiet]\n"
+          "                     [--hold-ms MS] [--final-hold-ms MS] [--seed S] [--keep]\n"
+          "                     [--quiet]\n"
           "defaults: --phases 4 --phase-mib 48 --free-min 75 --free-max 90 --hold-ms 300 "
           "--final-hold-ms 400 --seed 42\n");
       exit(0);
@@ -283,6 +293,7 @@ int main(int argc, char** argv) {
   check_pool(&live, "at the end");
   printf("live: %zu objects, %zu bytes (%.1f MiB)\n", live.count, live.bytes, mib(live.bytes));
   fflush(stdout);
+  if (options.keep) return 0;
   for (size_t i = 0; i < live.count; i++) {
     check(&live.items[i], "before the final free");
     free(live.items[i].data);
