@@ -22,6 +22,7 @@ const OptionView kOptions[] = {
     {"large_colouring", OptionView::kBool, &gHeapConfig.largeColouring},
     {"mesh_period_ms", OptionView::kUnsigned, &gHeapConfig.meshPeriodMs},
     {"mesh_budget_permille", OptionView::kUnsigned, &gHeapConfig.meshBudgetPermille},
+    {"mesh_budget_max_permille", OptionView::kUnsigned, &gHeapConfig.meshBudgetMaxPermille},
     {"mesh_probes", OptionView::kUnsigned, &gHeapConfig.meshProbes},
     {"mesh_background", OptionView::kBool, &gHeapConfig.meshBackgroundThread},
     {"mesh_thread_nice", OptionView::kUnsigned, &gHeapConfig.meshThreadNice},

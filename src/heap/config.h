@@ -46,6 +46,9 @@ struct HeapConfig {
   // Meshing (see mesh/): background period, CPU budget, SplitMesher probe limit.
   uint64_t meshPeriodMs = 100;
   uint64_t meshBudgetPermille = 20;
+  // The budget grows up to this while a large share of the heap is free slots in detached spans
+  // (MeshPolicy::budgetPermille: the gain at stake sets the price worth paying).
+  uint64_t meshBudgetMaxPermille = 100;
   uint64_t meshProbes = 64;
   bool meshBackgroundThread = true;
   // The background thread's nice value (0-19). At 19 it runs on CPU time the program leaves

@@ -398,6 +398,7 @@ size_t Mesher::compact(size_t minGainBytes) {
     }
     order[at] = c;
   }
+  gStats.lastGainBytes = totalGain;
   if (totalGain < minGainBytes) return 0;
   if (!gRngSeeded) {
     gRng.reseed(os::entropy64());

@@ -34,7 +34,10 @@ struct MeshStats {
   // otherwise, so the CPU budget does not charge it to meshing.
   uint64_t restoreCpuNs;
   uint64_t lastMappingCount;  // /proc/self/maps lines at the last pass
-  uint64_t mappingLimit;      // the budget meshing stays under
+  // Free bytes in detached partial spans (classes with two or more) when the last pass began:
+  // what meshing could at best give back. The policy sets its CPU budget from it.
+  uint64_t lastGainBytes;
+  uint64_t mappingLimit;  // the budget meshing stays under
 };
 
 class Mesher {

@@ -63,6 +63,10 @@ constexpr uint64_t kLowestPriorityNice = 19;
 // spans) otherwise paid a fruitless pass every period, 2 % of a CPU for as long as it ran. A
 // refill, a thread's exit or a pass that meshes ends the backoff.
 constexpr unsigned kMaxIdleBackoffShift = 6;
+// The fragmentation band of MeshPolicy::budgetPermille (share of the active bytes that are free
+// slots in detached spans).
+constexpr uint64_t kBudgetBandLowPermille = 50;
+constexpr uint64_t kBudgetBandHighPermille = 290;
 std::atomic<unsigned> gIdleBackoffShift{0};
 // Set by refills (only if clear: the line is shared), cleared by each pass.
 std::atomic<bool> gHeapChanged{false};
@@ -160,8 +164,7 @@ void MeshPolicy::runPassWithinBudget() {
     shift++;
   }
   gIdleBackoffShift.store(shift, std::memory_order_relaxed);
-  uint64_t budget = gHeapConfig.meshBudgetPermille ? gHeapConfig.meshBudgetPermille : 1;
-  if (budget > kPermille) budget = kPermille;
+  uint64_t budget = budgetPermille(Mesher::stats().lastGainBytes, Arena::stats().activeBytes);
   uint64_t now = os::monotonicNanos();
   uint64_t earliest = earliestBudgetClock(now);
   uint64_t clock = gBudgetClockNs.load(std::memory_order_relaxed);
@@ -170,6 +173,23 @@ void MeshPolicy::runPassWithinBudget() {
   uint64_t period = (gHeapConfig.meshPeriodMs * kNanosPerMilli) << shift;
   gLastPassNs.store(now, std::memory_order_relaxed);
   gNextPassNs.store(clock > now + period ? clock : now + period, std::memory_order_relaxed);
+}
+
+uint64_t MeshPolicy::budgetPermille(uint64_t gainBytes, uint64_t activeBytes) {
+  uint64_t base = gHeapConfig.meshBudgetPermille ? gHeapConfig.meshBudgetPermille : 1;
+  if (base > kPermille) base = kPermille;
+  uint64_t most = gHeapConfig.meshBudgetMaxPermille;
+  if (most > kPermille) most = kPermille;
+  if (most <= base || activeBytes == 0) return base;
+  // Anchorage's band, in the share of the heap a perfect compaction would give back: a heap
+  // F = 1.05 times its live data has 1 - 1/F = 5 % to give, one at F = 1.4 has 29 %. Below
+  // the band meshing gets the base budget, above it the most, linearly in between.
+  uint64_t sharePermille =
+      gainBytes >= activeBytes ? kPermille : gainBytes * kPermille / activeBytes;
+  if (sharePermille <= kBudgetBandLowPermille) return base;
+  if (sharePermille >= kBudgetBandHighPermille) return most;
+  return base + (most - base) * (sharePermille - kBudgetBandLowPermille) /
+                    (kBudgetBandHighPermille - kBudgetBandLowPermille);
 }
 
 void MeshPolicy::endIdleBackoff() {

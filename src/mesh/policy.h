@@ -1,14 +1,16 @@
 // When meshing runs. A background thread, started once the program has shown real allocation
 // activity, wakes every `mesh_period_ms`: it returns dirty pages past their decay time (with
 // meshing on or off) and meshes when the detached spans hold enough free memory to be worth
-// it, sleeping longer after expensive passes so that meshing never takes more than
-// `mesh_budget_permille` of one core's time, and backing off while passes release nothing and
+// it, sleeping longer after expensive passes so that meshing never takes more than its budget
+// of one core's time (between `mesh_budget_permille` and `mesh_budget_max_permille`, by how
+// much of the heap is free in detached spans), and backing off while passes release nothing and
 // the heap stands still; a thread exit wakes it early (its spans are candidates now), within
 // the same budget. With the thread disabled, the
 // allocation slow path runs the same policy inline. meshalloc_compact() meshes at once.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 namespace meshalloc {
 
@@ -25,6 +27,10 @@ class MeshPolicy {
   // GlobalHeap's retired-spans hook (installed by init): the background thread restores them
   // (see GlobalHeap::restoreRetiredSpans), woken if `wake`; false when there is none.
   static bool onRetiredSpans(bool wake);
+  // The CPU budget (per mille of one core) for meshing, given the free bytes in detached spans
+  // and the bytes of spans and large objects in use: mesh_budget_permille below a fragmentation
+  // band, mesh_budget_max_permille above it, linear in between (docs/meshing.md).
+  static uint64_t budgetPermille(uint64_t gainBytes, uint64_t activeBytes);
 
  private:
   static void onRefill();

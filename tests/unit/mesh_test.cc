@@ -830,5 +830,29 @@ TEST(OperationGuardPause, AShortPauseIsWaitedThroughWithoutSleeping) {
   EXPECT_LE(slept, kTrials * 3 / 4) << "waiters slept through short pauses instead of spinning";
 }
 
+// The budget follows the gain at stake: the base budget below the fragmentation band (5 % of the
+// heap free in detached spans), the maximum above it (29 %), linear in between, and never more
+// than the maximum or less than the base.
+TEST(MeshBudget, FollowsTheShareOfTheHeapFreeInDetachedSpans) {
+  HeapConfig saved = gHeapConfig;
+  gHeapConfig.meshBudgetPermille = 20;
+  gHeapConfig.meshBudgetMaxPermille = 100;
+  constexpr uint64_t kActive = 1000 << 20;
+  EXPECT_EQ(MeshPolicy::budgetPermille(0, kActive), 20u);
+  EXPECT_EQ(MeshPolicy::budgetPermille(kActive / 20, kActive), 20u);         // 5 %
+  EXPECT_EQ(MeshPolicy::budgetPermille(kActive * 17 / 100, kActive), 60u);   // mid-band
+  EXPECT_EQ(MeshPolicy::budgetPermille(kActive * 29 / 100, kActive), 100u);  // 29 %
+  EXPECT_EQ(MeshPolicy::budgetPermille(kActive * 3, kActive), 100u);
+  EXPECT_EQ(MeshPolicy::budgetPermille(kActive, 0), 20u);
+  // A maximum at or below the base turns the controller off.
+  gHeapConfig.meshBudgetMaxPermille = 10;
+  EXPECT_EQ(MeshPolicy::budgetPermille(kActive, kActive), 20u);
+  // Out-of-range options are clamped to one core.
+  gHeapConfig.meshBudgetPermille = 5000;
+  gHeapConfig.meshBudgetMaxPermille = 9000;
+  EXPECT_EQ(MeshPolicy::budgetPermille(kActive, kActive), 1000u);
+  gHeapConfig = saved;
+}
+
 }  // namespace
 }  // namespace meshalloc
