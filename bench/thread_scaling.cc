@@ -61,6 +61,7 @@ struct Options {
   uint64_t settleMs = 300;
   uint64_t timeLimitS = 0;  // 0: no limit
   bool compact = false;
+  bool allocatorStats = false;
   bool logSizes = false;
 };
 
@@ -70,11 +71,12 @@ struct Options {
       stderr,
       "usage: %s [--threads T] [--rounds 5] [--objects 10000] [--keep-percent 10] [--min 16]\n"
       "          [--max 1024] [--log-sizes] [--seed S] [--settle-ms 300] [--time-limit S]\n"
-      "          [--compact]\n"
+      "          [--compact] [--allocator-stats]\n"
       "Options take `--name value` or `--name=value`. --log-sizes draws sizes log-uniformly\n"
       "(every doubling of [min, max] equally likely) instead of uniformly; --time-limit ends the\n"
       "run with SIGALRM after S seconds (0: never); --compact calls meshalloc_compact() (if the\n"
-      "allocator exports it) after the threads are joined.\n",
+      "allocator exports it) after the threads are joined; --allocator-stats prints meshalloc's\n"
+      "statistics (meshalloc_print_stats, with its memory breakdown) on stderr at both readings.\n",
       program);
   exit(2);
 }
@@ -96,7 +98,8 @@ Options parseArguments(int argc, char** argv) {
   struct Flag {
     const char* name;
     bool* value;
-  } flags[] = {{"compact", &o.compact}, {"log-sizes", &o.logSizes}};
+  } flags[] = {
+      {"compact", &o.compact}, {"log-sizes", &o.logSizes}, {"allocator-stats", &o.allocatorStats}};
   for (int i = 1; i < argc; i++) {
     const char* arg = argv[i];
     if (!strcmp(arg, "-h") || !strcmp(arg, "--help")) usage(argv[0], nullptr);
@@ -253,6 +256,15 @@ void work(const Options& o, unsigned index, Worker* worker, bench::Barrier* star
   }
 }
 
+// Where the allocator's memory is at a reading, if it can say (meshalloc's breakdown).
+void printAllocatorStats(const char* moment) {
+  using PrintStats = void (*)(int, int);
+  auto print = reinterpret_cast<PrintStats>(dlsym(RTLD_DEFAULT, "meshalloc_print_stats"));
+  if (!print) return;
+  fprintf(stderr, "thread_scaling: allocator statistics, %s\n", moment);
+  print(STDERR_FILENO, 0);
+}
+
 void settle(uint64_t milliseconds) {
   timespec pause = {static_cast<time_t>(milliseconds / 1000),
                     static_cast<long>(milliseconds % 1000) * 1000000L};
@@ -294,6 +306,7 @@ int main(int argc, char** argv) {
   // The threads are alive and idle: what a server's pool holds between bursts of work.
   settle(o.settleMs);
   long long alivePss = bench::procField("/proc/self/smaps_rollup", "Pss:");
+  if (o.allocatorStats) printAllocatorStats("alive");
   const long long alivePte = bench::procField("/proc/self/status", "VmPTE:");
   {
     std::lock_guard<std::mutex> guard(idle.lock);
@@ -331,6 +344,7 @@ int main(int argc, char** argv) {
     bookkeeping += (static_cast<long long>(w.count * sizeof(Retained)) + page - 1) / page * page;
   }
   long long pss = bench::procField("/proc/self/smaps_rollup", "Pss:");
+  if (o.allocatorStats) printAllocatorStats("after exit");
   if (alivePss >= 0) alivePss -= bookkeeping;
   const long long pte = bench::procField("/proc/self/status", "VmPTE:");
   const long long mappings = bench::mappingCount();
