@@ -8,4 +8,5 @@ EXPERIMENT_MODULES = {
     "thread-scaling": "thread_scaling",
     "speed": "speed",
     "real-apps": "real_apps",
+    "large-heap": "large_heap",
 }
