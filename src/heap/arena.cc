@@ -345,8 +345,11 @@ void Arena::releaseRemapped(uintptr_t start, size_t pages) {
 }
 
 size_t Arena::dirtyLimitLocked() {
+  size_t cap = gHeapConfig.dirtyCacheBytes;
+  if (gHeapConfig.dirtyCachePercent == 0) return cap;
   size_t proportional = stats_.activeBytes / 100 * gHeapConfig.dirtyCachePercent;
-  return proportional > gHeapConfig.dirtyCacheBytes ? proportional : gHeapConfig.dirtyCacheBytes;
+  if (proportional < kMinDirtyCacheBytes) proportional = kMinDirtyCacheBytes;
+  return proportional < cap ? proportional : cap;
 }
 
 size_t Arena::purgeLocked(bool everything, uint64_t nowNs) {
@@ -366,9 +369,29 @@ size_t Arena::purgeLocked(bool everything, uint64_t nowNs) {
     bool overLimit = stats_.dirtyBytes > limit && age >= kMinPurgeAgeNs;
     if (!everything && !expired && !overLimit) break;
     removeDirty(oldest);
-    size_t bytes = oldest->pages << pageShift_;
+    size_t pages = oldest->pages;
+    if (!everything && !expired) {
+      // Only over the limit: give back the excess and keep the rest of the run cached. Runs
+      // coalesce, so a burst of frees is often one run, and dropping it whole would leave a
+      // small heap no cache at all.
+      size_t excess =
+          (stats_.dirtyBytes + (pages << pageShift_) - limit + pageSize_ - 1) >> pageShift_;
+      if (excess < pages) {
+        size_t kept = pages - excess;
+        oldest->pages = kept;
+        dirtyBins_[binFor(kept)].pushBack(oldest);  // still the oldest: purged first next time
+        markDirty(oldest);
+        stats_.dirtyBytes += kept << pageShift_;
+        uintptr_t tail = oldest->start + (kept << pageShift_);
+        os::decommit(reinterpret_cast<void*>(tail), excess << pageShift_);
+        releaseClean(tail, excess);
+        purged += excess << pageShift_;
+        break;
+      }
+    }
+    size_t bytes = pages << pageShift_;
     os::decommit(reinterpret_cast<void*>(oldest->start), bytes);
-    releaseClean(oldest->start, oldest->pages);
+    releaseClean(oldest->start, pages);
     InternalHeap::free(oldest, sizeof(DirtyRun));
     purged += bytes;
   }

@@ -93,6 +93,9 @@ class Arena {
   // objects reuses them within microseconds, and decommitting them only to fault them in again
   // costs more than the memory is worth for that long.
   static constexpr uint64_t kMinPurgeAgeNs = 10'000'000;
+  // The proportional dirty-cache limit (dirty_cache_percent) never goes below this: a tiny heap
+  // still keeps a few spans' worth of freed pages for its next refill.
+  static constexpr size_t kMinDirtyCacheBytes = size_t{1} << 20;
   static constexpr uint64_t kNanosPerMilli = 1000000;
 
   static bool init();
@@ -230,7 +233,8 @@ class Arena {
   static void markDirty(DirtyRun* run);
   static void removeDirty(DirtyRun* run);
   static size_t purgeLocked(bool everything, uint64_t nowNs);
-  // Most dirty bytes kept: the dirty_cache option or dirty_cache_percent of the active bytes.
+  // Most dirty bytes kept: dirty_cache_percent of the active bytes (at least
+  // kMinDirtyCacheBytes), at most the dirty_cache option.
   static size_t dirtyLimitLocked();
   static void splitAndTake(FreeRun* run, uintptr_t start, size_t pages);
 

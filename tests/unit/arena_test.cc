@@ -156,28 +156,41 @@ TEST_F(ArenaTest, DirtyCacheDecaysToTheOs) {
   EXPECT_EQ(Arena::stats().dirtyBytes, 0u);
 }
 
-// The cache holds up to dirty_cache bytes or dirty_cache_percent of the active pages, whichever
-// is more, so a large heap churning large objects does not decommit and re-fault them.
+// The cache holds at most dirty_cache_percent of the active pages (never less than
+// kMinDirtyCacheBytes) and never more than dirty_cache: a small heap that frees a burst of
+// pages keeps only a fraction of them committed instead of up to 32 MiB.
 TEST_F(ArenaTest, DirtyCacheLimitScalesWithTheActivePages) {
   const HeapConfig saved = gHeapConfig;
   Arena::purge(true);
-  gHeapConfig.dirtyCacheBytes = page();
-  gHeapConfig.dirtyCachePercent = 100;
-  bool zeroed;
-  uintptr_t live = Arena::allocate(64, 0, &zeroed);
-  uintptr_t first = Arena::allocate(16, 0, &zeroed);
-  uintptr_t second = Arena::allocate(16, 0, &zeroed);
-  ASSERT_TRUE(live && first && second);
-  Arena::release(first, 16, true);
-  EXPECT_GE(Arena::stats().dirtyBytes, 16 * page()) << "16 pages are within 100 % of 64+ active";
+  gHeapConfig.dirtyCacheBytes = size_t{32} << 20;
+  gHeapConfig.decayMs = 3'600'000;  // only the limit purges in this test
+  constexpr size_t kRuns = 8;
+  const size_t runPages = (size_t{512} << 10) / page();
+  auto burst = [&] {
+    uintptr_t runs[kRuns];
+    bool zeroed;
+    for (uintptr_t& run : runs) {
+      run = Arena::allocate(runPages, 0, &zeroed);
+      ASSERT_NE(run, 0u);
+    }
+    for (uintptr_t run : runs) Arena::release(run, runPages, true);
+    std::this_thread::sleep_for(std::chrono::nanoseconds(2 * Arena::kMinPurgeAgeNs));
+    Arena::purge(false);
+  };
+  const size_t freed = kRuns * runPages * page();
   gHeapConfig.dirtyCachePercent = 0;
-  Arena::release(second, 16, true);
-  EXPECT_GE(Arena::stats().dirtyBytes, 32 * page()) << "runs younger than kMinPurgeAgeNs stay";
-  std::this_thread::sleep_for(std::chrono::nanoseconds(2 * Arena::kMinPurgeAgeNs));
-  Arena::purge(false);
-  EXPECT_LE(Arena::stats().dirtyBytes, page()) << "with the percentage off, the byte limit rules";
+  burst();
+  EXPECT_GE(Arena::stats().dirtyBytes, freed) << "without the percentage, dirty_cache rules";
+  Arena::purge(true);
+  gHeapConfig.dirtyCachePercent = 25;
+  burst();
+  ArenaStats stats = Arena::stats();
+  size_t limit = stats.activeBytes / 100 * 25;
+  if (limit < Arena::kMinDirtyCacheBytes) limit = Arena::kMinDirtyCacheBytes;
+  ASSERT_LT(limit, freed) << "the test heap must be small for this test";
+  EXPECT_LE(stats.dirtyBytes, limit) << "a small heap keeps a fraction of what it freed";
+  EXPECT_GE(stats.dirtyBytes, Arena::kMinDirtyCacheBytes / 2) << "but not nothing";
   gHeapConfig = saved;
-  Arena::release(live, 64, true);
   Arena::purge(true);
   EXPECT_EQ(Arena::stats().dirtyBytes, 0u);
 }
