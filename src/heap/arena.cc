@@ -183,6 +183,21 @@ void Arena::removeDirty(DirtyRun* run) {
   stats_.dirtyBytes -= run->pages << pageShift_;
 }
 
+void Arena::takeDirtyHead(DirtyRun* run, size_t pages) {
+  removeDirty(run);
+  size_t rest = run->pages - pages;
+  if (rest == 0) {
+    InternalHeap::free(run, sizeof(DirtyRun));
+    return;
+  }
+  // Reuse the record for the tail, which keeps its age.
+  run->start += pages << pageShift_;
+  run->pages = rest;
+  dirtyBins_[binFor(rest)].pushFront(run);
+  markDirty(run);
+  stats_.dirtyBytes += rest << pageShift_;
+}
+
 // Best fit among cached dirty runs: the smallest bin that can hold `pages`, splitting a larger
 // run (its tail stays cached) so that large objects of varying sizes reuse committed memory
 // instead of faulting fresh pages in.
@@ -190,19 +205,8 @@ uintptr_t Arena::takeDirty(size_t pages) {
   for (size_t bin = binFor(pages); bin < kBins; bin++) {
     for (DirtyRun* run = dirtyBins_[bin].front(); run; run = dirtyBins_[bin].next(run)) {
       if (run->pages < pages) continue;  // only the logarithmic bins hold mixed sizes
-      removeDirty(run);
       uintptr_t start = run->start;
-      size_t rest = run->pages - pages;
-      if (rest > 0) {
-        // Reuse the record for the tail, which keeps its age.
-        run->start = start + (pages << pageShift_);
-        run->pages = rest;
-        dirtyBins_[binFor(rest)].pushFront(run);
-        markDirty(run);
-        stats_.dirtyBytes += rest << pageShift_;
-      } else {
-        InternalHeap::free(run, sizeof(DirtyRun));
-      }
+      takeDirtyHead(run, pages);
       return start;
     }
   }
@@ -409,11 +413,20 @@ bool Arena::tryGrow(uintptr_t start, size_t pages, size_t newPages) {
   Segment* segment = segmentOf(start);
   if (!segment || segment->dedicated) return false;
   uintptr_t end = start + (pages << pageShift_);
-  auto* run = reinterpret_cast<FreeRun*>(taggedRunAt(segment, end, PageEntry::kFreeRunTag));
-  if (!run) return false;
   size_t extra = newPages - pages;
-  if (run->start != end || run->pages < extra) return false;
-  splitAndTake(run, end, extra);
+  if (auto* run = reinterpret_cast<FreeRun*>(taggedRunAt(segment, end, PageEntry::kFreeRunTag))) {
+    if (run->start != end || run->pages < extra) return false;
+    splitAndTake(run, end, extra);
+  } else if (auto* dirty =
+                 reinterpret_cast<DirtyRun*>(taggedRunAt(segment, end, PageEntry::kDirtyRunTag))) {
+    // A cached neighbour serves too (its pages are even committed already): a buffer growing
+    // by reallocs next to a block it freed earlier then grows in place instead of moving and
+    // leaving another freed copy behind.
+    if (dirty->start != end || dirty->pages < extra) return false;
+    takeDirtyHead(dirty, extra);
+  } else {
+    return false;
+  }
   stats_.activeBytes += extra << pageShift_;
   return true;
 }

@@ -117,7 +117,7 @@ class Arena {
   // Clears the owner entries of a run that stays out of use for now (a retired meshed span):
   // a stale free through it finds nothing. It is released later.
   static void forgetOwners(uintptr_t start, size_t pages);
-  // Extends [start, start+pages) in place to newPages if the following pages are free.
+  // Extends [start, start+pages) in place to newPages if the following pages are free or cached.
   static bool tryGrow(uintptr_t start, size_t pages, size_t newPages);
   // Returns the tail of a run beyond newPages to the arena; false (run unchanged) if the run
   // is a dedicated segment, which is only ever released whole.
@@ -229,6 +229,8 @@ class Arena {
   static bool forgetRunLocked(uintptr_t start, size_t pages);
   static void clearOwnersLocked(Segment* segment, uintptr_t start, size_t pages);
   static uintptr_t takeDirty(size_t pages);
+  // Takes the first `pages` pages of a cached run out of the cache; the rest stays cached.
+  static void takeDirtyHead(DirtyRun* run, size_t pages);
   static void insertDirty(uintptr_t start, size_t pages, uint64_t freedAtNs);
   static void markDirty(DirtyRun* run);
   static void removeDirty(DirtyRun* run);

@@ -138,6 +138,27 @@ TEST_F(ArenaTest, HugeObjectsGetADedicatedSegmentThatIsUnmappedOnRelease) {
   EXPECT_FALSE(Arena::contains(run));
 }
 
+// A run grows into a cached (dirty) neighbour as well as a clean one, and the rest of the cached
+// run stays cached.
+TEST_F(ArenaTest, GrowsInPlaceIntoACachedNeighbour) {
+  const HeapConfig saved = gHeapConfig;
+  gHeapConfig.decayMs = 3'600'000;
+  Arena::purge(true);
+  bool zeroed;
+  uintptr_t run = Arena::allocate(30, 0, &zeroed);
+  ASSERT_NE(run, 0u);
+  Arena::release(run + 10 * page(), 20, true);
+  ASSERT_EQ(Arena::stats().dirtyBytes, 20 * page());
+  size_t active = Arena::stats().activeBytes;
+  EXPECT_TRUE(Arena::tryGrow(run, 10, 25));
+  EXPECT_EQ(Arena::stats().dirtyBytes, 5 * page()) << "the cached run's tail stays cached";
+  EXPECT_EQ(Arena::stats().activeBytes, active + 15 * page());
+  EXPECT_FALSE(Arena::tryGrow(run, 25, 40)) << "5 cached pages cannot hold 15 more";
+  gHeapConfig = saved;
+  Arena::release(run, 25, true);
+  Arena::purge(true);
+}
+
 TEST_F(ArenaTest, ForeignAddressesHaveNoEntry) {
   int onStack = 0;
   static int inData = 0;
