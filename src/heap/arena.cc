@@ -254,7 +254,14 @@ uintptr_t Arena::allocate(size_t pages, size_t alignment, bool* zeroed) {
   LockGuard guard(lock_);
   uintptr_t start = 0;
   *zeroed = false;
-  if (alignment <= pageSize_) start = takeDirty(pages);
+  if (alignment <= pageSize_) {
+    start = takeDirty(pages);
+    if (start) {
+      recentHitBytes_ += bytes;
+    } else if (stats_.dirtyBytes > 0) {
+      recentMissBytes_ += bytes;
+    }
+  }
   if (!start) {
     *zeroed = true;
     if (bytes >= kDedicatedThreshold || alignment >= kGranule / kAlignedDedicatedDivisor) {
@@ -351,13 +358,27 @@ void Arena::releaseRemapped(uintptr_t start, size_t pages) {
 size_t Arena::dirtyLimitLocked() {
   size_t cap = gHeapConfig.dirtyCacheBytes;
   if (gHeapConfig.dirtyCachePercent == 0) return cap;
+  // A cache that serves nearly every request is feeding churn (large objects of many sizes
+  // replaced at random reuse their runs within microseconds): holding it to a share of the
+  // heap would only decommit pages to fault them in again.
+  if (recentHitBytes_ > kChurningHitsPerMiss * recentMissBytes_) return cap;
   size_t proportional = stats_.activeBytes / 100 * gHeapConfig.dirtyCachePercent;
   if (proportional < kMinDirtyCacheBytes) proportional = kMinDirtyCacheBytes;
   return proportional < cap ? proportional : cap;
 }
 
+void Arena::ageReuseCountersLocked(uint64_t nowNs) {
+  uint64_t intervals = (nowNs - reuseCountersAgedNs_) / kDecayCheckIntervalNs;
+  if (intervals == 0) return;
+  reuseCountersAgedNs_ += intervals * kDecayCheckIntervalNs;
+  unsigned shift = intervals < 63 ? static_cast<unsigned>(intervals) : 63;
+  recentHitBytes_ >>= shift;
+  recentMissBytes_ >>= shift;
+}
+
 size_t Arena::purgeLocked(bool everything, uint64_t nowNs) {
   lastDecayCheckNs_ = nowNs;
+  ageReuseCountersLocked(nowNs);
   const size_t limit = dirtyLimitLocked();  // purging changes the dirty bytes, not the active
   size_t purged = 0;
   for (;;) {

@@ -96,6 +96,10 @@ class Arena {
   // The proportional dirty-cache limit (dirty_cache_percent) never goes below this: a tiny heap
   // still keeps a few spans' worth of freed pages for its next refill.
   static constexpr size_t kMinDirtyCacheBytes = size_t{1} << 20;
+  // While the cache served more than this many bytes of requests per byte that it could not
+  // serve (both counts halved every kDecayCheckIntervalNs), it may hold up to dirty_cache
+  // whatever the heap's size.
+  static constexpr uint64_t kChurningHitsPerMiss = 4;
   static constexpr uint64_t kNanosPerMilli = 1000000;
 
   static bool init();
@@ -238,6 +242,8 @@ class Arena {
   // Most dirty bytes kept: dirty_cache_percent of the active bytes (at least
   // kMinDirtyCacheBytes), at most the dirty_cache option.
   static size_t dirtyLimitLocked();
+  // Halves the reuse counters once per kDecayCheckIntervalNs elapsed.
+  static void ageReuseCountersLocked(uint64_t nowNs);
   static void splitAndTake(FreeRun* run, uintptr_t start, size_t pages);
 
   static inline Mutex lock_;
@@ -250,6 +256,11 @@ class Arena {
   static constinit inline IntrusiveList<DirtyRun> dirtyBins_[kBins];
   static inline ArenaStats stats_ = {};
   static inline uint64_t lastDecayCheckNs_ = 0;
+  // Bytes of requests the dirty cache served, and bytes it could not serve while it held
+  // something: how much of the cache is feeding churn (see dirtyLimitLocked).
+  static inline uint64_t recentHitBytes_ = 0;
+  static inline uint64_t recentMissBytes_ = 0;
+  static inline uint64_t reuseCountersAgedNs_ = 0;
 };
 
 }  // namespace meshalloc
