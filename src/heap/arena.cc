@@ -358,13 +358,15 @@ void Arena::releaseRemapped(uintptr_t start, size_t pages) {
 size_t Arena::dirtyLimitLocked() {
   size_t cap = gHeapConfig.dirtyCacheBytes;
   if (gHeapConfig.dirtyCachePercent == 0) return cap;
+  size_t limit = stats_.activeBytes / 100 * gHeapConfig.dirtyCachePercent;
+  if (limit < kMinDirtyCacheBytes) limit = kMinDirtyCacheBytes;
   // A cache that serves nearly every request is feeding churn (large objects of many sizes
   // replaced at random reuse their runs within microseconds): holding it to a share of the
-  // heap would only decommit pages to fault them in again.
-  if (recentHitBytes_ > kChurningHitsPerMiss * recentMissBytes_) return cap;
-  size_t proportional = stats_.activeBytes / 100 * gHeapConfig.dirtyCachePercent;
-  if (proportional < kMinDirtyCacheBytes) proportional = kMinDirtyCacheBytes;
-  return proportional < cap ? proportional : cap;
+  // heap would only decommit pages to fault them in again. It may hold what it recently served,
+  // which falls back to the share within tens of milliseconds once the churn stops.
+  if (recentHitBytes_ > kChurningHitsPerMiss * recentMissBytes_ && recentHitBytes_ > limit)
+    limit = recentHitBytes_;
+  return limit < cap ? limit : cap;
 }
 
 void Arena::ageReuseCountersLocked(uint64_t nowNs) {

@@ -97,8 +97,8 @@ class Arena {
   // still keeps a few spans' worth of freed pages for its next refill.
   static constexpr size_t kMinDirtyCacheBytes = size_t{1} << 20;
   // While the cache served more than this many bytes of requests per byte that it could not
-  // serve (both counts halved every kDecayCheckIntervalNs), it may hold up to dirty_cache
-  // whatever the heap's size.
+  // serve (both counts halved every kDecayCheckIntervalNs), it may hold as many bytes as it
+  // served (up to dirty_cache) whatever the heap's size.
   static constexpr uint64_t kChurningHitsPerMiss = 4;
   static constexpr uint64_t kNanosPerMilli = 1000000;
 
