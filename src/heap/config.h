@@ -28,8 +28,9 @@ struct HeapConfig {
   size_t dirtyCacheBytes = size_t{32} << 20;
   // ... and at most this percentage of the pages in use (never less than
   // Arena::kMinDirtyCacheBytes), so that the cache scales with the heap: a fixed 32 MiB cache
-  // next to a 10 MiB heap tripled a short program's footprint at its peaks while buying little,
-  // since a small heap's churn is small too. 0 turns the proportional limit off.
+  // can be larger than a small program's whole heap, whose churn needs far less of it. A cache
+  // that serves nearly every request may still grow to dirty_cache (see Arena::dirtyLimitLocked).
+  // 0 turns the proportional limit off.
   uint64_t dirtyCachePercent = 25;
   // A run unused this long goes back to the OS. Programs churning memory reuse runs within
   // milliseconds; a longer decay only keeps memory a program that went idle (or whose threads
