@@ -183,6 +183,21 @@ void Arena::removeDirty(DirtyRun* run) {
   stats_.dirtyBytes -= run->pages << pageShift_;
 }
 
+void Arena::takeDirtyHead(DirtyRun* run, size_t pages) {
+  removeDirty(run);
+  size_t rest = run->pages - pages;
+  if (rest == 0) {
+    InternalHeap::free(run, sizeof(DirtyRun));
+    return;
+  }
+  // Reuse the record for the tail, which keeps its age.
+  run->start += pages << pageShift_;
+  run->pages = rest;
+  dirtyBins_[binFor(rest)].pushFront(run);
+  markDirty(run);
+  stats_.dirtyBytes += rest << pageShift_;
+}
+
 // Best fit among cached dirty runs: the smallest bin that can hold `pages`, splitting a larger
 // run (its tail stays cached) so that large objects of varying sizes reuse committed memory
 // instead of faulting fresh pages in.
@@ -190,19 +205,8 @@ uintptr_t Arena::takeDirty(size_t pages) {
   for (size_t bin = binFor(pages); bin < kBins; bin++) {
     for (DirtyRun* run = dirtyBins_[bin].front(); run; run = dirtyBins_[bin].next(run)) {
       if (run->pages < pages) continue;  // only the logarithmic bins hold mixed sizes
-      removeDirty(run);
       uintptr_t start = run->start;
-      size_t rest = run->pages - pages;
-      if (rest > 0) {
-        // Reuse the record for the tail, which keeps its age.
-        run->start = start + (pages << pageShift_);
-        run->pages = rest;
-        dirtyBins_[binFor(rest)].pushFront(run);
-        markDirty(run);
-        stats_.dirtyBytes += rest << pageShift_;
-      } else {
-        InternalHeap::free(run, sizeof(DirtyRun));
-      }
+      takeDirtyHead(run, pages);
       return start;
     }
   }
@@ -250,7 +254,14 @@ uintptr_t Arena::allocate(size_t pages, size_t alignment, bool* zeroed) {
   LockGuard guard(lock_);
   uintptr_t start = 0;
   *zeroed = false;
-  if (alignment <= pageSize_) start = takeDirty(pages);
+  if (alignment <= pageSize_) {
+    start = takeDirty(pages);
+    if (start) {
+      recentHitBytes_ += bytes;
+    } else if (stats_.dirtyBytes > 0) {
+      recentMissBytes_ += bytes;
+    }
+  }
   if (!start) {
     *zeroed = true;
     if (bytes >= kDedicatedThreshold || alignment >= kGranule / kAlignedDedicatedDivisor) {
@@ -345,12 +356,31 @@ void Arena::releaseRemapped(uintptr_t start, size_t pages) {
 }
 
 size_t Arena::dirtyLimitLocked() {
-  size_t proportional = stats_.activeBytes / 100 * gHeapConfig.dirtyCachePercent;
-  return proportional > gHeapConfig.dirtyCacheBytes ? proportional : gHeapConfig.dirtyCacheBytes;
+  size_t cap = gHeapConfig.dirtyCacheBytes;
+  if (gHeapConfig.dirtyCachePercent == 0) return cap;
+  size_t limit = stats_.activeBytes / 100 * gHeapConfig.dirtyCachePercent;
+  if (limit < kMinDirtyCacheBytes) limit = kMinDirtyCacheBytes;
+  // A cache that serves nearly every request is feeding churn (large objects of many sizes
+  // replaced at random reuse their runs within microseconds): holding it to a share of the
+  // heap would only decommit pages to fault them in again. It may hold what it recently served,
+  // which falls back to the share within tens of milliseconds once the churn stops.
+  if (recentHitBytes_ > kChurningHitsPerMiss * recentMissBytes_ && recentHitBytes_ > limit)
+    limit = recentHitBytes_;
+  return limit < cap ? limit : cap;
+}
+
+void Arena::ageReuseCountersLocked(uint64_t nowNs) {
+  uint64_t intervals = (nowNs - reuseCountersAgedNs_) / kDecayCheckIntervalNs;
+  if (intervals == 0) return;
+  reuseCountersAgedNs_ += intervals * kDecayCheckIntervalNs;
+  unsigned shift = intervals < 63 ? static_cast<unsigned>(intervals) : 63;
+  recentHitBytes_ >>= shift;
+  recentMissBytes_ >>= shift;
 }
 
 size_t Arena::purgeLocked(bool everything, uint64_t nowNs) {
   lastDecayCheckNs_ = nowNs;
+  ageReuseCountersLocked(nowNs);
   const size_t limit = dirtyLimitLocked();  // purging changes the dirty bytes, not the active
   size_t purged = 0;
   for (;;) {
@@ -366,9 +396,29 @@ size_t Arena::purgeLocked(bool everything, uint64_t nowNs) {
     bool overLimit = stats_.dirtyBytes > limit && age >= kMinPurgeAgeNs;
     if (!everything && !expired && !overLimit) break;
     removeDirty(oldest);
-    size_t bytes = oldest->pages << pageShift_;
+    size_t pages = oldest->pages;
+    if (!everything && !expired) {
+      // Only over the limit: give back the excess and keep the rest of the run cached. Runs
+      // coalesce, so a burst of frees is often one run, and dropping it whole would leave a
+      // small heap no cache at all.
+      size_t excess =
+          (stats_.dirtyBytes + (pages << pageShift_) - limit + pageSize_ - 1) >> pageShift_;
+      if (excess < pages) {
+        size_t kept = pages - excess;
+        oldest->pages = kept;
+        dirtyBins_[binFor(kept)].pushBack(oldest);  // still the oldest: purged first next time
+        markDirty(oldest);
+        stats_.dirtyBytes += kept << pageShift_;
+        uintptr_t tail = oldest->start + (kept << pageShift_);
+        os::decommit(reinterpret_cast<void*>(tail), excess << pageShift_);
+        releaseClean(tail, excess);
+        purged += excess << pageShift_;
+        break;
+      }
+    }
+    size_t bytes = pages << pageShift_;
     os::decommit(reinterpret_cast<void*>(oldest->start), bytes);
-    releaseClean(oldest->start, oldest->pages);
+    releaseClean(oldest->start, pages);
     InternalHeap::free(oldest, sizeof(DirtyRun));
     purged += bytes;
   }
@@ -386,11 +436,20 @@ bool Arena::tryGrow(uintptr_t start, size_t pages, size_t newPages) {
   Segment* segment = segmentOf(start);
   if (!segment || segment->dedicated) return false;
   uintptr_t end = start + (pages << pageShift_);
-  auto* run = reinterpret_cast<FreeRun*>(taggedRunAt(segment, end, PageEntry::kFreeRunTag));
-  if (!run) return false;
   size_t extra = newPages - pages;
-  if (run->start != end || run->pages < extra) return false;
-  splitAndTake(run, end, extra);
+  if (auto* run = reinterpret_cast<FreeRun*>(taggedRunAt(segment, end, PageEntry::kFreeRunTag))) {
+    if (run->start != end || run->pages < extra) return false;
+    splitAndTake(run, end, extra);
+  } else if (auto* dirty =
+                 reinterpret_cast<DirtyRun*>(taggedRunAt(segment, end, PageEntry::kDirtyRunTag))) {
+    // A cached neighbour serves too (its pages are even committed already): a buffer growing
+    // by reallocs next to a block it freed earlier then grows in place instead of moving and
+    // leaving another freed copy behind.
+    if (dirty->start != end || dirty->pages < extra) return false;
+    takeDirtyHead(dirty, extra);
+  } else {
+    return false;
+  }
   stats_.activeBytes += extra << pageShift_;
   return true;
 }

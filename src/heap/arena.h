@@ -93,6 +93,13 @@ class Arena {
   // objects reuses them within microseconds, and decommitting them only to fault them in again
   // costs more than the memory is worth for that long.
   static constexpr uint64_t kMinPurgeAgeNs = 10'000'000;
+  // The proportional dirty-cache limit (dirty_cache_percent) never goes below this: a tiny heap
+  // still keeps a few spans' worth of freed pages for its next refill.
+  static constexpr size_t kMinDirtyCacheBytes = size_t{1} << 20;
+  // While the cache served more than this many bytes of requests per byte that it could not
+  // serve (both counts halved every kDecayCheckIntervalNs), it may hold as many bytes as it
+  // served (up to dirty_cache) whatever the heap's size.
+  static constexpr uint64_t kChurningHitsPerMiss = 4;
   static constexpr uint64_t kNanosPerMilli = 1000000;
 
   static bool init();
@@ -114,7 +121,7 @@ class Arena {
   // Clears the owner entries of a run that stays out of use for now (a retired meshed span):
   // a stale free through it finds nothing. It is released later.
   static void forgetOwners(uintptr_t start, size_t pages);
-  // Extends [start, start+pages) in place to newPages if the following pages are free.
+  // Extends [start, start+pages) in place to newPages if the following pages are free or cached.
   static bool tryGrow(uintptr_t start, size_t pages, size_t newPages);
   // Returns the tail of a run beyond newPages to the arena; false (run unchanged) if the run
   // is a dedicated segment, which is only ever released whole.
@@ -229,12 +236,17 @@ class Arena {
   static bool forgetRunLocked(uintptr_t start, size_t pages);
   static void clearOwnersLocked(Segment* segment, uintptr_t start, size_t pages);
   static uintptr_t takeDirty(size_t pages);
+  // Takes the first `pages` pages of a cached run out of the cache; the rest stays cached.
+  static void takeDirtyHead(DirtyRun* run, size_t pages);
   static void insertDirty(uintptr_t start, size_t pages, uint64_t freedAtNs);
   static void markDirty(DirtyRun* run);
   static void removeDirty(DirtyRun* run);
   static size_t purgeLocked(bool everything, uint64_t nowNs);
-  // Most dirty bytes kept: the dirty_cache option or dirty_cache_percent of the active bytes.
+  // Most dirty bytes kept: dirty_cache_percent of the active bytes (at least
+  // kMinDirtyCacheBytes), at most the dirty_cache option.
   static size_t dirtyLimitLocked();
+  // Halves the reuse counters once per kDecayCheckIntervalNs elapsed.
+  static void ageReuseCountersLocked(uint64_t nowNs);
   static void splitAndTake(FreeRun* run, uintptr_t start, size_t pages);
 
   static inline Mutex lock_;
@@ -247,6 +259,11 @@ class Arena {
   static constinit inline IntrusiveList<DirtyRun> dirtyBins_[kBins];
   static inline ArenaStats stats_ = {};
   static inline uint64_t lastDecayCheckNs_ = 0;
+  // Bytes of requests the dirty cache served, and bytes it could not serve while it held
+  // something: how much of the cache is feeding churn (see dirtyLimitLocked).
+  static inline uint64_t recentHitBytes_ = 0;
+  static inline uint64_t recentMissBytes_ = 0;
+  static inline uint64_t reuseCountersAgedNs_ = 0;
 };
 
 }  // namespace meshalloc

@@ -24,11 +24,14 @@ enum class StatsFormat : uint8_t { kNone = 0, kText = 1, kJson = 2 };
 struct HeapConfig {
   bool meshing = true;
   Randomization randomization = Randomization::kRotatedRuns;
+  // The most the dirty cache holds, whatever the heap's size.
   size_t dirtyCacheBytes = size_t{32} << 20;
-  // ... or this percentage of the pages in use, if more. Off by default: it trades memory for
-  // fewer page faults (a heap churning large objects of many sizes re-faults what the byte
-  // limit decommits), and a memory-saving allocator should not make that trade unasked.
-  uint64_t dirtyCachePercent = 0;
+  // ... and at most this percentage of the pages in use (never less than
+  // Arena::kMinDirtyCacheBytes), so that the cache scales with the heap: a fixed 32 MiB cache
+  // can be larger than a small program's whole heap, whose churn needs far less of it. A cache
+  // that serves nearly every request may still grow to dirty_cache (see Arena::dirtyLimitLocked).
+  // 0 turns the proportional limit off.
+  uint64_t dirtyCachePercent = 25;
   // A run unused this long goes back to the OS. Programs churning memory reuse runs within
   // milliseconds; a longer decay only keeps memory a program that went idle (or whose threads
   // exited) will not touch again: at 1000 ms, 32 MiB of cache was a quarter of the live bytes

@@ -31,11 +31,13 @@ void* InternalHeap::allocate(size_t bytes) {
     return block;
   }
   if (static_cast<size_t>(bumpEnd_ - bump_) < rounded) {
-    char* chunk = static_cast<char*>(os::mapMetadata(kChunkSize));
+    size_t chunkSize = nextChunkSize_;
+    char* chunk = static_cast<char*>(os::mapMetadata(chunkSize));
     if (!chunk) return nullptr;
-    mapped_ += kChunkSize;
+    mapped_ += chunkSize;
+    if (nextChunkSize_ < kChunkSize) nextChunkSize_ *= 2;
     bump_ = chunk;  // the tail of the previous chunk is abandoned: at most kMaxPooledSize
-    bumpEnd_ = chunk + kChunkSize;
+    bumpEnd_ = chunk + chunkSize;
   }
   void* block = bump_;
   bump_ += rounded;

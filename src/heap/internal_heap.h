@@ -13,6 +13,9 @@ class InternalHeap {
  public:
   static constexpr size_t kGranule = 64;  // one cache line: metadata never shares a line
   static constexpr size_t kMaxPooledSize = 4096;
+  // Chunks start small and double up to kChunkSize, so that a small program's metadata
+  // mapping is sized by what it uses rather than by a large heap's needs.
+  static constexpr size_t kFirstChunkSize = 64 << 10;
   static constexpr size_t kChunkSize = 1 << 20;
 
   // Zero-filled storage of at least `bytes`; nullptr if the OS refuses memory.
@@ -39,6 +42,7 @@ class InternalHeap {
   static inline char* bump_ = nullptr;
   static inline char* bumpEnd_ = nullptr;
   static inline size_t mapped_ = 0;
+  static inline size_t nextChunkSize_ = kFirstChunkSize;
 };
 
 }  // namespace meshalloc

@@ -1,6 +1,10 @@
 // Small-object size classes: 16-byte steps up to 128 B, then four classes per doubling up to
 // 16 KiB (as jemalloc does), so internal fragmentation stays under 25 % everywhere and usually
-// far below. Span sizes depend on the run-time page size and are planned at start-up.
+// far below; plus 9/8 of each power of two from 512 B to 8 KiB, because C programs often ask for
+// a power of two plus a small header (sqlite adds 8 bytes to every request: its 1032-byte and
+// 4368-byte blocks wasted 24 % and 17 % in the classes above them). Only five classes, not eight
+// per doubling: every class in use costs a small program partly used spans of its own. Span
+// sizes depend on the run-time page size and are planned at start-up.
 #pragma once
 
 #include <cstddef>
@@ -26,10 +30,11 @@ constexpr size_t kMaxSpanGrowthFactor = 4;
 constexpr size_t kMaxSpanPages = 255;
 
 constexpr uint32_t kSizeClassSizes[] = {
-    16,    32,    48,    64,   80,   96,   112,  128,                           // 16-byte steps
-    160,   192,   224,   256,  320,  384,  448,  512,  640,  768,  896,  1024,  // 4 per doubling
-    1280,  1536,  1792,  2048, 2560, 3072, 3584, 4096, 5120, 6144, 7168, 8192,  //
-    10240, 12288, 14336, 16384};
+    16,    32,    48,   64,   80,   96,   112,  128,                            // 16-byte steps
+    160,   192,   224,  256,  320,  384,  448,  512,                            // 4 per doubling
+    576,   640,   768,  896,  1024, 1152, 1280, 1536, 1792, 2048,  2304, 2560,  // and 9/8 of
+    3072,  3584,  4096, 4608, 5120, 6144, 7168, 8192, 9216, 10240,              // each power
+    12288, 14336, 16384};
 constexpr size_t kNumSizeClasses = sizeof(kSizeClassSizes) / sizeof(kSizeClassSizes[0]);
 constexpr uint8_t kLargeClass = 0xff;
 static_assert(kNumSizeClasses < kLargeClass);

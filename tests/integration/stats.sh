@@ -24,6 +24,18 @@ else
   grep -q '^[[:space:]]*{' "$WORK/stats.json" || fail "the JSON report does not start with {"
 fi
 
+# A small program's own metadata mapping is sized by what it uses, not by a large heap's
+# needs (the internal heap's chunks start at 64 KiB and double): under 256 KiB for a short sort.
+if command -v python3 >/dev/null 2>&1; then
+  seq 1 2000 >"$WORK/small"
+  MESHALLOC_STATS=json MESHALLOC_STATS_FILE="$WORK/small.json" \
+    preloaded sort -n "$WORK/small" >/dev/null || fail "sort of a small input failed"
+  metadata=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["stats"]["metadata"])' "$WORK/small.json") ||
+    fail "no metadata figure in $(head -c 400 "$WORK/small.json")"
+  ((metadata <= 262144)) || fail "a small sort maps $metadata bytes of metadata (expected at most 256 KiB)"
+  log "ok: a small sort maps $metadata bytes of metadata"
+fi
+
 MESHALLOC_STATS=text MESHALLOC_STATS_FILE="$WORK/stats.txt" \
   preloaded sort -n "$WORK/input" >/dev/null || fail "sort failed"
 [[ -s $WORK/stats.txt ]] || fail "MESHALLOC_STATS=text wrote nothing to MESHALLOC_STATS_FILE"

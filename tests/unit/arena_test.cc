@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -138,6 +139,27 @@ TEST_F(ArenaTest, HugeObjectsGetADedicatedSegmentThatIsUnmappedOnRelease) {
   EXPECT_FALSE(Arena::contains(run));
 }
 
+// A run grows into a cached (dirty) neighbour as well as a clean one, and the rest of the cached
+// run stays cached.
+TEST_F(ArenaTest, GrowsInPlaceIntoACachedNeighbour) {
+  const HeapConfig saved = gHeapConfig;
+  gHeapConfig.decayMs = 3'600'000;
+  Arena::purge(true);
+  bool zeroed;
+  uintptr_t run = Arena::allocate(30, 0, &zeroed);
+  ASSERT_NE(run, 0u);
+  Arena::release(run + 10 * page(), 20, true);
+  ASSERT_EQ(Arena::stats().dirtyBytes, 20 * page());
+  size_t active = Arena::stats().activeBytes;
+  EXPECT_TRUE(Arena::tryGrow(run, 10, 25));
+  EXPECT_EQ(Arena::stats().dirtyBytes, 5 * page()) << "the cached run's tail stays cached";
+  EXPECT_EQ(Arena::stats().activeBytes, active + 15 * page());
+  EXPECT_FALSE(Arena::tryGrow(run, 25, 40)) << "5 cached pages cannot hold 15 more";
+  gHeapConfig = saved;
+  Arena::release(run, 25, true);
+  Arena::purge(true);
+}
+
 TEST_F(ArenaTest, ForeignAddressesHaveNoEntry) {
   int onStack = 0;
   static int inData = 0;
@@ -156,30 +178,75 @@ TEST_F(ArenaTest, DirtyCacheDecaysToTheOs) {
   EXPECT_EQ(Arena::stats().dirtyBytes, 0u);
 }
 
-// The cache holds up to dirty_cache bytes or dirty_cache_percent of the active pages, whichever
-// is more, so a large heap churning large objects does not decommit and re-fault them.
+// The cache holds at most dirty_cache_percent of the active pages (never less than
+// kMinDirtyCacheBytes) and never more than dirty_cache: a small heap that frees a burst of
+// pages keeps only a fraction of them committed instead of up to 32 MiB.
 TEST_F(ArenaTest, DirtyCacheLimitScalesWithTheActivePages) {
   const HeapConfig saved = gHeapConfig;
   Arena::purge(true);
-  gHeapConfig.dirtyCacheBytes = page();
-  gHeapConfig.dirtyCachePercent = 100;
-  bool zeroed;
-  uintptr_t live = Arena::allocate(64, 0, &zeroed);
-  uintptr_t first = Arena::allocate(16, 0, &zeroed);
-  uintptr_t second = Arena::allocate(16, 0, &zeroed);
-  ASSERT_TRUE(live && first && second);
-  Arena::release(first, 16, true);
-  EXPECT_GE(Arena::stats().dirtyBytes, 16 * page()) << "16 pages are within 100 % of 64+ active";
+  gHeapConfig.dirtyCacheBytes = size_t{32} << 20;
+  gHeapConfig.decayMs = 3'600'000;  // only the limit purges in this test
+  constexpr size_t kRuns = 8;
+  const size_t runPages = (size_t{512} << 10) / page();
+  auto burst = [&] {
+    uintptr_t runs[kRuns];
+    bool zeroed;
+    // One cached page the runs do not fit in: they are the cache's misses, so the cache is not
+    // taken for one that feeds churn (see AChurningCacheMayExceedItsShareOfTheHeap).
+    uintptr_t page = Arena::allocate(1, 0, &zeroed);
+    Arena::release(page, 1, true);
+    for (uintptr_t& run : runs) {
+      run = Arena::allocate(runPages, 0, &zeroed);
+      ASSERT_NE(run, 0u);
+    }
+    for (uintptr_t run : runs) Arena::release(run, runPages, true);
+    std::this_thread::sleep_for(std::chrono::nanoseconds(2 * Arena::kMinPurgeAgeNs));
+    Arena::purge(false);
+  };
+  const size_t freed = kRuns * runPages * page();
   gHeapConfig.dirtyCachePercent = 0;
-  Arena::release(second, 16, true);
-  EXPECT_GE(Arena::stats().dirtyBytes, 32 * page()) << "runs younger than kMinPurgeAgeNs stay";
-  std::this_thread::sleep_for(std::chrono::nanoseconds(2 * Arena::kMinPurgeAgeNs));
-  Arena::purge(false);
-  EXPECT_LE(Arena::stats().dirtyBytes, page()) << "with the percentage off, the byte limit rules";
+  burst();
+  EXPECT_GE(Arena::stats().dirtyBytes, freed) << "without the percentage, dirty_cache rules";
+  Arena::purge(true);
+  gHeapConfig.dirtyCachePercent = 25;
+  burst();
+  ArenaStats stats = Arena::stats();
+  size_t limit = stats.activeBytes / 100 * 25;
+  if (limit < Arena::kMinDirtyCacheBytes) limit = Arena::kMinDirtyCacheBytes;
+  ASSERT_LT(limit, freed) << "the test heap must be small for this test";
+  EXPECT_LE(stats.dirtyBytes, limit) << "a small heap keeps a fraction of what it freed";
+  EXPECT_GE(stats.dirtyBytes, Arena::kMinDirtyCacheBytes / 2) << "but not nothing";
   gHeapConfig = saved;
-  Arena::release(live, 64, true);
   Arena::purge(true);
   EXPECT_EQ(Arena::stats().dirtyBytes, 0u);
+}
+
+// A cache that serves nearly every request feeds churn: it may keep up to dirty_cache, whatever
+// its share of the heap, as long as it keeps serving.
+TEST_F(ArenaTest, AChurningCacheMayExceedItsShareOfTheHeap) {
+  const HeapConfig saved = gHeapConfig;
+  Arena::purge(true);
+  gHeapConfig.dirtyCacheBytes = size_t{32} << 20;
+  gHeapConfig.dirtyCachePercent = 25;
+  gHeapConfig.decayMs = 3'600'000;
+  const size_t runPages = (size_t{512} << 10) / page();
+  bool zeroed;
+  for (int i = 0; i < 64; i++) {  // 63 of these 64 requests are served by the cache
+    uintptr_t run = Arena::allocate(runPages, 0, &zeroed);
+    ASSERT_NE(run, 0u);
+    Arena::release(run, runPages, true);
+  }
+  constexpr size_t kRuns = 8;
+  uintptr_t runs[kRuns];
+  for (uintptr_t& run : runs) run = Arena::allocate(runPages, 0, &zeroed);
+  for (uintptr_t run : runs) Arena::release(run, runPages, true);
+  std::this_thread::sleep_for(std::chrono::nanoseconds(2 * Arena::kMinPurgeAgeNs));
+  Arena::purge(false);
+  ArenaStats stats = Arena::stats();
+  ASSERT_LT(std::max(stats.activeBytes / 4, Arena::kMinDirtyCacheBytes), kRuns * runPages * page());
+  EXPECT_GE(stats.dirtyBytes, kRuns * runPages * page()) << "a churning cache keeps its runs";
+  gHeapConfig = saved;
+  Arena::purge(true);
 }
 
 }  // namespace

@@ -433,6 +433,30 @@ TEST_F(HeapTest, LargeColouringOffLeavesLargeObjectsPageAligned) {
   }
 }
 
+// Freed large objects are reused page by page by large objects of other sizes (a cached run is
+// split), and a large block grows in place over a freed neighbour instead of moving.
+TEST_F(HeapTest, FreedLargeRangesServeOtherSizesAndGrowth) {
+  gHeapConfig.decayMs = 3'600'000;
+  heap::releaseFreeMemory();
+  const size_t page = Arena::pageSize();
+  char* big = static_cast<char*>(api::mallocImpl(50 * page));
+  ASSERT_NE(big, nullptr);
+  memset(big, 1, 50 * page);
+  api::freeImpl(big);
+  char* smaller = static_cast<char*>(api::mallocImpl(30 * page + 100));
+  EXPECT_EQ(smaller, big) << "a 31-page object reuses the head of the freed 50 pages";
+  char* rest = static_cast<char*>(api::mallocImpl(19 * page));
+  EXPECT_EQ(rest, big + 31 * page) << "and the 19 pages after it serve the next one";
+  api::freeImpl(rest);
+  memset(smaller, 2, 30 * page + 100);
+  char* grown = static_cast<char*>(api::reallocImpl(smaller, 45 * page));
+  EXPECT_EQ(grown, big) << "growing over the freed neighbour keeps the block in place";
+  for (size_t at = 0; at < 30 * page + 100; at += 512) ASSERT_EQ(grown[at], 2);
+  memset(grown, 3, 45 * page);
+  api::freeImpl(grown);
+  heap::releaseFreeMemory();
+}
+
 TEST_F(HeapTest, ReallocKeepsContentsAcrossClasses) {
   char* p = static_cast<char*>(api::mallocImpl(10));
   memcpy(p, "0123456789", 10);

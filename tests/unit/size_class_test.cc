@@ -56,6 +56,19 @@ TEST(SizeClasses, ClassesGrowByAtMostAQuarterAbove128Bytes) {
   }
 }
 
+// A power of two plus a small header (sqlite adds 8 bytes to every request) must not waste a
+// quarter of its slot: from 512 B to 8 KiB such sizes waste at most 1/8.
+TEST(SizeClasses, PowersOfTwoPlusAHeaderWasteAtMostAnEighth) {
+  SizeClasses::init(4096);
+  for (size_t power = 512; power <= 8192; power *= 2) {
+    for (size_t header : {8u, 16u, 32u, 48u, 64u}) {
+      size_t size = power + header;
+      size_t slot = kSizeClassSizes[SizeClasses::classOf(size)];
+      EXPECT_LE((slot - size) * 8, slot) << size << " bytes in a " << slot << "-byte slot";
+    }
+  }
+}
+
 TEST(SizeClasses, AlignmentClassesAreMultiplesOfTheAlignment) {
   SizeClasses::init(4096);
   for (size_t alignment = 32; alignment <= 4096; alignment *= 2) {
