@@ -81,7 +81,7 @@ void GlobalHeap::destroySpan(ClassState& state, MiniHeap* heap) {
     retireMeshedSpan(heap);
     return;
   }
-  Arena::release(heap->spanStart, heap->spanPages, true);
+  Arena::release(heap->spanStart, heap->spanPages, !tlsBypassDirtyCache_);
   InternalHeap::free(heap, MiniHeap::bytesFor(heap->objectCount));
 }
 

@@ -59,6 +59,10 @@ class GlobalHeap {
   // Takes a span back from its owner; the owner has already returned its unused slots and
   // closed its remote-free stack.
   static void releaseSpan(MiniHeap* heap);
+  // While set on the calling thread, spans it empties go back to the OS at once instead of into
+  // the dirty cache: the idle-thread reclaimer sets it (ThreadHeap::reclaimIdle), because pages
+  // a sleeping thread left empty are not the churn the cache is there to serve.
+  static void setBypassDirtyCache(bool bypass) { tlsBypassDirtyCache_ = bypass; }
   // A free of slot `slot` of a span that is not attached to the calling thread: onto the
   // span's remote-free stack while it is attached to another thread, else through the bitmap.
   // `sizeClass` is the span's (from the page-map entry: reading it from the MiniHeap would
@@ -149,6 +153,7 @@ class GlobalHeap {
   static bool noteRequestedBytes(MiniHeap* heap, size_t bytes);
 
   static ClassState classes_[kNumSizeClasses];
+  static inline constinit thread_local bool tlsBypassDirtyCache_ = false;
   static inline Mutex largeLock_;
   static inline size_t largeBytes_ = 0;
   static inline size_t largeCount_ = 0;

@@ -187,7 +187,8 @@ void ThreadHeap::releaseAll() {
   detachAll();
 }
 
-size_t ThreadHeap::reclaimIdle(uint64_t nowNs, uint64_t idleNs) {
+size_t ThreadHeap::reclaimIdle(uint64_t nowNs, uint64_t idleNs, uint64_t* nextDueNs) {
+  uint64_t nextDue = UINT64_MAX;
   LockGuard reclaimGuard(gReclaimLock);
   ThreadHeap* head;
   {
@@ -200,19 +201,26 @@ size_t ThreadHeap::reclaimIdle(uint64_t nowNs, uint64_t idleNs) {
     uint32_t word = heap->parkWord_.load(std::memory_order_acquire);
     if ((word & kStateMask) != kParked) continue;
     uint64_t since = heap->parkedSinceNs_.load(std::memory_order_relaxed);
-    if (since == 0 || nowNs - since < idleNs || since > nowNs) continue;
+    if (since == 0) continue;
+    if (since > nowNs || nowNs - since < idleNs) {
+      if (since + idleNs < nextDue) nextDue = since + idleNs;
+      continue;
+    }
     uint32_t reclaiming = (word & ~kStateMask) | kReclaiming;
     if (!heap->parkWord_.compare_exchange_strong(word, reclaiming, std::memory_order_acquire,
                                                  std::memory_order_relaxed)) {
       continue;  // its thread woke up
     }
+    GlobalHeap::setBypassDirtyCache(true);
     heap->releaseAll();
+    GlobalHeap::setBypassDirtyCache(false);
     heap->parkedSinceNs_.store(0, std::memory_order_relaxed);
     heap->parkWord_.store(word, std::memory_order_release);
     os::futexWakeAll(&heap->parkWord_);
     reclaimed++;
   }
   gIdleReclaims.fetch_add(reclaimed, std::memory_order_relaxed);
+  if (nextDueNs) *nextDueNs = nextDue;
   return reclaimed;
 }
 

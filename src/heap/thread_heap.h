@@ -253,8 +253,9 @@ class ThreadHeap {
   // running again, or nullptr if it has none.
   static ThreadHeap* resumeParked();
   // The background thread: reclaims every heap parked since before `nowNs - idleNs`. Returns
-  // how many it reclaimed.
-  static size_t reclaimIdle(uint64_t nowNs, uint64_t idleNs);
+  // how many it reclaimed; `*nextDueNs` (if given) becomes the time the next heap parked now
+  // is due, or UINT64_MAX.
+  static size_t reclaimIdle(uint64_t nowNs, uint64_t idleNs, uint64_t* nextDueNs = nullptr);
   // Heaps reclaimed while their thread was parked, since start.
   static uint64_t idleReclaims();
   // fork: no reclaim may be half done in the child.

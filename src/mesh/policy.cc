@@ -229,10 +229,16 @@ void* MeshPolicy::backgroundMain(void*) {
       os::sleepNanos(kWakeupSettleNs);
       if (os::monotonicNanos() - settleStart > period) break;
     }
-    // Idle threads' spans first, so that this tick's pass can mesh them.
-    if (gHeapConfig.idleReclaimMs &&
-        ThreadHeap::reclaimIdle(os::monotonicNanos(), gHeapConfig.idleReclaimMs * kNanosPerMilli))
-      endIdleBackoff();
+    // Idle threads' spans first, so that this tick's pass can mesh them. A heap parked too
+    // recently is due before the next tick: wake for it then, so that it is reclaimed about
+    // idle_reclaim_ms after its thread blocked rather than up to a period later.
+    if (gHeapConfig.idleReclaimMs) {
+      uint64_t due = UINT64_MAX;
+      if (ThreadHeap::reclaimIdle(os::monotonicNanos(), gHeapConfig.idleReclaimMs * kNanosPerMilli,
+                                  &due))
+        endIdleBackoff();
+      if (due < nextTick) nextTick = due;
+    }
     // Dirty pages past their decay time go back even if the program has stopped freeing.
     Arena::purge(false);
     if (gHeapConfig.meshing &&
