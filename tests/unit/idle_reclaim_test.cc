@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "heap/arena.h"
 #include "heap/heap.h"
 #include "heap/thread_heap.h"
 #include "platform/os.h"
@@ -231,6 +232,48 @@ TEST(IdleThreads, WakingDuringAReclaimWaitsForIt) {
   EXPECT_EQ(damaged.load(), 0);
   // The test means something only if reclaims really met the worker's waits.
   EXPECT_GT(reclaims.load(), static_cast<size_t>(kWaits / 20));
+}
+
+// Spans a reclaim leaves empty go back to the OS at once, not into the dirty cache: a sleeping
+// thread's empty pages are not the churn the cache is for.
+TEST(IdleThreads, SpansTheReclaimEmptiesSkipTheDirtyCache) {
+  ASSERT_TRUE(heap::ensureInitialized());
+  Gate gate;
+  ThreadHeap* parked = nullptr;
+  std::thread worker([&] {
+    // Everything freed locally: the slots wait in the vector, the spans stay attached and
+    // count them as owned until the reclaim hands them back.
+    std::vector<void*> blocks;
+    for (int i = 0; i < 2000; i++) blocks.push_back(heap::allocate(1000));
+    for (void* block : blocks) heap::deallocate(block);
+    ThreadHeap* mine = ThreadHeap::park();
+    {
+      std::unique_lock<std::mutex> guard(gate.lock);
+      parked = mine;
+      gate.waiting++;
+      gate.changed.notify_all();
+      gate.changed.wait(guard, [&] { return gate.open; });
+    }
+    ThreadHeap::unpark(mine);
+  });
+  {
+    std::unique_lock<std::mutex> guard(gate.lock);
+    gate.changed.wait(guard, [&] { return gate.waiting == 1; });
+  }
+  ASSERT_NE(parked, nullptr);
+  ArenaStats before = Arena::stats();
+  EXPECT_EQ(reclaimAllParked(), 1u);
+  ArenaStats after = Arena::stats();
+  // The spans still attached (most filled up and were handed back while the worker allocated)
+  // were emptied by the reclaim: decommitted, none of it cached.
+  EXPECT_GE(after.purgedBytesTotal - before.purgedBytesTotal, size_t{64} << 10);
+  EXPECT_LE(after.dirtyBytes, before.dirtyBytes);
+  {
+    std::lock_guard<std::mutex> guard(gate.lock);
+    gate.open = true;
+  }
+  gate.changed.notify_all();
+  worker.join();
 }
 
 }  // namespace
