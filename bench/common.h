@@ -7,6 +7,7 @@
 
 #include <fcntl.h>
 #include <sched.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -257,6 +258,23 @@ inline long long mappingCount() {
   }
   close(fd);
   return lines;
+}
+
+// Memory outside the allocator under test, for a benchmark's own bookkeeping.
+inline void* mapPrivate(size_t bytes, const char* program) {
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    fprintf(stderr, "%s: mmap of %zu bytes failed\n", program, bytes);
+    exit(1);
+  }
+  return p;
+}
+
+inline void sleepMilliseconds(uint64_t milliseconds) {
+  timespec pause = {static_cast<time_t>(milliseconds / 1000),
+                    static_cast<long>(milliseconds % 1000) * 1000000L};
+  while (milliseconds && nanosleep(&pause, &pause) != 0) {
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

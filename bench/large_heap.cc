@@ -18,7 +18,6 @@
 // seconds_to_2x is the first sample at which PSS was at most twice the live bytes (-1: never).
 // mesh_cpu_ns is meshalloc's `mesh.cpu_ns` (through mallctl, if the allocator has it; else -1).
 #include <dlfcn.h>
-#include <sys/mman.h>
 
 #include <cinttypes>
 #include <condition_variable>
@@ -62,22 +61,6 @@ long long meshCpuNs(Mallctl mallctl) {
   return static_cast<long long>(value);
 }
 
-void* mapPrivate(size_t bytes) {
-  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) {
-    perror("large_heap: mmap");
-    exit(1);
-  }
-  return p;
-}
-
-void sleepMs(uint64_t milliseconds) {
-  timespec pause = {static_cast<time_t>(milliseconds / 1000),
-                    static_cast<long>(milliseconds % 1000) * 1000000L};
-  while (milliseconds && nanosleep(&pause, &pause) != 0) {
-  }
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -90,7 +73,7 @@ int main(int argc, char** argv) {
   auto mallctl = reinterpret_cast<Mallctl>(dlsym(RTLD_DEFAULT, "mallctl"));
   const size_t count = gBytes / gSize;
   const size_t tableBytes = count * sizeof(void*);
-  auto** table = static_cast<void**>(mapPrivate(tableBytes));
+  auto** table = static_cast<void**>(bench::mapPrivate(tableBytes, "large_heap"));
   const long long page = static_cast<long long>(bench::pageSize());
   size_t kept = 0;
   double fillSeconds = 0, freeSeconds = 0;
@@ -148,7 +131,7 @@ int main(int argc, char** argv) {
            pte, mappings, meshCpuNs(mallctl));
     fflush(stdout);
     if (elapsed >= gIdleMs) break;
-    sleepMs(gSampleMs);
+    bench::sleepMilliseconds(gSampleMs);
   }
 
   {

@@ -136,18 +136,6 @@ Options parseArguments(int argc, char** argv) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Memory outside the allocator under test, for the benchmark's own bookkeeping.
-
-void* mapPrivate(size_t bytes) {
-  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) {
-    perror("thread_scaling: mmap");
-    exit(1);
-  }
-  return p;
-}
-
-// ---------------------------------------------------------------------------------------------
 // The pattern: every byte of an object is a function of its address, its size and the run's
 // seed, so a stale or foreign copy is noticed.
 
@@ -221,7 +209,7 @@ void work(const Options& o, unsigned index, Worker* worker, bench::Barrier* star
   const size_t keepPerRound = perRound * o.keepPercent / 100;
   // The round's objects, outside the allocator; unmapped before the thread waits at the end.
   const size_t scratchBytes = perRound * sizeof(Retained);
-  auto* round = static_cast<Retained*>(mapPrivate(scratchBytes));
+  auto* round = static_cast<Retained*>(bench::mapPrivate(scratchBytes, "thread_scaling"));
   start->wait();
   for (uint64_t r = 0; r < o.rounds; r++) {
     for (size_t i = 0; i < perRound; i++) {
@@ -265,13 +253,6 @@ void printAllocatorStats(const char* moment) {
   print(STDERR_FILENO, 0);
 }
 
-void settle(uint64_t milliseconds) {
-  timespec pause = {static_cast<time_t>(milliseconds / 1000),
-                    static_cast<long>(milliseconds % 1000) * 1000000L};
-  while (milliseconds && nanosleep(&pause, &pause) != 0) {
-  }
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -284,8 +265,9 @@ int main(int argc, char** argv) {
   std::vector<Worker> workers(threads);
   for (Worker& w : workers) {
     w.capacity = capacity;
-    w.retained =
-        capacity ? static_cast<Retained*>(mapPrivate(capacity * sizeof(Retained))) : nullptr;
+    w.retained = capacity ? static_cast<Retained*>(
+                                bench::mapPrivate(capacity * sizeof(Retained), "thread_scaling"))
+                          : nullptr;
   }
   std::vector<std::thread> pool;
   pool.reserve(threads);
@@ -304,7 +286,7 @@ int main(int argc, char** argv) {
   }
   const double seconds = bench::now() - begin;
   // The threads are alive and idle: what a server's pool holds between bursts of work.
-  settle(o.settleMs);
+  bench::sleepMilliseconds(o.settleMs);
   long long alivePss = bench::procField("/proc/self/smaps_rollup", "Pss:");
   if (o.allocatorStats) printAllocatorStats("alive");
   const long long alivePte = bench::procField("/proc/self/status", "VmPTE:");
@@ -333,7 +315,7 @@ int main(int argc, char** argv) {
     if (auto compact = reinterpret_cast<CompactFn>(dlsym(RTLD_DEFAULT, "meshalloc_compact")))
       compact();
   }
-  settle(o.settleMs);
+  bench::sleepMilliseconds(o.settleMs);
 
   // The bookkeeping (the retained lists, fully written: selection sampling keeps exactly
   // `capacity` objects per thread) lives in private mappings that are not the allocator's:
