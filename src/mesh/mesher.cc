@@ -61,6 +61,10 @@ bool spanBusyWithIo(MiniHeap* span, size_t bytes) {
 // so it is read every kRecountIntervalNs; in between, the count is estimated from the last
 // reading plus kMappingsPerMesh for every virtual span (alias or shared span) added since.
 constexpr uint64_t kRecountIntervalNs = 5'000'000'000ull;
+// Within this many mappings of the limit a pass counts them afresh, and it leaves this reserve
+// for the mappings a pass's restores may add.
+constexpr long kMappingRecountDistance = 2048;
+constexpr long kMappingReserve = 64;
 long gCountedMappings = -1;
 size_t gVirtualSpansAtCount = 0;
 uint64_t gCountedAtNs = 0;
@@ -409,9 +413,16 @@ size_t Mesher::compact(size_t minGainBytes) {
   long margin = limit / kMappingMarginDivisor > kMappingMarginMin ? limit / kMappingMarginDivisor
                                                                   : kMappingMarginMin;
   long mappings = mappingCount();
+  // Near the limit the estimate is not good enough: spans restored between batches map fresh
+  // memory that may not merge with its neighbours, which the estimate does not count (a 2 GiB
+  // sparse heap ended 12 mappings past the limit). Count again, and keep a reserve for them.
+  if (mappings >= 0 && limit - margin - mappings < kMappingRecountDistance) {
+    gCountedMappings = -1;
+    mappings = mappingCount();
+  }
   gStats.lastMappingCount = mappings > 0 ? static_cast<uint64_t>(mappings) : 0;
   gStats.mappingLimit = static_cast<uint64_t>(limit - margin > 0 ? limit - margin : 0);
-  long budget = mappings < 0 ? 0 : limit - margin - mappings;
+  long budget = mappings < 0 ? 0 : limit - margin - mappings - kMappingReserve;
   size_t released = 0;
   for (unsigned i = 0; i < classes && !gForkPending.load(std::memory_order_relaxed); i++) {
     if (budget < kMappingsPerMesh * 2) {
