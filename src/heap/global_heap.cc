@@ -338,8 +338,11 @@ size_t GlobalHeap::takeMeshCandidates(unsigned sizeClass, uint32_t maxLive, Mini
   // come before its first span that was, and the walk stops there. When a sweep has no more to
   // offer, the next one begins (spans placed since are offered then too).
   for (int sweep = 0; sweep < 2 && count < max; sweep++) {
-    if (sweep == 1)
-      state.meshSweep = static_cast<uint16_t>(state.meshSweep + 1 ? state.meshSweep + 1 : 1);
+    if (sweep == 1) {
+      // Skips 0, which new spans carry (the sum is taken in uint16_t so that it wraps there).
+      uint16_t next = static_cast<uint16_t>(state.meshSweep + 1);
+      state.meshSweep = next ? next : 1;
+    }
     for (size_t bin = 0; bin < kOccupancyBins && count < max; bin++) {
       MiniHeap* heap = state.partial[bin].front();
       while (heap && count < max && heap->meshSweep != state.meshSweep) {
