@@ -401,8 +401,7 @@ void applyRecycledFree(ThreadHeap* heap, uintptr_t address) {
   deallocateSlow(reinterpret_cast<void*>(address));
 }
 
-void flushRecycledBlocks() {
-  ThreadHeap* heap = tlsThreadHeap;
+void flushRecycledBlocks(ThreadHeap* heap) {
   if (!heap) return;
   uintptr_t block;
   for (unsigned c = 0; c < kNumSizeClasses; c++) {
@@ -410,11 +409,18 @@ void flushRecycledBlocks() {
   }
 }
 
+void flushRecycledBlocks() {
+  flushRecycledBlocks(tlsThreadHeap);
+}
+
+void flushThreadCache(ThreadHeap* heap) {
+  if (!heap) return;
+  flushRecycledBlocks(heap);
+  heap->detachAll();
+}
+
 void flushThreadCache() {
-  if (ThreadHeap* heap = tlsThreadHeap) {
-    flushRecycledBlocks();
-    heap->detachAll();
-  }
+  flushThreadCache(tlsThreadHeap);
 }
 
 size_t releaseFreeMemory() {

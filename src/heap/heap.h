@@ -187,6 +187,8 @@ void* allocatePinned(size_t size);
 // Applies the calling thread's recycled blocks to their spans (before its slots are counted
 // or handed back).
 void flushRecycledBlocks();
+// The same for `heap`, whose thread is the caller or blocked with it parked (the idle reclaimer).
+void flushRecycledBlocks(ThreadHeap* heap);
 
 // A block of at least `size` bytes aligned to `alignment` (a power of two); nullptr + ENOMEM.
 void* allocateAligned(size_t size, size_t alignment);
@@ -214,6 +216,8 @@ inline size_t usableSize(const void* pointer) {
 
 // Returns the calling thread's attached spans to the global heap.
 void flushThreadCache();
+// The same for `heap`, whose thread is the caller or blocked with it parked (the idle reclaimer).
+void flushThreadCache(ThreadHeap* heap);
 // Returns cached empty pages to the OS; returns bytes released.
 size_t releaseFreeMemory();
 

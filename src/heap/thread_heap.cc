@@ -179,14 +179,6 @@ ThreadHeap* ThreadHeap::resumeParked() {
   return heap;
 }
 
-void ThreadHeap::releaseAll() {
-  uintptr_t block;
-  for (unsigned c = 0; c < kNumSizeClasses; c++) {
-    while (vectors_[c].takeOldestRecycled(&block)) heap::applyRecycledFree(this, block);
-  }
-  detachAll();
-}
-
 size_t ThreadHeap::reclaimIdle(uint64_t nowNs, uint64_t idleNs, uint64_t* nextDueNs) {
   uint64_t nextDue = UINT64_MAX;
   LockGuard reclaimGuard(gReclaimLock);
@@ -212,7 +204,7 @@ size_t ThreadHeap::reclaimIdle(uint64_t nowNs, uint64_t idleNs, uint64_t* nextDu
       continue;  // its thread woke up
     }
     GlobalHeap::setBypassDirtyCache(true);
-    heap->releaseAll();
+    heap::flushThreadCache(heap);
     GlobalHeap::setBypassDirtyCache(false);
     heap->parkedSinceNs_.store(0, std::memory_order_relaxed);
     heap->parkWord_.store(word, std::memory_order_release);

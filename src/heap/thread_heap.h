@@ -281,8 +281,6 @@ class ThreadHeap {
   // Waits until this heap is running (a reclaim in progress finishes first) and makes it so,
   // with a new generation: a park() that this interrupted then fails to publish.
   void takeRunning();
-  // Applies the recycled blocks and detaches every span; called by the reclaiming thread.
-  void releaseAll();
   // Randomization::kRotatedRuns's order: each span's slots from a random one, spans shuffled.
   void shuffleRuns(ShuffleVector& v);
 
