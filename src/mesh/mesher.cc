@@ -69,11 +69,12 @@ long gCountedMappings = -1;
 size_t gVirtualSpansAtCount = 0;
 uint64_t gCountedAtNs = 0;
 
-long mappingCount() {
+// `fresh`: read /proc/self/maps whatever the interval.
+long mappingCount(bool fresh = false) {
   SpanBackingStats backing = SpanBacking::stats();
   size_t virtualSpans = backing.aliasSpans + backing.meshedSpans;
   uint64_t now = os::monotonicNanos();
-  if (gCountedMappings < 0 || now - gCountedAtNs > kRecountIntervalNs) {
+  if (fresh || gCountedMappings < 0 || now - gCountedAtNs > kRecountIntervalNs) {
     gCountedMappings = os::countMappings();
     gVirtualSpansAtCount = virtualSpans;
     gCountedAtNs = now;
@@ -416,10 +417,8 @@ size_t Mesher::compact(size_t minGainBytes) {
   // Near the limit the estimate is not good enough: spans restored between batches map fresh
   // memory that may not merge with its neighbours, which the estimate does not count (a 2 GiB
   // sparse heap ended 12 mappings past the limit). Count again, and keep a reserve for them.
-  if (mappings >= 0 && limit - margin - mappings < kMappingRecountDistance) {
-    gCountedMappings = -1;
-    mappings = mappingCount();
-  }
+  if (mappings >= 0 && limit - margin - mappings < kMappingRecountDistance)
+    mappings = mappingCount(true);
   gStats.lastMappingCount = mappings > 0 ? static_cast<uint64_t>(mappings) : 0;
   gStats.mappingLimit = static_cast<uint64_t>(limit - margin > 0 ? limit - margin : 0);
   long budget = mappings < 0 ? 0 : limit - margin - mappings - kMappingReserve;
