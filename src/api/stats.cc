@@ -42,6 +42,16 @@ int64_t bytes(uint64_t value) {
   return static_cast<int64_t>(value);
 }
 
+// The spans attached in another thread's vector `v`, read without its owner's cooperation
+// (single-copy-atomic loads; the registry lock keeps the heap itself in place).
+template <typename Visit>
+void forEachAttachedSpan(ShuffleVector& v, Visit visit) {
+  uint32_t count = __atomic_load_n(&v.attachedCount, __ATOMIC_RELAXED);
+  for (unsigned span = 0; span < count && span < kMaxSpansPerVector; span++) {
+    if (MiniHeap* mini = __atomic_load_n(&v.spans[span], __ATOMIC_RELAXED)) visit(mini);
+  }
+}
+
 // What the internal heap gives a block of `size` bytes (see InternalHeap::allocate).
 size_t internalBlockBytes(size_t size) {
   return size > InternalHeap::kMaxPooledSize ? roundUp(size, Arena::pageSize())
@@ -72,15 +82,12 @@ MemoryBreakdown collectBreakdown() {
     threadHeapResident += os::residentBytes(heap, roundUp(storage, pageSize));
     for (unsigned c = 0; c < kNumSizeClasses; c++) {
       ShuffleVector& v = heap->vector(c);
-      uint32_t count = __atomic_load_n(&v.attachedCount, __ATOMIC_RELAXED);
-      for (unsigned span = 0; span < count && span < kMaxSpansPerVector; span++) {
-        MiniHeap* mini = __atomic_load_n(&v.spans[span], __ATOMIC_RELAXED);
-        if (!mini) continue;
+      forEachAttachedSpan(v, [&](MiniHeap* mini) {
         uint32_t live = mini->liveCount.load(std::memory_order_relaxed);
         attached[c].spans++;
         attached[c].slots += mini->objectCount;
         attached[c].live += live < mini->objectCount ? live : mini->objectCount;
-      }
+      });
       attached[c].held += __atomic_load_n(&v.length, __ATOMIC_RELAXED) +
                           __atomic_load_n(&v.recycledCount, __ATOMIC_RELAXED);
     }
@@ -152,13 +159,9 @@ HeapStats collectStats() {
     stats.threadHeaps += heap->inUse();
     for (unsigned c = 0; c < kNumSizeClasses; c++) {
       ShuffleVector& v = heap->vector(c);
-      uint32_t attached = __atomic_load_n(&v.attachedCount, __ATOMIC_RELAXED);
       uint64_t live = 0;
-      for (unsigned span = 0; span < attached && span < kMaxSpansPerVector; span++) {
-        if (MiniHeap* mini = __atomic_load_n(&v.spans[span], __ATOMIC_RELAXED)) {
-          live += mini->liveCount.load(std::memory_order_relaxed);
-        }
-      }
+      forEachAttachedSpan(
+          v, [&](MiniHeap* mini) { live += mini->liveCount.load(std::memory_order_relaxed); });
       uint32_t waiting = __atomic_load_n(&v.length, __ATOMIC_RELAXED);
       stats.classes[c].liveObjects += live > waiting ? live - waiting : 0;
     }
