@@ -40,11 +40,6 @@
 namespace meshalloc {
 namespace {
 
-template <typename Function>
-Function realFunction(std::atomic<Function>& cache, const char* name) {
-  return api::nextSymbol(cache, name);
-}
-
 // The real function of a name glibc keeps only as a compatibility symbol (no default version:
 // dlsym does not see it), under the base version of the architectures we build for.
 template <typename Function>
@@ -359,191 +354,191 @@ HeapRange itemsRange(void* buffer, size_t size, size_t count) {
 using namespace meshalloc;
 
 MESHALLOC_EXPORT ssize_t read(int fd, void* buffer, size_t count) {
-  ReadFn real = realFunction(gRead, "read");
+  ReadFn real = api::nextSymbol(gRead, "read");
   return guarded(buffer, count, [&] { return real(fd, buffer, count); });
 }
 
 MESHALLOC_EXPORT ssize_t pread(int fd, void* buffer, size_t count, off_t offset) {
-  PreadFn real = realFunction(gPread, "pread");
+  PreadFn real = api::nextSymbol(gPread, "pread");
   return guarded(buffer, count, [&] { return real(fd, buffer, count, offset); });
 }
 
 MESHALLOC_EXPORT ssize_t pread64(int fd, void* buffer, size_t count, off_t offset) {
-  PreadFn real = realFunction(gPread64, "pread64");
+  PreadFn real = api::nextSymbol(gPread64, "pread64");
   return guarded(buffer, count, [&] { return real(fd, buffer, count, offset); });
 }
 
 MESHALLOC_EXPORT ssize_t recv(int fd, void* buffer, size_t length, int flags) {
-  RecvFn real = realFunction(gRecv, "recv");
+  RecvFn real = api::nextSymbol(gRecv, "recv");
   return guarded(buffer, length, [&] { return real(fd, buffer, length, flags); });
 }
 
 MESHALLOC_EXPORT ssize_t recvfrom(int fd, void* buffer, size_t length, int flags,
                                   struct sockaddr* address, socklen_t* addressLength) {
-  RecvfromFn real = realFunction(gRecvfrom, "recvfrom");
+  RecvfromFn real = api::nextSymbol(gRecvfrom, "recvfrom");
   return guarded(buffer, length,
                  [&] { return real(fd, buffer, length, flags, address, addressLength); });
 }
 
 MESHALLOC_EXPORT ssize_t readv(int fd, const struct iovec* vector, int count) {
-  ReadvFn real = realFunction(gReadv, "readv");
+  ReadvFn real = api::nextSymbol(gReadv, "readv");
   return guardedRange(vectorRange(vector, count), [&] { return real(fd, vector, count); });
 }
 
 MESHALLOC_EXPORT ssize_t preadv(int fd, const struct iovec* vector, int count, off_t offset) {
-  PreadvFn real = realFunction(gPreadv, "preadv");
+  PreadvFn real = api::nextSymbol(gPreadv, "preadv");
   return guardedRange(vectorRange(vector, count), [&] { return real(fd, vector, count, offset); });
 }
 
 MESHALLOC_EXPORT ssize_t preadv64(int fd, const struct iovec* vector, int count, off_t offset) {
-  PreadvFn real = realFunction(gPreadv64, "preadv64");
+  PreadvFn real = api::nextSymbol(gPreadv64, "preadv64");
   return guardedRange(vectorRange(vector, count), [&] { return real(fd, vector, count, offset); });
 }
 
 MESHALLOC_EXPORT ssize_t preadv2(int fd, const struct iovec* vector, int count, off_t offset,
                                  int flags) {
-  Preadv2Fn real = realFunction(gPreadv2, "preadv2");
+  Preadv2Fn real = api::nextSymbol(gPreadv2, "preadv2");
   return guardedRange(vectorRange(vector, count),
                       [&] { return real(fd, vector, count, offset, flags); });
 }
 
 MESHALLOC_EXPORT ssize_t preadv64v2(int fd, const struct iovec* vector, int count, off_t offset,
                                     int flags) {
-  Preadv2Fn real = realFunction(gPreadv64v2, "preadv64v2");
+  Preadv2Fn real = api::nextSymbol(gPreadv64v2, "preadv64v2");
   return guardedRange(vectorRange(vector, count),
                       [&] { return real(fd, vector, count, offset, flags); });
 }
 
 MESHALLOC_EXPORT ssize_t recvmsg(int fd, struct msghdr* message, int flags) {
-  RecvmsgFn real = realFunction(gRecvmsg, "recvmsg");
+  RecvmsgFn real = api::nextSymbol(gRecvmsg, "recvmsg");
   return guardedRange(messageRange(message), [&] { return real(fd, message, flags); });
 }
 
 MESHALLOC_EXPORT ssize_t getrandom(void* buffer, size_t length, unsigned flags) {
-  GetrandomFn real = realFunction(gGetrandom, "getrandom");
+  GetrandomFn real = api::nextSymbol(gGetrandom, "getrandom");
   return guarded(buffer, length, [&] { return real(buffer, length, flags); });
 }
 
 MESHALLOC_EXPORT int poll(struct pollfd* fds, nfds_t count, int timeout) {
-  PollFn real = realFunction(gPoll, "poll");
+  PollFn real = api::nextSymbol(gPoll, "poll");
   return guardedRange(pollRange(fds, count), [&] { return real(fds, count, timeout); });
 }
 
 MESHALLOC_EXPORT int ppoll(struct pollfd* fds, nfds_t count, const struct timespec* timeout,
                            const sigset_t* mask) {
-  PpollFn real = realFunction(gPpoll, "ppoll");
+  PpollFn real = api::nextSymbol(gPpoll, "ppoll");
   return guardedRange(pollRange(fds, count), [&] { return real(fds, count, timeout, mask); });
 }
 
 MESHALLOC_EXPORT int epoll_wait(int epfd, struct epoll_event* events, int maxEvents, int timeout) {
-  EpollWaitFn real = realFunction(gEpollWait, "epoll_wait");
+  EpollWaitFn real = api::nextSymbol(gEpollWait, "epoll_wait");
   return guardedRange(eventsRange(events, maxEvents),
                       [&] { return real(epfd, events, maxEvents, timeout); });
 }
 
 MESHALLOC_EXPORT int epoll_pwait(int epfd, struct epoll_event* events, int maxEvents, int timeout,
                                  const sigset_t* mask) {
-  EpollPwaitFn real = realFunction(gEpollPwait, "epoll_pwait");
+  EpollPwaitFn real = api::nextSymbol(gEpollPwait, "epoll_pwait");
   return guardedRange(eventsRange(events, maxEvents),
                       [&] { return real(epfd, events, maxEvents, timeout, mask); });
 }
 
 MESHALLOC_EXPORT int accept(int fd, struct sockaddr* address, socklen_t* length) {
-  AcceptFn real = realFunction(gAccept, "accept");
+  AcceptFn real = api::nextSymbol(gAccept, "accept");
   return guardedRange(valueAndLengthRange(address, length),
                       [&] { return real(fd, address, length); });
 }
 
 MESHALLOC_EXPORT int accept4(int fd, struct sockaddr* address, socklen_t* length, int flags) {
-  Accept4Fn real = realFunction(gAccept4, "accept4");
+  Accept4Fn real = api::nextSymbol(gAccept4, "accept4");
   return guardedRange(valueAndLengthRange(address, length),
                       [&] { return real(fd, address, length, flags); });
 }
 
 MESHALLOC_EXPORT int recvmmsg(int fd, struct mmsghdr* messages, unsigned count, int flags,
                               struct timespec* timeout) {
-  RecvmmsgFn real = realFunction(gRecvmmsg, "recvmmsg");
+  RecvmmsgFn real = api::nextSymbol(gRecvmmsg, "recvmmsg");
   return guardedRange(messagesRange(messages, count),
                       [&] { return real(fd, messages, count, flags, timeout); });
 }
 
 MESHALLOC_EXPORT ssize_t readlink(const char* path, char* buffer, size_t size) {
-  ReadlinkFn real = realFunction(gReadlink, "readlink");
+  ReadlinkFn real = api::nextSymbol(gReadlink, "readlink");
   return guarded(buffer, size, [&] { return real(path, buffer, size); });
 }
 
 MESHALLOC_EXPORT ssize_t readlinkat(int dirfd, const char* path, char* buffer, size_t size) {
-  ReadlinkatFn real = realFunction(gReadlinkat, "readlinkat");
+  ReadlinkatFn real = api::nextSymbol(gReadlinkat, "readlinkat");
   return guarded(buffer, size, [&] { return real(dirfd, path, buffer, size); });
 }
 
 MESHALLOC_EXPORT int stat(const char* path, struct stat* status) {
-  StatFn real = realFunction(gStat, "stat");
+  StatFn real = api::nextSymbol(gStat, "stat");
   return guarded(status, sizeof(*status), [&] { return real(path, status); });
 }
 
 MESHALLOC_EXPORT int lstat(const char* path, struct stat* status) {
-  StatFn real = realFunction(gLstat, "lstat");
+  StatFn real = api::nextSymbol(gLstat, "lstat");
   return guarded(status, sizeof(*status), [&] { return real(path, status); });
 }
 
 MESHALLOC_EXPORT int fstat(int fd, struct stat* status) {
-  FstatFn real = realFunction(gFstat, "fstat");
+  FstatFn real = api::nextSymbol(gFstat, "fstat");
   return guarded(status, sizeof(*status), [&] { return real(fd, status); });
 }
 
 MESHALLOC_EXPORT int fstatat(int dirfd, const char* path, struct stat* status, int flags) {
-  FstatatFn real = realFunction(gFstatat, "fstatat");
+  FstatatFn real = api::nextSymbol(gFstatat, "fstatat");
   return guarded(status, sizeof(*status), [&] { return real(dirfd, path, status, flags); });
 }
 
 MESHALLOC_EXPORT int stat64(const char* path, struct stat64* status) {
-  Stat64Fn real = realFunction(gStat64, "stat64");
+  Stat64Fn real = api::nextSymbol(gStat64, "stat64");
   return guarded(status, sizeof(*status), [&] { return real(path, status); });
 }
 
 MESHALLOC_EXPORT int lstat64(const char* path, struct stat64* status) {
-  Stat64Fn real = realFunction(gLstat64, "lstat64");
+  Stat64Fn real = api::nextSymbol(gLstat64, "lstat64");
   return guarded(status, sizeof(*status), [&] { return real(path, status); });
 }
 
 MESHALLOC_EXPORT int fstat64(int fd, struct stat64* status) {
-  Fstat64Fn real = realFunction(gFstat64, "fstat64");
+  Fstat64Fn real = api::nextSymbol(gFstat64, "fstat64");
   return guarded(status, sizeof(*status), [&] { return real(fd, status); });
 }
 
 MESHALLOC_EXPORT int fstatat64(int dirfd, const char* path, struct stat64* status, int flags) {
-  Fstatat64Fn real = realFunction(gFstatat64, "fstatat64");
+  Fstatat64Fn real = api::nextSymbol(gFstatat64, "fstatat64");
   return guarded(status, sizeof(*status), [&] { return real(dirfd, path, status, flags); });
 }
 
 MESHALLOC_EXPORT int statx(int dirfd, const char* path, int flags, unsigned mask,
                            struct statx* status) {
-  StatxFn real = realFunction(gStatx, "statx");
+  StatxFn real = api::nextSymbol(gStatx, "statx");
   return guarded(status, sizeof(*status), [&] { return real(dirfd, path, flags, mask, status); });
 }
 
 MESHALLOC_EXPORT int getsockname(int fd, struct sockaddr* address, socklen_t* length) {
-  AcceptFn real = realFunction(gGetsockname, "getsockname");
+  AcceptFn real = api::nextSymbol(gGetsockname, "getsockname");
   return guardedRange(valueAndLengthRange(address, length),
                       [&] { return real(fd, address, length); });
 }
 
 MESHALLOC_EXPORT int getpeername(int fd, struct sockaddr* address, socklen_t* length) {
-  AcceptFn real = realFunction(gGetpeername, "getpeername");
+  AcceptFn real = api::nextSymbol(gGetpeername, "getpeername");
   return guardedRange(valueAndLengthRange(address, length),
                       [&] { return real(fd, address, length); });
 }
 
 MESHALLOC_EXPORT int getsockopt(int fd, int level, int name, void* value, socklen_t* length) {
-  GetsockoptFn real = realFunction(gGetsockopt, "getsockopt");
+  GetsockoptFn real = api::nextSymbol(gGetsockopt, "getsockopt");
   return guardedRange(valueAndLengthRange(value, length),
                       [&] { return real(fd, level, name, value, length); });
 }
 
 MESHALLOC_EXPORT int select(int count, fd_set* readable, fd_set* writable, fd_set* exceptional,
                             struct timeval* timeout) {
-  SelectFn real = realFunction(gSelect, "select");
+  SelectFn real = api::nextSymbol(gSelect, "select");
   fd_set* sets[3] = {readable, writable, exceptional};
   return guardedRange(selectRange(count, sets, timeout),
                       [&] { return real(count, readable, writable, exceptional, timeout); });
@@ -551,85 +546,85 @@ MESHALLOC_EXPORT int select(int count, fd_set* readable, fd_set* writable, fd_se
 
 MESHALLOC_EXPORT int pselect(int count, fd_set* readable, fd_set* writable, fd_set* exceptional,
                              const struct timespec* timeout, const sigset_t* mask) {
-  PselectFn real = realFunction(gPselect, "pselect");
+  PselectFn real = api::nextSymbol(gPselect, "pselect");
   fd_set* sets[3] = {readable, writable, exceptional};
   return guardedRange(selectRange(count, sets, nullptr),
                       [&] { return real(count, readable, writable, exceptional, timeout, mask); });
 }
 
 MESHALLOC_EXPORT pid_t wait(int* status) {
-  WaitFn real = realFunction(gWait, "wait");
+  WaitFn real = api::nextSymbol(gWait, "wait");
   return guarded(status, sizeof(*status), [&] { return real(status); });
 }
 
 MESHALLOC_EXPORT pid_t waitpid(pid_t pid, int* status, int options) {
-  WaitpidFn real = realFunction(gWaitpid, "waitpid");
+  WaitpidFn real = api::nextSymbol(gWaitpid, "waitpid");
   return guarded(status, sizeof(*status), [&] { return real(pid, status, options); });
 }
 
 MESHALLOC_EXPORT pid_t wait3(int* status, int options, struct rusage* usage) {
-  Wait3Fn real = realFunction(gWait3, "wait3");
+  Wait3Fn real = api::nextSymbol(gWait3, "wait3");
   return guardedRange(statusRange(status, usage), [&] { return real(status, options, usage); });
 }
 
 MESHALLOC_EXPORT pid_t wait4(pid_t pid, int* status, int options, struct rusage* usage) {
-  Wait4Fn real = realFunction(gWait4, "wait4");
+  Wait4Fn real = api::nextSymbol(gWait4, "wait4");
   return guardedRange(statusRange(status, usage),
                       [&] { return real(pid, status, options, usage); });
 }
 
 MESHALLOC_EXPORT int waitid(idtype_t type, id_t id, siginfo_t* info, int options) {
-  WaitidFn real = realFunction(gWaitid, "waitid");
+  WaitidFn real = api::nextSymbol(gWaitid, "waitid");
   return guarded(info, sizeof(*info), [&] { return real(type, id, info, options); });
 }
 
 MESHALLOC_EXPORT int pipe(int fds[2]) {
-  PipeFn real = realFunction(gPipe, "pipe");
+  PipeFn real = api::nextSymbol(gPipe, "pipe");
   return guarded(fds, 2 * sizeof(int), [&] { return real(fds); });
 }
 
 MESHALLOC_EXPORT int pipe2(int fds[2], int flags) {
-  Pipe2Fn real = realFunction(gPipe2, "pipe2");
+  Pipe2Fn real = api::nextSymbol(gPipe2, "pipe2");
   return guarded(fds, 2 * sizeof(int), [&] { return real(fds, flags); });
 }
 
 MESHALLOC_EXPORT int socketpair(int domain, int type, int protocol, int fds[2]) {
-  SocketpairFn real = realFunction(gSocketpair, "socketpair");
+  SocketpairFn real = api::nextSymbol(gSocketpair, "socketpair");
   return guarded(fds, 2 * sizeof(int), [&] { return real(domain, type, protocol, fds); });
 }
 
 MESHALLOC_EXPORT ssize_t getdents64(int fd, void* buffer, size_t length) {
-  Getdents64Fn real = realFunction(gGetdents64, "getdents64");
+  Getdents64Fn real = api::nextSymbol(gGetdents64, "getdents64");
   return guarded(buffer, length, [&] { return real(fd, buffer, length); });
 }
 
 MESHALLOC_EXPORT ssize_t getxattr(const char* path, const char* name, void* value, size_t size) {
-  GetxattrFn real = realFunction(gGetxattr, "getxattr");
+  GetxattrFn real = api::nextSymbol(gGetxattr, "getxattr");
   return guarded(value, size, [&] { return real(path, name, value, size); });
 }
 
 MESHALLOC_EXPORT ssize_t lgetxattr(const char* path, const char* name, void* value, size_t size) {
-  GetxattrFn real = realFunction(gLgetxattr, "lgetxattr");
+  GetxattrFn real = api::nextSymbol(gLgetxattr, "lgetxattr");
   return guarded(value, size, [&] { return real(path, name, value, size); });
 }
 
 MESHALLOC_EXPORT ssize_t fgetxattr(int fd, const char* name, void* value, size_t size) {
-  FgetxattrFn real = realFunction(gFgetxattr, "fgetxattr");
+  FgetxattrFn real = api::nextSymbol(gFgetxattr, "fgetxattr");
   return guarded(value, size, [&] { return real(fd, name, value, size); });
 }
 
 MESHALLOC_EXPORT ssize_t listxattr(const char* path, char* list, size_t size) {
-  ListxattrFn real = realFunction(gListxattr, "listxattr");
+  ListxattrFn real = api::nextSymbol(gListxattr, "listxattr");
   return guarded(list, size, [&] { return real(path, list, size); });
 }
 
 MESHALLOC_EXPORT ssize_t llistxattr(const char* path, char* list, size_t size) {
-  ListxattrFn real = realFunction(gLlistxattr, "llistxattr");
+  ListxattrFn real = api::nextSymbol(gLlistxattr, "llistxattr");
   return guarded(list, size, [&] { return real(path, list, size); });
 }
 
 MESHALLOC_EXPORT ssize_t flistxattr(int fd, char* list, size_t size) {
-  FlistxattrFn real = realFunction(gFlistxattr, "flistxattr");
+  FlistxattrFn real = api::nextSymbol(gFlistxattr, "flistxattr");
   return guarded(list, size, [&] { return real(fd, list, size); });
 }
 
@@ -637,24 +632,24 @@ MESHALLOC_EXPORT ssize_t flistxattr(int fd, char* list, size_t size) {
 // with its internal read(), which the read wrapper never sees. (The stream's own buffer is
 // pinned instead: api/libc_buffers.h.)
 MESHALLOC_EXPORT size_t fread(void* buffer, size_t size, size_t count, FILE* stream) {
-  FreadFn real = realFunction(gFread, "fread");
+  FreadFn real = api::nextSymbol(gFread, "fread");
   return guardedRange(itemsRange(buffer, size, count),
                       [&] { return real(buffer, size, count, stream); });
 }
 
 MESHALLOC_EXPORT size_t fread_unlocked(void* buffer, size_t size, size_t count, FILE* stream) {
-  FreadFn real = realFunction(gFreadUnlocked, "fread_unlocked");
+  FreadFn real = api::nextSymbol(gFreadUnlocked, "fread_unlocked");
   return guardedRange(itemsRange(buffer, size, count),
                       [&] { return real(buffer, size, count, stream); });
 }
 
 MESHALLOC_EXPORT int uname(struct utsname* name) {
-  UnameFn real = realFunction(gUname, "uname");
+  UnameFn real = api::nextSymbol(gUname, "uname");
   return guarded(name, sizeof(*name), [&] { return real(name); });
 }
 
 MESHALLOC_EXPORT int getrusage(int who, struct rusage* usage) {
-  GetrusageFn real = realFunction(gGetrusage, "getrusage");
+  GetrusageFn real = api::nextSymbol(gGetrusage, "getrusage");
   return guarded(usage, sizeof(*usage), [&] { return real(who, usage); });
 }
 
