@@ -28,17 +28,7 @@ constexpr int64_t kMiB = 1024 * kKiB;
 // The components the exit report lists, in its order (read from the report itself, so the
 // test follows the library's one list instead of keeping a copy of it).
 std::vector<std::string> componentNames() {
-  fflush(nullptr);
-  FILE* tmp = tmpfile();
-  EXPECT_NE(tmp, nullptr);
-  if (!tmp) return {};
-  meshalloc_print_stats(fileno(tmp), 1);
-  std::string json;
-  rewind(tmp);
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, tmp)) > 0) json.append(buf, n);
-  fclose(tmp);
+  std::string json = meshtest::statsReport(1);
   std::vector<std::string> names;
   size_t begin = json.find("\"breakdown_components\":[");
   size_t end = json.find(']', begin);
@@ -106,16 +96,8 @@ TEST(Breakdown, EveryComponentHasAMallctlNameAndAReportLine) {
   EXPECT_EQ(meshalloc_mallctl("stats.breakdown.pss", nullptr, nullptr, &value, sizeof value),
             EPERM);
 
-  fflush(nullptr);
-  FILE* tmp = tmpfile();
-  ASSERT_NE(tmp, nullptr);
-  meshalloc_print_stats(fileno(tmp), 0);
-  std::string text;
-  rewind(tmp);
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, tmp)) > 0) text.append(buf, n);
-  fclose(tmp);
+  std::string text = meshtest::statsReport(0);
+  ASSERT_FALSE(text.empty());
   for (const std::string& name : names) {
     EXPECT_NE(text.find("\n    " + name + " "), std::string::npos) << name << " in\n" << text;
   }

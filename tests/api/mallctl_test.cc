@@ -233,27 +233,12 @@ TEST(Mallctl, ClassDumpListsTheSpansOfAClass) {
   freeAll(ptrs);
 }
 
-std::string statsReport(int json) {
-  fflush(nullptr);
-  FILE* tmp = tmpfile();
-  EXPECT_NE(tmp, nullptr);
-  if (!tmp) return {};
-  meshalloc_print_stats(fileno(tmp), json);
-  std::string text;
-  lseek(fileno(tmp), 0, SEEK_SET);
-  char buf[4096];
-  ssize_t n;
-  while ((n = read(fileno(tmp), buf, sizeof buf)) > 0) text.append(buf, static_cast<size_t>(n));
-  fclose(tmp);
-  return text;
-}
-
 TEST(PrintStats, TextAndJson) {
   auto keep = allocateTouched(100, 500);
-  std::string text = statsReport(0);
+  std::string text = meshtest::statsReport(0);
   EXPECT_GT(text.size(), 40u) << text;
 
-  std::string json = statsReport(1);
+  std::string json = meshtest::statsReport(1);
   size_t first = json.find_first_not_of(" \t\r\n");
   size_t last = json.find_last_not_of(" \t\r\n");
   ASSERT_NE(first, std::string::npos) << "empty JSON report";

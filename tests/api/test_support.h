@@ -228,4 +228,20 @@ inline ChildResult runInChild(const std::function<void()>& body, unsigned timeou
   return result;
 }
 
+// What meshalloc_print_stats writes, as text (`json` 0) or JSON (1).
+inline std::string statsReport(int json) {
+  fflush(nullptr);
+  FILE* tmp = tmpfile();
+  EXPECT_NE(tmp, nullptr);
+  if (!tmp) return {};
+  meshalloc_print_stats(fileno(tmp), json);
+  std::string text;
+  lseek(fileno(tmp), 0, SEEK_SET);
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(fileno(tmp), buf, sizeof buf)) > 0) text.append(buf, static_cast<size_t>(n));
+  fclose(tmp);
+  return text;
+}
+
 }  // namespace meshtest
