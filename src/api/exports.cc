@@ -19,13 +19,23 @@
 
 using namespace meshalloc;
 
+namespace {
+// Out of line, entered by a tail call: malloc's fast path then saves no register.
+__attribute__((noinline)) void* mallocFromNearLibcBufferFunction(size_t size,
+                                                                 const void* returnAddress) {
+  if (api::calledFromLibcBufferFunction(returnAddress)) return heap::allocatePinned(size);
+  return heap::allocate(size);
+}
+}  // namespace
+
 MESHALLOC_EXPORT void* malloc(size_t size) {
   // The caller alone decides, without looking at the size first: a size test ahead of it was a
   // branch the CPU mispredicted on every other call of programs whose sizes straddle the
   // threshold (larson: 14 % slower), while the caller test is always false for a program's
   // own calls.
-  if (__builtin_expect(api::calledFromLibcBufferFunction(__builtin_return_address(0)), 0))
-    return heap::allocatePinned(size);
+  const void* returnAddress = __builtin_return_address(0);
+  if (__builtin_expect(api::mayBeCalledFromLibcBufferFunction(returnAddress), 0))
+    return mallocFromNearLibcBufferFunction(size, returnAddress);
   return heap::allocate(size);
 }
 MESHALLOC_EXPORT void free(void* pointer) {

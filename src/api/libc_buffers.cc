@@ -22,7 +22,21 @@ size_t findLibcBufferCallers() {
     gLibcBufferCallers[i] = {start, start + static_cast<const ElfW(Sym)*>(entry)->st_size};
     found++;
   }
+  CodeRange span{UINTPTR_MAX, 0};
+  for (const CodeRange& range : gLibcBufferCallers) {
+    if (range.start == range.end) continue;
+    span.start = range.start < span.start ? range.start : span.start;
+    span.end = range.end > span.end ? range.end : span.end;
+  }
+  if (found) gLibcBufferCallerSpan = span;
   return found;
+}
+
+bool calledFromLibcBufferFunction(const void* returnAddress) {
+  for (const CodeRange& range : gLibcBufferCallers) {
+    if (range.contains(reinterpret_cast<uintptr_t>(returnAddress))) return true;
+  }
+  return false;
 }
 
 }  // namespace meshalloc::api

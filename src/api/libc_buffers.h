@@ -21,17 +21,18 @@ struct CodeRange {
 // _IO_file_doallocate (stdio's buffers) and getcwd.
 constexpr size_t kLibcBufferFunctions = 2;
 inline CodeRange gLibcBufferCallers[kLibcBufferFunctions];
+// The smallest range holding all of them: malloc's fast path tests only this one.
+inline CodeRange gLibcBufferCallerSpan;
 
 // Finds those functions' code (once, at load: before the program's constructors open any
 // stream). Returns how many were found.
 size_t findLibcBufferCallers();
 
-// Branch-free over the ranges (malloc's fast path tests it on every call).
-inline bool calledFromLibcBufferFunction(const void* returnAddress) {
-  uintptr_t address = reinterpret_cast<uintptr_t>(returnAddress);
-  bool found = false;
-  for (const CodeRange& range : gLibcBufferCallers) found |= range.contains(address);
-  return found;
+bool calledFromLibcBufferFunction(const void* returnAddress);
+// malloc's fast path tests only this on every call: one range holds every caller, so the
+// program's own calls (outside glibc) are told apart with one comparison.
+inline bool mayBeCalledFromLibcBufferFunction(const void* returnAddress) {
+  return gLibcBufferCallerSpan.contains(reinterpret_cast<uintptr_t>(returnAddress));
 }
 
 }  // namespace meshalloc::api

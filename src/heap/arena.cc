@@ -20,6 +20,7 @@ size_t log2Floor(size_t value) {
 bool Arena::init() {
   pageSize_ = os::pageSize();
   pageShift_ = os::pageShift();
+  if (fastPageShift() != pageShift_) return false;
   // Both top-level tables are reserved lazily: only the entries of granules in use are touched.
   pageMaps_ = static_cast<std::atomic<uintptr_t>*>(
       os::reserveAligned(kTopEntries * sizeof(uintptr_t), pageSize_));

@@ -105,6 +105,18 @@ class Arena {
   static bool init();
   static size_t pageSize() { return pageSize_; }
   static size_t pageShift() { return pageShift_; }
+#if defined(__x86_64__)
+  // Base pages are 4 KiB on every x86-64 Linux: as constants, the free path's page arithmetic
+  // loads nothing (init checks the kernel agrees).
+  static constexpr size_t kFixedPageShift = 12;
+  static constexpr size_t fastPageShift() {
+    return kFixedPageShift;
+  }
+#else
+  static size_t fastPageShift() {
+    return pageShift_;
+  }
+#endif
 
   // Returns the start of `pages` contiguous pages aligned to `alignment` bytes (0 or a power
   // of two), or 0 if address space is exhausted. *zeroed tells whether they are fresh zeros.
@@ -137,15 +149,21 @@ class Arena {
   }
   // The compact entry of `address`'s page (0 outside the arena).
   static uint16_t classEntryFor(uintptr_t address) {
-    const std::atomic<uint16_t>* entry = slotIn<uint16_t>(classMaps_, address);
-    return entry ? entry->load(std::memory_order_acquire) : 0;
+    size_t granule = address >> kGranuleShift;
+    if (granule >= kTopEntries) return 0;
+    uintptr_t biased = classMaps_[granule].load(std::memory_order_acquire);
+    if (!biased) return 0;
+    return reinterpret_cast<const std::atomic<uint16_t>*>(biased + (address >> fastPageShift()) *
+                                                                       sizeof(uint16_t))
+        ->load(std::memory_order_acquire);
   }
   // Where `address`'s full entry lives (for a prefetch); nullptr outside the arena.
   static const void* entryAddressFor(uintptr_t address) {
     return slotIn<uint64_t>(pageMaps_, address);
   }
   static uintptr_t spanStartOfClassEntry(uintptr_t address, uint16_t entry) {
-    return (address & ~(pageSize_ - 1)) - (PageClassEntry::pageIndex(entry) << pageShift_);
+    size_t shift = fastPageShift();
+    return ((address >> shift) - PageClassEntry::pageIndex(entry)) << shift;
   }
   // Start of the virtual span holding `address`, from its page-map entry (each virtual span,
   // meshed aliases included, records its pages' indices, so this finds the alias's own start).
@@ -171,9 +189,15 @@ class Arena {
   // are reserved whole but only the pages written are backed). For statistics; slow.
   static size_t mapResidentBytes();
 
-  static void lockForFork() { lock_.lock(); }
-  static void unlockAfterFork() { lock_.unlock(); }
-  static void resetAfterFork() { lock_.resetAfterFork(); }
+  static void lockForFork() {
+    lock_.lock();
+  }
+  static void unlockAfterFork() {
+    lock_.unlock();
+  }
+  static void resetAfterFork() {
+    lock_.resetAfterFork();
+  }
 
  private:
   struct Segment {

@@ -201,12 +201,6 @@ void GlobalHeap::releaseSpan(MiniHeap* heap) {
 }
 
 void GlobalHeap::freeRemote(MiniHeap* heap, unsigned sizeClass, size_t slot, uintptr_t address) {
-  // A slot its owner already took back (a local free) still has its bit set: catch freeing it
-  // again from here before the owner hands it out twice.
-  ThreadHeap* owner = heap->owner.load(std::memory_order_acquire);
-  if (owner && owner->holdsFreeSlot(heap, slot)) {
-    reportHeapError(HeapError::kDoubleFree, "free", reinterpret_cast<void*>(address));
-  }
   switch (heap->pushRemoteFree(address)) {
     case MiniHeap::RemotePush::kPushed:
       return;

@@ -84,8 +84,9 @@ bool initializeOnce() {
   os::initPlatform();
   loadConfigFromEnvironment();
   SizeClasses::init(os::pageSize());
-  // Odd, so never an aligned pointer a program would store in a freed block.
-  gRecycledTag = os::entropy64() | 1;
+  // Odd, so never an aligned pointer a program would store in a freed block; bit 1 is the
+  // vector tag's.
+  gCacheTag = (os::entropy64() | 1) & ~kVectorTagBit;
   if (!Arena::init()) return false;
   OperationGuard::init();
   if (pthread_key_create(&gThreadExitKey, onThreadExit) != 0) return false;
@@ -155,12 +156,15 @@ void freeResolved(void* pointer, MiniHeap* mini, int64_t slot) {
   if (heap && mini->owner.load(std::memory_order_relaxed) == heap) {
     ShuffleVector& v = heap->vector(mini->sizeClass);
     heap->drainRemoteFrees(v, mini->attachIndex, MiniHeap::kRemoteFreesEmpty);
-    if (v.contains(mini->attachIndex, static_cast<size_t>(slot)) ||
+    // The vector holds the span's own addresses; `pointer` may be a meshed alias of the slot
+    // (a span meshed before this thread attached it).
+    uintptr_t canonical = mini->spanStart + static_cast<uintptr_t>(slot) * mini->objectSize;
+    if ((cacheTagOf(canonical) == vectorTag() && v.holds(canonical)) ||
         !mini->bitmap().isSet(static_cast<size_t>(slot))) {
       reportHeapError(HeapError::kDoubleFree, "free", pointer);
     }
     if (v.length < v.capacity) {
-      v.push(mini->attachIndex, static_cast<uint32_t>(slot));
+      v.push(canonical);
       return;
     }
     // The span stays attached and reclaims the slot from its bitmap on the next refill.
@@ -249,12 +253,12 @@ void* allocateSlow(size_t size) {
 void deallocateSlow(void* pointer) {
   if (!pointer) return;
   uintptr_t address = reinterpret_cast<uintptr_t>(pointer);
-  // A second free of a recycled block (the fast path checks the tag too, but a thread without
-  // a heap comes straight here). Before the guard: the check may take the registry lock, which
-  // a mesh pause holds while it waits for guarded operations.
+  // A second free of a block a thread caches (the fast path checks the tag too, but a thread
+  // without a heap comes straight here). Before the guard: the check may take the registry
+  // lock, which a mesh pause holds while it waits for guarded operations.
   uint64_t peek = Arena::entryFor(address);
-  if (smallSlotOf(address, peek) >= 0 && ShuffleVector::isTaggedRecycled(address))
-    checkRecycledFree(PageEntry::sizeClass(peek), address);
+  if (smallSlotOf(address, peek) >= 0 && isCacheTagged(address))
+    checkTaggedFree(PageEntry::sizeClass(peek), address);
   OperationGuard guard;
   uint64_t entry = Arena::entryFor(address);
   // The common case first: a valid small object in a span this thread does not hold.
@@ -266,6 +270,31 @@ void deallocateSlow(void* pointer) {
     return;
   }
   freeResolved(pointer, mini, slot);
+}
+
+void deallocateOther(ThreadHeap* heap, unsigned sizeClass, int span, uintptr_t spanStart,
+                     uint32_t slot, uintptr_t address) {
+  if (span >= 0) return deallocateSlow(reinterpret_cast<void*>(address));
+  ShuffleVector& v = heap->vector(sizeClass);
+  if (__builtin_expect(span == ShuffleVector::kMaybeAttached, 0)) {
+    uint64_t entry = Arena::entryFor(address);
+    if (!PageEntry::isMiniHeap(entry) ||
+        !pushLocalFree(heap, v, PageEntry::miniHeap(entry), spanStart, slot, address)) {
+      deallocateSlow(reinterpret_cast<void*>(address));
+    }
+    return;
+  }
+  if (__builtin_expect(isCacheTagged(address), 0)) checkTaggedFree(sizeClass, address);
+  // The block's full entry now, and the MiniHeap of a block kRecycledPrefetchDistance
+  // applications ahead (its entry fetched long since), so that applying it later misses on
+  // neither. (Only here: a prefetch on every free cost larson about 5 %, its spans' lines
+  // bouncing between threads.)
+  __builtin_prefetch(Arena::entryAddressFor(address));
+  uintptr_t due = v.pushRecycled(address);
+  if (due) {
+    prefetchRecycledSpan(v.recycledToApplyAfter(kRecycledPrefetchDistance));
+    applyRecycledFree(heap, due);
+  }
 }
 
 void* allocatePinned(size_t size) {
@@ -373,12 +402,20 @@ size_t usableSizeSlow(const void* pointer) {
   return usableSizeOf(mini);
 }
 
-void checkRecycledFree(unsigned sizeClass, uintptr_t address) {
-  ThreadHeap* heap = tlsThreadHeap;
-  if ((heap && heap->vector(sizeClass).holdsRecycled(address)) ||
-      ThreadHeap::recycledAnywhere(sizeClass, address)) {
-    reportHeapError(HeapError::kDoubleFree, "free", reinterpret_cast<void*>(address));
+void checkTaggedFree(unsigned sizeClass, uintptr_t address) {
+  bool cached;
+  if (cacheTagOf(address) == recycledTag()) {
+    cached = ThreadHeap::recycledAnywhere(sizeClass, address);
+  } else {
+    // A vector holds only blocks of spans attached to its thread: ask the span's owner.
+    uint64_t entry = Arena::entryFor(address);
+    ThreadHeap* owner = PageEntry::isMiniHeap(entry)
+                            ? PageEntry::miniHeap(entry)->owner.load(std::memory_order_acquire)
+                            : nullptr;
+    cached = owner && (owner == tlsThreadHeap ? owner->vector(sizeClass).holds(address)
+                                              : owner->holdsFreeBlock(sizeClass, address));
   }
+  if (cached) reportHeapError(HeapError::kDoubleFree, "free", reinterpret_cast<void*>(address));
 }
 
 void applyRecycledFree(ThreadHeap* heap, uintptr_t address) {

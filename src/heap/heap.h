@@ -69,23 +69,24 @@ __attribute__((always_inline)) inline bool pushHeldFree(ThreadHeap* heap, Shuffl
                                                         unsigned span, uint32_t slot,
                                                         uintptr_t address) {
   MiniHeap* mini = v.spans[span];
-  // A full vector (its spans can have more slots out than it holds) sends the slot back through
-  // the bitmap instead; the span stays attached and reclaims it on refill. The bitmap bit is
-  // clear if another thread already freed this slot (a double free); if other threads' frees
-  // wait on the span's stack, the slow path drains them first so that check sees them
-  // (remoteFrees shares the bitmap's cache line: no extra miss). A block with the recycled tag
-  // may sit in another thread's recycled blocks (its bit still set): the slow path looks.
+  // A block with a cache tag may already sit in this vector, or in some thread's recycled
+  // blocks (its bit still set): the slow path looks. A full vector (its spans can have more
+  // slots out than it holds) sends the slot back through the bitmap instead; the span stays
+  // attached and reclaims it on refill. The bitmap bit is clear if another thread already freed
+  // this slot (a double free); if other threads' frees wait on the span's stack, the slow path
+  // drains them first so that check sees them (remoteFrees shares the bitmap's cache line: no
+  // extra miss).
   if (__builtin_expect(
-          v.contains(span, slot) || v.length >= v.capacity ||
+          isCacheTagged(address) || v.length >= v.capacity ||
               mini->remoteFrees.load(std::memory_order_relaxed) != MiniHeap::kRemoteFreesEmpty ||
-              !mini->bitmap().isSet(slot) || ShuffleVector::isTaggedRecycled(address),
+              !mini->bitmap().isSet(slot),
           0)) {
     return false;
   }
   if (heap->randomization() == Randomization::kOnRefillAndFree) {
-    v.pushRandomly(span, slot, heap->rng());
+    v.pushRandomly(address, heap->rng());
   } else {
-    v.push(span, slot);
+    v.push(address);
   }
   return true;
 }
@@ -104,9 +105,9 @@ __attribute__((always_inline)) inline bool pushLocalFree(ThreadHeap* heap, Shuff
   return pushHeldFree(heap, v, span, slot, address);
 }
 
-// Called for a free of a block that carries the recycled tag: reports a double free if some
-// thread holds it among its recycled blocks (else the tag was stale or program data).
-void checkRecycledFree(unsigned sizeClass, uintptr_t address);
+// Called for a free of a block that carries a cache tag: reports a double free if some thread
+// holds it among its recycled blocks or in its vector (else the tag was program data).
+void checkTaggedFree(unsigned sizeClass, uintptr_t address);
 // A recycled block's free, applied to its span: its page-map entry is read again (meshing may
 // have changed it).
 void applyRecycledFree(ThreadHeap* heap, uintptr_t address);
@@ -122,6 +123,12 @@ inline void prefetchRecycledSpan(uintptr_t block) {
   __builtin_prefetch(reinterpret_cast<const char*>(mini) + kCacheLine, 1);
 }
 
+// Every free of a valid small block that the local push did not take: span `span` (an
+// attachedSpanAt answer) is attached but the push declined, shares a span-table cell, or is
+// not attached here (the block is recycled).
+void deallocateOther(ThreadHeap* heap, unsigned sizeClass, int span, uintptr_t spanStart,
+                     uint32_t slot, uintptr_t address);
+
 inline void deallocate(void* pointer) {
   uintptr_t address = reinterpret_cast<uintptr_t>(pointer);
   // The compact entry says the class and the span start; the full one (the MiniHeap) is read
@@ -135,44 +142,23 @@ inline void deallocate(void* pointer) {
     if (__builtin_expect((slot = SizeClasses::slotOf(sizeClass, address - spanStart)) >= 0, 1)) {
       // A span this thread may hold: free now (its MiniHeap is usually in cache). Frees into
       // other spans are recycled (ShuffleVector), after every other kind of misuse has been
-      // checked. A second free of a recycled block is caught by the tag: here for one in a span
-      // this thread does not hold (this thread's own recycled blocks are all such), and by
-      // pushHeldFree's last check for one another thread recycled from a span since attached
-      // here. (Read at the top of every free, before the span table, the tag cost larson about
-      // 10 %.)
+      // checked. A second free of a block some thread caches is caught by the cache tag: here
+      // for one in a span this thread does not hold (this thread's own recycled blocks are all
+      // such, and other threads' vectors hold only their own spans' blocks), and by
+      // pushHeldFree's first check for one in a span attached here. (Read at the top of every
+      // free, before the span table, the tag cost larson about 10 %.)
       ShuffleVector& v = heap->vector(sizeClass);
       int span = v.attachedSpanAt(spanStart);
-      if (__builtin_expect(span >= 0, 1)) {
-        // Attached spans are never meshed, so the span table's MiniHeap is this address's.
-        if (__builtin_expect(!pushHeldFree(heap, v, static_cast<unsigned>(span),
-                                           static_cast<uint32_t>(slot), address),
-                             0)) {
-          deallocateSlow(pointer);
-        }
+      // Attached spans are never meshed, so the span table's MiniHeap is this address's.
+      if (__builtin_expect(span >= 0 && pushHeldFree(heap, v, static_cast<unsigned>(span),
+                                                     static_cast<uint32_t>(slot), address),
+                           1)) {
         return;
       }
-      if (__builtin_expect(span == ShuffleVector::kMaybeAttached, 0)) {
-        uint64_t entry = Arena::entryFor(address);
-        if (!PageEntry::isMiniHeap(entry) ||
-            !pushLocalFree(heap, v, PageEntry::miniHeap(entry), spanStart,
-                           static_cast<uint32_t>(slot), address)) {
-          deallocateSlow(pointer);
-        }
-        return;
-      }
-      if (__builtin_expect(ShuffleVector::isTaggedRecycled(address), 0))
-        checkRecycledFree(sizeClass, address);
-      // The block's full entry now, and the MiniHeap of a block kRecycledPrefetchDistance
-      // applications ahead (its entry fetched long since), so that applying it later misses on
-      // neither. (Only here: a prefetch on every free cost larson about 5 %, its spans' lines
-      // bouncing between threads.)
-      __builtin_prefetch(Arena::entryAddressFor(address));
-      uintptr_t due = v.pushRecycled(address);
-      if (due) {
-        prefetchRecycledSpan(v.recycledToApplyAfter(kRecycledPrefetchDistance));
-        applyRecycledFree(heap, due);
-      }
-      return;
+      // Out of line, and entered by a tail call, like every other way out: the push above then
+      // needs no register saved.
+      return deallocateOther(heap, sizeClass, span, spanStart, static_cast<uint32_t>(slot),
+                             address);
     }
   }
   deallocateSlow(pointer);

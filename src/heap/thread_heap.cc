@@ -32,15 +32,12 @@ std::atomic<uint64_t> gIdleReclaims{0};
 // Reverses entries [first, end).
 void reverseEntries(ShuffleVector& v, uint32_t first, uint32_t end) {
   for (; first + 1 < end; first++, end--) {
-    uint32_t t = v.entries[first];
+    uintptr_t t = v.entries[first];
     v.entries[first] = v.entries[end - 1];
     v.entries[end - 1] = t;
   }
 }
 
-size_t wordsPerSpan(unsigned sizeClass) {
-  return (SizeClasses::plan(sizeClass).objectCount + 63) / 64;
-}
 uint32_t vectorCapacity(unsigned sizeClass) {
   uint32_t perSpan = SizeClasses::plan(sizeClass).objectCount;
   uint32_t all = kVectorSpansWorth * perSpan;
@@ -48,10 +45,18 @@ uint32_t vectorCapacity(unsigned sizeClass) {
   return all < budget ? all : budget;
 }
 size_t entryBytes(unsigned sizeClass) {
-  return vectorCapacity(sizeClass) * sizeof(uint32_t);
+  return vectorCapacity(sizeClass) * sizeof(uintptr_t);
 }
-size_t bitmapBytes(unsigned sizeClass) {
-  return kMaxSpansPerVector * wordsPerSpan(sizeClass) * sizeof(uint64_t);
+
+// Which attached span holds `block`, one of the vector's own free slots.
+int attachedIndexOf(const ShuffleVector& v, uintptr_t block) {
+  uintptr_t spanStart = Arena::spanStartOfClassEntry(block, Arena::classEntryFor(block));
+  int span = v.attachedSpanAt(spanStart);
+  if (span >= 0) return span;
+  for (unsigned i = 0; i < v.attachedCount; i++) {
+    if (v.spanStarts[i] == spanStart) return static_cast<int>(i);
+  }
+  return -1;
 }
 
 size_t maxEntryBytes() {
@@ -63,26 +68,23 @@ size_t maxEntryBytes() {
 
 size_t ThreadHeap::storageBytes() {
   size_t bytes = sizeof(ThreadHeap) + maxEntryBytes();
-  for (unsigned c = 0; c < kNumSizeClasses; c++) bytes += bitmapBytes(c) + entryBytes(c);
+  for (unsigned c = 0; c < kNumSizeClasses; c++) bytes += entryBytes(c);
   return bytes;
 }
 
 void ThreadHeap::initialize(char* storage) {
   char* cursor = storage + sizeof(ThreadHeap);
-  reorderScratch_ = reinterpret_cast<uint32_t*>(cursor);
+  reorderScratch_ = reinterpret_cast<uintptr_t*>(cursor);
   cursor += maxEntryBytes();
   for (unsigned c = 0; c < kNumSizeClasses; c++) {
-    ShuffleVector& v = vectors_[c];
+    ShuffleVector& v = vectors_[c].vector;
     v.objectSize = SizeClasses::plan(c).objectSize;
-    v.wordsPerSpan = static_cast<uint32_t>(wordsPerSpan(c));
     v.capacity = vectorCapacity(c);
     size_t recycled = kRecycledBytes / v.objectSize;
     v.recycledCapacity = static_cast<uint32_t>(recycled > kMaxRecycled   ? kMaxRecycled
                                                : recycled < kMinRecycled ? kMinRecycled
                                                                          : recycled);
-    v.inVector = reinterpret_cast<uint64_t*>(cursor);
-    cursor += bitmapBytes(c);
-    v.entries = reinterpret_cast<uint32_t*>(cursor);
+    v.entries = reinterpret_cast<uintptr_t*>(cursor);
     cursor += entryBytes(c);
   }
 }
@@ -229,20 +231,22 @@ void ThreadHeap::resetReclaimAfterFork() {
   gReclaimLock.resetAfterFork();
 }
 
-bool ThreadHeap::holdsFreeSlot(MiniHeap* span, size_t slot) {
+bool ThreadHeap::holdsFreeBlock(unsigned sizeClass, uintptr_t block) {
 #if defined(__SANITIZE_THREAD__)
-  (void)span;
-  (void)slot;
+  (void)sizeClass;
+  (void)block;
   return false;  // a deliberate racy peek: ThreadSanitizer would flag it
 #else
-  ShuffleVector& v = vectors_[span->sizeClass];
-  unsigned index = __atomic_load_n(&span->attachIndex, __ATOMIC_RELAXED);
-  if (index >= kMaxSpansPerVector || __atomic_load_n(&v.spans[index], __ATOMIC_ACQUIRE) != span)
-    return false;
-  bool held = (__atomic_load_n(v.inVectorWord(index, slot), __ATOMIC_ACQUIRE) >> (slot % 64)) & 1;
-  // The span must still be at that index afterwards, or the bit belonged to another span.
-  return held && __atomic_load_n(&v.spans[index], __ATOMIC_ACQUIRE) == span &&
-         __atomic_load_n(&span->attachIndex, __ATOMIC_RELAXED) == index;
+  // The owner's length and entries change under us: read each once, single-copy atomic. An
+  // entry the owner popped meanwhile names a block whose tag it cleared before handing it out.
+  ShuffleVector& v = vectors_[sizeClass].vector;
+  uint32_t length = __atomic_load_n(&v.length, __ATOMIC_ACQUIRE);
+  if (length > v.capacity) return false;
+  for (uint32_t i = 0; i < length; i++) {
+    if (ShuffleVector::blockOf(__atomic_load_n(&v.entries[i], __ATOMIC_RELAXED)) == block)
+      return cacheTagOf(block) == vectorTag();
+  }
+  return false;
 #endif
 }
 
@@ -262,7 +266,7 @@ void ThreadHeap::drainRemoteFrees(ShuffleVector& v, unsigned span, uintptr_t lea
     int64_t slot = heap->slotOf(block - start);
     // Pushed twice (the second push made the block its own successor), freed here too (it sits
     // in the vector), or freed through the bitmap already: each is a double free.
-    if (slot < 0 || v.contains(span, static_cast<size_t>(slot)) ||
+    if (slot < 0 || (cacheTagOf(block) == vectorTag() && v.holds(block)) ||
         !bitmap.tryUnset(static_cast<size_t>(slot))) {
       reportHeapError(HeapError::kDoubleFree, "free", reinterpret_cast<void*>(block));
     }
@@ -287,7 +291,7 @@ void ThreadHeap::claimFreeSlots(ShuffleVector& v, unsigned span) {
     while (bits) {
       unsigned bit = static_cast<unsigned>(__builtin_ctzll(bits));
       bits &= bits - 1;
-      v.push(span, static_cast<uint32_t>(w * 64 + bit));
+      v.pushClaimed(heap->spanStart + (w * 64 + bit) * heap->objectSize);
       claimed++;
     }
   }
@@ -308,59 +312,45 @@ void ThreadHeap::removeSpan(ShuffleVector& v, unsigned span) {
   // sends a free to check the MiniHeap.
 }
 
-void ThreadHeap::shuffle(ShuffleVector& v) {
+void ThreadHeap::shuffle(ShuffleVector& v, const uint32_t* runStarts, unsigned runs) {
   if (randomization_ == Randomization::kNone) {
     // Pop from the end must yield ascending addresses: reverse the ascending fill.
     reverseEntries(v, 0, v.length);
     return;
   }
   if (randomization_ == Randomization::kRotatedRuns) {
-    shuffleRuns(v);
+    shuffleRuns(v, runStarts, runs);
     return;
   }
   rng_.shuffle(v.entries, v.length);
 }
 
-void ThreadHeap::shuffleRuns(ShuffleVector& v) {
-  // Refill claims each span's free slots once, in ascending order: the entries are one run per
-  // span. Popping from the end must yield a run from a random slot upwards, wrapping to its
-  // first slot: reversing the run's two parts either side of that slot does it.
-  uint32_t runStart[kMaxSpansPerVector + 1];
-  unsigned runs = 0;
-  for (uint32_t i = 0; i < v.length; i++) {
-    bool newRun = i == 0 || (v.entries[i] >> ShuffleVector::kSpanShift) !=
-                                (v.entries[i - 1] >> ShuffleVector::kSpanShift);
-    if (!newRun) continue;
-    if (runs == kMaxSpansPerVector) {  // not one run per span: keep the vector a plain shuffle
-      rng_.shuffle(v.entries, v.length);
-      return;
-    }
-    runStart[runs++] = i;
-  }
-  runStart[runs] = v.length;
+void ThreadHeap::shuffleRuns(ShuffleVector& v, const uint32_t* runStarts, unsigned runs) {
+  // Popping from the end must yield each run from a random slot upwards, wrapping to its first
+  // slot: reversing the run's two parts either side of that slot does it.
   for (unsigned r = 0; r < runs; r++) {
-    uint32_t first = runStart[r];
-    uint32_t split = first + rng_.below(runStart[r + 1] - first);
+    uint32_t first = runStarts[r];
+    uint32_t split = first + rng_.below(runStarts[r + 1] - first);
     reverseEntries(v, first, split);
-    reverseEntries(v, split, runStart[r + 1]);
+    reverseEntries(v, split, runStarts[r + 1]);
   }
   if (runs < 2) return;
   // The runs in random order, through the scratch copy.
   unsigned order[kMaxSpansPerVector];
   for (unsigned r = 0; r < runs; r++) order[r] = r;
   rng_.shuffle(order, runs);
-  memcpy(reorderScratch_, v.entries, v.length * sizeof(uint32_t));
+  memcpy(reorderScratch_, v.entries, v.length * sizeof(uintptr_t));
   uint32_t out = 0;
   for (unsigned k = 0; k < runs; k++) {
-    uint32_t first = runStart[order[k]];
-    uint32_t count = runStart[order[k] + 1] - first;
-    memcpy(v.entries + out, reorderScratch_ + first, count * sizeof(uint32_t));
+    uint32_t first = runStarts[order[k]];
+    uint32_t count = runStarts[order[k] + 1] - first;
+    memcpy(v.entries + out, reorderScratch_ + first, count * sizeof(uintptr_t));
     out += count;
   }
 }
 
 bool ThreadHeap::refill(unsigned sizeClass) {
-  ShuffleVector& v = vectors_[sizeClass];
+  ShuffleVector& v = vectors_[sizeClass].vector;
   if (v.length) return true;
   uint32_t objectsPerSpan = SizeClasses::plan(sizeClass).objectCount;
   uint32_t wanted = objectsPerSpan < v.capacity ? objectsPerSpan : v.capacity;
@@ -398,7 +388,14 @@ bool ThreadHeap::refill(unsigned sizeClass) {
   }
   // Slots freed into attached spans through their bitmaps (by other threads, or by this one
   // while the vector was full) are reclaimed in place.
-  for (unsigned span = 0; span < v.attachedCount; span++) claimFreeSlots(v, span);
+  uint32_t runStarts[kMaxSpansPerVector + 1];
+  unsigned runs = 0;
+  auto claim = [&](unsigned span) {
+    uint32_t start = v.length;
+    claimFreeSlots(v, span);
+    if (v.length != start) runStarts[runs++] = start;
+  };
+  for (unsigned span = 0; span < v.attachedCount; span++) claim(span);
   unsigned room = v.length < wanted ? kMaxSpansPerVector - v.attachedCount : 0;
   if (releasedCount || room) {
     // One trip (one lock) to the global heap per refill, however many spans change hands.
@@ -411,32 +408,33 @@ bool ThreadHeap::refill(unsigned sizeClass) {
       acquired[i]->attachIndex = static_cast<uint8_t>(span);
       v.spans[span] = acquired[i];
       v.spanStarts[span] = acquired[i]->spanStart;
-      claimFreeSlots(v, span);
+      claim(span);
     }
   }
   v.rebuildSpanTable();
-  shuffle(v);
+  runStarts[runs] = v.length;
+  shuffle(v, runStarts, runs);
   return v.length > 0;
 }
 
 void ThreadHeap::detachAll(unsigned sizeClass) {
-  ShuffleVector& v = vectors_[sizeClass];
-  for (unsigned span = 0; span < v.attachedCount; span++) {
-    // Before the vector's slots go back: a block both in the vector and on the stack is a
-    // double free, which draining detects only while the vector still says so.
+  ShuffleVector& v = vectors_[sizeClass].vector;
+  // Before the vector's slots go back: a block both in the vector and on the stack is a
+  // double free, which draining detects only while the vector still says so.
+  for (unsigned span = 0; span < v.attachedCount; span++)
     drainRemoteFrees(v, span, MiniHeap::kRemoteFreesClosed);
+  uint32_t returned[kMaxSpansPerVector] = {};
+  for (uint32_t i = 0; i < v.length; i++) {
+    uintptr_t block = ShuffleVector::blockOf(v.entries[i]);
+    if (v.entries[i] & ShuffleVector::kTaggedEntry) setCacheTag(block, 0);
+    int span = attachedIndexOf(v, block);
     MiniHeap* heap = v.spans[span];
-    AtomicBitmap bitmap = heap->bitmap();
-    uint32_t returned = 0;
-    for (size_t w = 0; w < bitmap.words(); w++) {
-      uint64_t* word = v.inVectorWord(span, w * 64);
-      if (*word) {
-        returned += static_cast<uint32_t>(__builtin_popcountll(*word));
-        bitmap.clearMask(w, *word);
-        __atomic_store_n(word, 0, __ATOMIC_RELAXED);
-      }
-    }
-    if (returned) heap->liveCount.fetch_sub(returned, std::memory_order_acq_rel);
+    heap->bitmap().tryUnset(static_cast<size_t>(heap->slotOf(block - heap->spanStart)));
+    returned[span]++;
+  }
+  for (unsigned span = 0; span < v.attachedCount; span++) {
+    if (returned[span])
+      v.spans[span]->liveCount.fetch_sub(returned[span], std::memory_order_acq_rel);
   }
   v.length = 0;
   while (v.attachedCount) {
@@ -454,7 +452,7 @@ bool ThreadHeap::recycledAnywhere(unsigned sizeClass, uintptr_t block) {
   bool held = false;
   lockRegistry();
   for (ThreadHeap* heap = gRegistry; heap && !held; heap = heap->nextInRegistry())
-    held = heap->vectors_[sizeClass].holdsRecycled(block);
+    held = heap->vectors_[sizeClass].vector.holdsRecycled(block);
   unlockRegistry();
   return held;
 }

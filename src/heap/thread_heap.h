@@ -43,38 +43,56 @@ static_assert((kMaxRecycled & (kMaxRecycled - 1)) == 0);
 // A free that applies the oldest recycled block prefetches the MiniHeap of the one this many
 // applications later: far enough ahead for the lines to arrive, near enough to stay in cache.
 constexpr uint32_t kRecycledPrefetchDistance = 4;
-// A recycled block carries this value (random per process, set at start-up) in its second word,
-// so that a second free of it is noticed from the block alone (heap::deallocate), as glibc's
-// tcache key does: scanning the rings on every free cost more than the free itself.
-inline uintptr_t gRecycledTag = 1;
-constexpr size_t kRecycledTagWord = 1;
+// Blocks a thread cache holds free carry a tag in their second word, so that a second free of
+// one is noticed from the block alone (heap::deallocate), as glibc's tcache key does: looking
+// the block up on every free cost more than the free itself. One random value per process (set
+// at start-up), with bit 1 telling the two caches apart: kRecycledTag for a block among a
+// thread's recycled blocks, kVectorTag for one in a shuffle vector. Odd, so never an aligned
+// pointer a program would leave in a freed block.
+inline uintptr_t gCacheTag = 1;
+constexpr uintptr_t kVectorTagBit = 2;
+constexpr size_t kCacheTagWord = 1;
+inline uintptr_t cacheTagOf(uintptr_t block) {
+  return reinterpret_cast<const uintptr_t*>(block)[kCacheTagWord];
+}
+inline void setCacheTag(uintptr_t block, uintptr_t tag) {
+  reinterpret_cast<uintptr_t*>(block)[kCacheTagWord] = tag;
+}
+inline uintptr_t recycledTag() {
+  return gCacheTag;
+}
+inline uintptr_t vectorTag() {
+  return gCacheTag | kVectorTagBit;
+}
+// Either tag: the block may sit free in some thread's cache (the slow path finds out).
+inline bool isCacheTagged(uintptr_t block) {
+  return (cacheTagOf(block) & ~kVectorTagBit) == gCacheTag;
+}
 
 struct ShuffleVector {
-  // An entry packs (attached span index, slot) so one vector can serve several spans.
-  static constexpr unsigned kSpanShift = 16;
-  static constexpr uint32_t kSlotMask = (1u << kSpanShift) - 1;
+  // The free slots, by address, popped from the end. An entry's low bit says the block carries
+  // the vector tag (a local free put it here; a refill's slots are left untouched, so that a
+  // detach need not write to pages the program never used).
+  static constexpr uintptr_t kTaggedEntry = 1;
 
-  uint32_t length = 0;  // free slots available, popped from the end
+  // The fast paths' fields share the first cache line.
+  uint32_t length = 0;           // free slots available, popped from the end
+  uint32_t capacity = 0;         // entries
+  uintptr_t* entries = nullptr;  // `capacity` entries
   uint32_t recycledCount = 0;
   uint32_t objectSize = 0;
-  uint32_t wordsPerSpan = 0;  // inVector words per attached span
   uint32_t attachedCount = 0;
-  uint32_t capacity = 0;  // entries
   uintptr_t spanStarts[kMaxSpansPerVector] = {};
   MiniHeap* spans[kMaxSpansPerVector] = {};
-  uint32_t* entries = nullptr;   // `capacity` entries
-  uint64_t* inVector = nullptr;  // bit per (span, slot): set while the slot sits in `entries`
 
-  uint64_t* inVectorWord(unsigned span, size_t slot) {
-    return &inVector[span * wordsPerSpan + slot / 64];
-  }
-  bool contains(unsigned span, size_t slot) {
-    return (*inVectorWord(span, slot) >> (slot % 64)) & 1;
-  }
-  // Only the owner writes these words, but other threads peek at them to catch a double free
-  // (ThreadHeap::holdsFreeSlot): single-copy-atomic stores, same code as plain ones.
-  void setInVectorWord(unsigned span, size_t slot, uint64_t value) {
-    __atomic_store_n(inVectorWord(span, slot), value, __ATOMIC_RELAXED);
+  static uintptr_t blockOf(uintptr_t entry) { return entry & ~kTaggedEntry; }
+  // Whether `block` is among the free slots: a scan, for the slow paths only (a block that
+  // carries the vector tag).
+  bool holds(uintptr_t block) const {
+    for (uint32_t i = 0; i < length; i++) {
+      if (blockOf(entries[i]) == block) return true;
+    }
+    return false;
   }
 
   // The attached spans by a hash of their starts, so a free can tell without touching the span's
@@ -125,9 +143,6 @@ struct ShuffleVector {
   uint32_t recycledCapacity = 0;
   uintptr_t recycled[kMaxRecycled] = {};
 
-  static bool isTaggedRecycled(uintptr_t block) {
-    return reinterpret_cast<const uintptr_t*>(block)[kRecycledTagWord] == gRecycledTag;
-  }
   // Other threads read the ring to report a double free (ThreadHeap::recycledAnywhere): the
   // slots are single-copy atomic, with the same code as plain accesses.
   uintptr_t recycledAt(uint32_t i) const { return __atomic_load_n(&recycled[i], __ATOMIC_RELAXED); }
@@ -141,7 +156,7 @@ struct ShuffleVector {
   }
   // The block leaves the ring: its tag goes first, while the block is still this thread's.
   static uintptr_t untag(uintptr_t block) {
-    reinterpret_cast<uintptr_t*>(block)[kRecycledTagWord] = 0;
+    setCacheTag(block, 0);
     return block;
   }
   void* popRecycled() {
@@ -155,7 +170,7 @@ struct ShuffleVector {
   uintptr_t pushRecycled(uintptr_t block) {
     uintptr_t evicted = 0;
     if (recycledCount == recycledCapacity) takeOldestRecycled(&evicted);
-    reinterpret_cast<uintptr_t*>(block)[kRecycledTagWord] = gRecycledTag;
+    setCacheTag(block, recycledTag());
     setRecycledAt(recycledHead, block);
     recycledHead = (recycledHead + 1) & (kMaxRecycled - 1);
     recycledCount++;
@@ -177,26 +192,29 @@ struct ShuffleVector {
     return true;
   }
 
+  // The tag goes with the block: the program's data takes its place.
   void* pop() {
-    uint32_t entry = entries[--length];
-    unsigned span = entry >> kSpanShift;
-    uint32_t slot = entry & kSlotMask;
-    setInVectorWord(span, slot, *inVectorWord(span, slot) & ~(1ull << (slot % 64)));
-    return reinterpret_cast<void*>(spanStarts[span] + static_cast<uintptr_t>(slot) * objectSize);
+    uintptr_t block = blockOf(entries[--length]);
+    setCacheTag(block, 0);
+    return reinterpret_cast<void*>(block);
   }
 
-  void push(unsigned span, uint32_t slot) {
-    setInVectorWord(span, slot, *inVectorWord(span, slot) | (1ull << (slot % 64)));
-    entries[length++] = (span << kSpanShift) | slot;
+  // A local free. The tag lets the next free of the block notice that it is already here.
+  void push(uintptr_t block) {
+    setCacheTag(block, vectorTag());
+    entries[length++] = block | kTaggedEntry;
   }
 
   // Pushes, then swaps the new entry with a random one: the vector stays a uniform shuffle.
-  void pushRandomly(unsigned span, uint32_t slot, Rng& rng) {
-    setInVectorWord(span, slot, *inVectorWord(span, slot) | (1ull << (slot % 64)));
+  void pushRandomly(uintptr_t block, Rng& rng) {
+    setCacheTag(block, vectorTag());
     uint32_t position = rng.below(length + 1);
     entries[length++] = entries[position];
-    entries[position] = (span << kSpanShift) | slot;
+    entries[position] = block | kTaggedEntry;
   }
+
+  // A slot a refill claimed from its span's bitmap.
+  void pushClaimed(uintptr_t block) { entries[length++] = block; }
 };
 
 class ThreadHeap {
@@ -206,12 +224,11 @@ class ThreadHeap {
   // Returns every attached span to the global heap and puts this heap up for reuse.
   void retire();
 
-  // Best effort, from another thread: true if `slot` of `span` (attached here) sits free in
-  // this heap's vector, i.e. freeing it again would be a double free. May miss while this
-  // heap is refilling; never claims a slot the owner has handed out. It reads the span table,
-  // the vector's inVector layout and one inVector word; the word costs the owner a miss on its
-  // next pop or push of that span's slots.
-  bool holdsFreeSlot(MiniHeap* span, size_t slot);
+  // Best effort, from another thread, for a block that carries the vector tag: true if `block`
+  // sits free in this heap's vector of `sizeClass`, i.e. freeing it again would be a double
+  // free. May miss while this heap is refilling; never claims a block the owner has handed
+  // out (the owner clears the tag before it does).
+  bool holdsFreeBlock(unsigned sizeClass, uintptr_t block);
   // Moves the blocks other threads pushed onto attached span `span`'s remote-free stack into
   // its bitmap (clearing their bits), and leaves the stack empty, or closed for a span about
   // to be released. Reports a block freed twice.
@@ -226,7 +243,7 @@ class ThreadHeap {
   void detachAll(unsigned sizeClass);
   void detachAll();
 
-  ShuffleVector& vector(unsigned sizeClass) { return vectors_[sizeClass]; }
+  ShuffleVector& vector(unsigned sizeClass) { return vectors_[sizeClass].vector; }
   // Whether any thread holds `block` among its recycled blocks of `sizeClass` (best effort
   // across threads: for reporting a double free of a block that carries the tag).
   static bool recycledAnywhere(unsigned sizeClass, uintptr_t block);
@@ -277,16 +294,26 @@ class ThreadHeap {
   void claimFreeSlots(ShuffleVector& v, unsigned span);
   // Drops span `span` (which has no entries in the vector) from the table, compacting it.
   void removeSpan(ShuffleVector& v, unsigned span);
-  void shuffle(ShuffleVector& v);
+  // Puts the vector in the order of the randomisation level. The refill claimed the slots one
+  // span after another, in ascending order: span k's run starts at entry runStarts[k] and
+  // ends where the next starts (runStarts[runs] == v.length).
+  void shuffle(ShuffleVector& v, const uint32_t* runStarts, unsigned runs);
   // Waits until this heap is running (a reclaim in progress finishes first) and makes it so,
   // with a new generation: a park() that this interrupted then fails to publish.
   void takeRunning();
   // Randomization::kRotatedRuns's order: each span's slots from a random one, spans shuffled.
-  void shuffleRuns(ShuffleVector& v);
+  void shuffleRuns(ShuffleVector& v, const uint32_t* runStarts, unsigned runs);
 
-  ShuffleVector vectors_[kNumSizeClasses];
+  // A power-of-two stride: the fast paths find a class's vector with a shift, not a multiply.
+  static constexpr size_t kVectorStride = 1024;
+  static_assert(sizeof(ShuffleVector) <= kVectorStride);
+  struct PaddedVector {
+    ShuffleVector vector;
+    char padding[kVectorStride - sizeof(ShuffleVector)];
+  };
+  PaddedVector vectors_[kNumSizeClasses];
   Rng rng_;
-  uint32_t* reorderScratch_ = nullptr;  // as many entries as the largest vector holds
+  uintptr_t* reorderScratch_ = nullptr;  // as many entries as the largest vector holds
   Randomization randomization_ = Randomization::kRotatedRuns;
   bool inUse_ = false;
   ThreadActivity activity_;

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -117,7 +118,8 @@ TEST(Breakdown, ComponentsFollowKnownPatternsAndAddUpToPss) {
   std::vector<void*> live(kLive), sparse(kSparse), large(kLarge);
   std::mutex lock;
   std::condition_variable changed;
-  bool held = false, release = false;
+  bool held = false;
+  std::atomic<bool> releaseHolder{false};
 
   Breakdown before = readBreakdown(names);
 
@@ -145,10 +147,15 @@ TEST(Breakdown, ComponentsFollowKnownPatternsAndAddUpToPss) {
       memset(p, 4, kHeldSize);
     }
     for (size_t i = 0; i < kHeld; i += 2) free(mine[i]);
-    std::unique_lock<std::mutex> guard(lock);
-    held = true;
-    changed.notify_all();
-    changed.wait(guard, [&] { return release; });
+    {
+      std::unique_lock<std::mutex> guard(lock);
+      held = true;
+      changed.notify_all();
+    }
+    // Not a condition wait: that would park the heap, and the idle reclaim would detach the
+    // spans this test counts as attached.
+    while (!releaseHolder.load(std::memory_order_acquire))
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
     for (size_t i = 1; i < kHeld; i += 2) free(mine[i]);
   });
   {
@@ -213,11 +220,7 @@ TEST(Breakdown, ComponentsFollowKnownPatternsAndAddUpToPss) {
   EXPECT_GT(delta("heap_total") + delta("mesh_saving"), 35 * kMiB);
   EXPECT_NEAR(after["pss"], after["heap_total"] + before["outside_heap"], 2 * kMiB);
 
-  {
-    std::lock_guard<std::mutex> guard(lock);
-    release = true;
-    changed.notify_all();
-  }
+  releaseHolder.store(true, std::memory_order_release);
   holder.join();
   for (void* p : live) free(p);
   for (size_t i = 0; i < kSparse; i += 4) free(sparse[i]);

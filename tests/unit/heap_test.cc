@@ -293,7 +293,7 @@ TEST_F(HeapTest, FreesIntoOtherSpansAreRecycled) {
     // Reused newest first, with the tag gone.
     void* again = heap::allocate(kSize);
     EXPECT_EQ(again, blocks[capacity]);
-    EXPECT_FALSE(ShuffleVector::isTaggedRecycled(reinterpret_cast<uintptr_t>(again)));
+    EXPECT_FALSE(isCacheTagged(reinterpret_cast<uintptr_t>(again)));
     EXPECT_EQ(heap::allocate(kSize), blocks[capacity - 1]);
     heap::deallocate(blocks[capacity - 1]);
     heap::deallocate(again);
