@@ -1,5 +1,6 @@
 // Shared helpers of the allocator microbenchmarks: command-line options, a deterministic RNG,
-// size distributions, memory touching with corruption checks, timing and the one result line.
+// size distributions, memory touching with corruption checks, the working-set loop of the
+// fast-path benchmarks, timing and the one result line.
 //
 // The benchmarks only call the plain C allocation functions (malloc, free, realloc), so any
 // allocator can be put underneath with LD_PRELOAD; they never link meshalloc.
@@ -202,6 +203,35 @@ inline uint64_t check(const void* block, size_t size, uint64_t tag) {
   return tag;
 }
 
+// The light touch of the fast-path benchmarks: the tag in the first word only, checked before
+// the free. Writing every byte of a small block costs as much as the malloc and free around it
+// and hides the allocator's own cost; one word still catches blocks handed out twice and free
+// lists written into live memory.
+inline void touchWord(void* block, uint64_t tag) {
+  memcpy(block, &tag, sizeof(tag));
+}
+
+inline uint64_t checkWord(const void* block, uint64_t tag) {
+  uint64_t seen;
+  memcpy(&seen, block, sizeof(seen));
+  if (seen != tag) corrupted(block, sizeof(tag));
+  return tag;
+}
+
+// touch() and check(), or with `light` only the first word (blocks smaller than a word get the
+// full touch, which for them is no more).
+inline void touch(void* block, size_t size, uint64_t tag, bool light) {
+  if (light && size >= sizeof(tag)) {
+    touchWord(block, tag);
+  } else {
+    touch(block, size, tag);
+  }
+}
+
+inline uint64_t check(const void* block, size_t size, uint64_t tag, bool light) {
+  return light && size >= sizeof(tag) ? checkWord(block, tag) : check(block, size, tag);
+}
+
 inline void* mustMalloc(size_t size) {
   void* block = malloc(size);
   if (!block) {
@@ -210,6 +240,86 @@ inline void* mustMalloc(size_t size) {
   }
   return block;
 }
+
+// `count` values drawn before the timer starts, for the loop to cycle through: the fast-path
+// benchmarks spend a few nanoseconds per malloc and free, and drawing from the generator in
+// the loop would add nanoseconds of its own, the same under every allocator, diluting the
+// ratios between them.
+template <typename Draw>
+uint32_t* precompute(size_t count, Draw draw) {
+  uint32_t* values = static_cast<uint32_t*>(mustMalloc(count * sizeof(uint32_t)));
+  for (size_t i = 0; i < count; i++) values[i] = static_cast<uint32_t>(draw());
+  return values;
+}
+
+// The loop of turnover and thread-loop: a working set of lightly touched blocks turned over
+// by a precomputed cycle of steps.
+class WorkingSet {
+ public:
+  // Steps cycled through: 16384 (64 KiB) stay in the L2 cache beside the blocks.
+  static constexpr size_t kCycle = 16384;
+
+  // `slots` live blocks (a power of two, at most 65536) of `minSize` - `maxSize` bytes
+  // (log-uniform, below 64 KiB), a step choosing among `choices` slots (at most `slots`).
+  WorkingSet(Rng& rng, uint64_t slots, size_t minSize, size_t maxSize, uint64_t choices)
+      : slots_(slots), steps_(precompute(kCycle, [&] {
+          const uint64_t size = rng.logUniform(minSize, maxSize);  // drawn first, in sequence
+          return size << 16 | rng.below(choices);
+        })) {}
+  ~WorkingSet() { free(steps_); }
+  WorkingSet(const WorkingSet&) = delete;
+  WorkingSet& operator=(const WorkingSet&) = delete;
+
+  // Fills the slots, makes `iterations` replacements and frees every block, the ids of the
+  // tags counting from `id`. Step i frees the block in slot (i * drift + choice) mod slots and
+  // mallocs one of the step's size in its place: with drift 1 the choices fall in a window
+  // moving on one slot per step, with drift 0 anywhere. Returns the checksum of the tags.
+  uint64_t run(uint64_t iterations, uint64_t drift, uint64_t id) const {
+    Tagged* blocks = static_cast<Tagged*>(mustMalloc(slots_ * sizeof(Tagged)));
+    const uint64_t mask = slots_ - 1;
+    uint64_t checksum = 0;
+    for (uint64_t i = 0; i < slots_; i++) {
+      const size_t size = steps_[i % kCycle] >> 16;
+      blocks[i] = fresh(size, tagFor(++id, size));
+    }
+    for (uint64_t i = 0; i < iterations; i++) {
+      const uint32_t step = steps_[i % kCycle];
+      const size_t size = step >> 16;
+      Tagged* slot = &blocks[(i * drift + (step & 0xffff)) & mask];
+      checksum += checkWord(slot->block, slot->tag);
+      free(slot->block);
+      *slot = fresh(size, tagFor(++id, size));
+    }
+    for (uint64_t i = 0; i < slots_; i++) {
+      checksum += checkWord(blocks[i].block, blocks[i].tag);
+      free(blocks[i].block);
+    }
+    free(blocks);
+    return checksum;
+  }
+
+  // Whether the constructor's arguments fit: a step holds a size and a choice in 16 bits each.
+  static bool fits(uint64_t slots, size_t minSize, size_t maxSize, uint64_t choices) {
+    return slots >= 1 && slots <= 0x10000 && !(slots & (slots - 1)) && choices >= 1 &&
+           choices <= slots && minSize >= sizeof(uint64_t) && minSize <= maxSize &&
+           maxSize <= 0xffff;
+  }
+
+ private:
+  struct Tagged {
+    void* block;
+    uint64_t tag;
+  };
+
+  static Tagged fresh(size_t size, uint64_t tag) {
+    Tagged made = {mustMalloc(size), tag};
+    touchWord(made.block, tag);
+    return made;
+  }
+
+  const uint64_t slots_;
+  uint32_t* const steps_;  // the size in the high half, the choice in the low half
+};
 
 // ---------------------------------------------------------------------------------------------
 // /proc readers that do not allocate (no stdio), so reading cannot change what is measured.
@@ -293,15 +403,17 @@ inline long maxRssKb() {
 }
 
 // The single machine-readable line every benchmark prints on stdout: space-separated
-// key=value pairs, always starting with workload, threads, seconds, ops.
+// key=value pairs, always starting with workload, threads, seconds, ops. ops_per_s is the
+// rate to every digit (mops_per_s rounds slow workloads to a few), so two allocators' rates
+// divide to the exact ratio of their times.
 inline void report(const char* workload, uint64_t threads, double seconds, uint64_t ops,
                    uint64_t checksum, const char* extra = "") {
+  const double rate = seconds > 0 ? static_cast<double>(ops) / seconds : 0.0;
   printf(
-      "workload=%s threads=%llu seconds=%.6f ops=%llu mops_per_s=%.3f maxrss_kb=%ld "
-      "checksum=%016llx%s%s\n",
+      "workload=%s threads=%llu seconds=%.6f ops=%llu mops_per_s=%.3f ops_per_s=%.0f "
+      "maxrss_kb=%ld checksum=%016llx%s%s\n",
       workload, static_cast<unsigned long long>(threads), seconds,
-      static_cast<unsigned long long>(ops),
-      seconds > 0 ? static_cast<double>(ops) / seconds * 1e-6 : 0.0, maxRssKb(),
+      static_cast<unsigned long long>(ops), rate * 1e-6, rate, maxRssKb(),
       static_cast<unsigned long long>(checksum), *extra ? " " : "", extra);
   fflush(stdout);
 }

@@ -6,10 +6,11 @@ arithmetic on made-up runs, which needs nothing built."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
-from bench_support import assert_figure, assert_registered, read_tsv, require_built, run_smoke, smoke_outcome
+from bench_support import ROOT, assert_figure, assert_registered, read_tsv, require_built, run_smoke, smoke_outcome
 
 from meshalloc_cli import paths
 from meshalloc_cli.bench import programs, speed
@@ -25,14 +26,27 @@ def test_experiment_is_registered():
     assert_registered(speed, "speed")
 
 
+def test_every_microbenchmark_is_built():
+    """Each row's program is one that `make release` builds (BENCH_WORKLOADS in
+    bench/CMakeLists.txt), and the row names are distinct: a row whose program is missing there
+    would only show when the experiment refuses to run."""
+    cmake = (ROOT / "bench" / "CMakeLists.txt").read_text()
+    listed = re.search(r"set\(BENCH_WORKLOADS\s([^)]*)\)", cmake)
+    assert listed, "bench/CMakeLists.txt no longer sets BENCH_WORKLOADS"
+    missing = {bench.binary for bench in speed.MICROBENCHMARKS} - set(listed.group(1).split())
+    assert not missing, f"MICROBENCHMARKS run programs that BENCH_WORKLOADS does not build: {sorted(missing)}"
+    names = [bench.name for bench in speed.MICROBENCHMARKS]
+    assert len(names) == len(set(names))
+
+
 def test_smoke_outcome(smoke):
     outcome = smoke_outcome(smoke)
     assert "| workload | kind | mimalloc s |" in outcome["table_md"]
     assert "geomean all" in outcome["table_md"]
     claims = outcome["claims"]
     assert [claim["claim"] for claim in claims][:2] == [
-        "meshalloc 1n time vs mimalloc, each single-threaded microbenchmark (5)",
-        "meshalloc 1n time vs mimalloc, each multi-threaded microbenchmark (5)"]
+        "meshalloc 1n time vs mimalloc, each single-threaded microbenchmark (9)",
+        "meshalloc 1n time vs mimalloc, each multi-threaded microbenchmark (8)"]
     assert all(claim["holds"] is None and "smoke" in claim["note"] for claim in claims)
     assert "speed.png" in outcome["files"] and "table.tsv" in outcome["files"]
 

@@ -1,9 +1,9 @@
 """`meshalloc bench speed`: how fast is meshalloc next to the allocators people would otherwise
-use? Ten microbenchmarks (bench/*.cc), each modelled on a well-known allocator stress pattern,
-and five real programs from Debian (programs.py), under glibc, jemalloc, mimalloc, tcmalloc and
-meshalloc with meshing off (1n, the configuration issue 2's speed targets are about) and on (3y,
-the default). The paper's §6.2 runtime-overhead statements are set beside the real programs'
-numbers. See docs/speed.md.
+use? Seventeen microbenchmarks (bench/*.cc), each modelled on a well-known allocator stress
+pattern, and five real programs from Debian (programs.py), under glibc, jemalloc, mimalloc,
+tcmalloc and meshalloc with meshing off (1n, the configuration issue 2's speed targets are
+about) and on (3y, the default). The paper's §6.2 runtime-overhead statements are set beside
+the real programs' numbers. See docs/speed.md.
 
 Time and memory come from separate passes. The timing pass runs every workload under every
 allocator, interleaved (A B C ..., A B C ...), with nothing else watching: the microbenchmarks
@@ -101,7 +101,11 @@ class Microbenchmark:
 
 # Full sizes are the programs' defaults (about 0.15-0.5 s under mimalloc on 2 CPUs; churn-mt
 # halves churn's work per thread); quick does a quarter of the work, smoke 10-50 ms' (long enough
-# for the memory pass to take a few samples).
+# for the memory pass to take a few samples). The rows from tight-loop on expose the fast path:
+# small blocks, short lives, only a block's first word touched (larson and prodcons with
+# --light=1), so the time is the allocator's own rather than the benchmark's memory traffic.
+# In full they take 0.25-0.4 s under mimalloc (larson-small and prodcons-64 through the work
+# option given here, not the programs' defaults).
 MICROBENCHMARKS: Tuple[Microbenchmark, ...] = (
     Microbenchmark("churn", ST, "churn", (), "--iterations", (40_000, 1_000_000, 4_000_000),
                    "random-size churn (8 B-16 KiB) over a working set"),
@@ -112,6 +116,14 @@ MICROBENCHMARKS: Tuple[Microbenchmark, ...] = (
     Microbenchmark("large", ST, "large", (), "--iterations", (30, 1_250, 5_000), "large blocks, 64 KiB-4 MiB"),
     Microbenchmark("realloc", ST, "realloc", (), "--iterations", (10_000, 500_000, 2_000_000),
                    "realloc growth: string builders and doubling arrays"),
+    Microbenchmark("tight-loop", ST, "tightloop", (), "--iterations", (1_500_000, 6_250_000, 25_000_000),
+                   "glibc's simple malloc benchmark: malloc, write a word, free; 16-128 B"),
+    Microbenchmark("tight-loop-batch", ST, "tightloop", ("--batch=10",), "--iterations",
+                   (1_500_000, 6_250_000, 25_000_000), "the same, 10 blocks allocated then freed in order"),
+    Microbenchmark("turnover", ST, "turnover", (), "--iterations", (2_500_000, 10_000_000, 40_000_000),
+                   "espresso: 4096 blocks of 8-512 B turning over, random replacement in a moving window"),
+    Microbenchmark("bignum", ST, "bignum", (), "--rounds", (80_000, 300_000, 1_200_000),
+                   "cfrac: big-integer products, divisions and sums, every result a fresh small block"),
     Microbenchmark("churn-mt", MT, "churn", ("--threads={threads}",), "--iterations", (10_000, 500_000, 2_000_000),
                    "threadtest: churn on every thread, nothing shared"),
     Microbenchmark("larson", MT, "larson", ("--threads={threads}", "--iterations=30000"), "--generations",
@@ -122,6 +134,14 @@ MICROBENCHMARKS: Tuple[Microbenchmark, ...] = (
                    "--iterations", (50, 250, 1_000), "Hoard's cache-scratch: passive false sharing"),
     Microbenchmark("cache-thrash", MT, "cachescratch", ("--threads={threads}", "--repetitions=20000", "--thrash=1"),
                    "--iterations", (50, 250, 1_000), "Hoard's cache-thrash: active false sharing"),
+    Microbenchmark("larson-small", MT, "larson", ("--threads={threads}", "--iterations=30000", "--light=1"),
+                   "--generations", (25, 150, 600), "larson touching only a block's first word: remote frees"),
+    Microbenchmark("prodcons-64", MT, "prodcons", ("--threads=2", "--min=64", "--max=64", "--light=1"),
+                   "--iterations", (500_000, 2_000_000, 8_000_000),
+                   "xmalloc-test, one pair, 64 B blocks lightly touched: the remote-free path"),
+    Microbenchmark("thread-loop", MT, "threadloop", ("--threads={threads}",), "--iterations",
+                   (2_500_000, 10_000_000, 40_000_000),
+                   "glibc's thread benchmark: a malloc/free loop of 16-256 B per thread, nothing shared"),
 )
 
 
