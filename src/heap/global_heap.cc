@@ -191,6 +191,7 @@ void GlobalHeap::refile(ClassState& state, MiniHeap* heap) {
 void GlobalHeap::detachLocked(ClassState& state, MiniHeap* heap) {
   // seq_cst pairs with freeToBitmap: either this sees its decrement or it sees owner == nullptr.
   heap->owner.store(nullptr, std::memory_order_seq_cst);
+  heap->detachedBefore = true;
   placeDetached(state, heap);
 }
 

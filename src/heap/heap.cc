@@ -86,7 +86,7 @@ bool initializeOnce() {
   SizeClasses::init(os::pageSize());
   // Odd, so never an aligned pointer a program would store in a freed block; bit 1 is the
   // vector tag's.
-  gCacheTag = (os::entropy64() | 1) & ~kVectorTagBit;
+  gCacheTag = (os::entropy64() | 1) & ~(kVectorTagBit | kReleasedTagBit);
   if (!Arena::init()) return false;
   OperationGuard::init();
   if (pthread_key_create(&gThreadExitKey, onThreadExit) != 0) return false;
@@ -159,7 +159,7 @@ void freeResolved(void* pointer, MiniHeap* mini, int64_t slot) {
     // The vector holds the span's own addresses; `pointer` may be a meshed alias of the slot
     // (a span meshed before this thread attached it).
     uintptr_t canonical = mini->spanStart + static_cast<uintptr_t>(slot) * mini->objectSize;
-    if ((cacheTagOf(canonical) == vectorTag() && v.holds(canonical)) ||
+    if ((isCacheTagged(canonical) && v.holds(canonical)) ||
         !mini->bitmap().isSet(static_cast<size_t>(slot))) {
       reportHeapError(HeapError::kDoubleFree, "free", pointer);
     }
@@ -167,7 +167,9 @@ void freeResolved(void* pointer, MiniHeap* mini, int64_t slot) {
       v.push(canonical);
       return;
     }
-    // The span stays attached and reclaims the slot from its bitmap on the next refill.
+    // The span stays attached and reclaims the slot from its bitmap on the next refill; the tag
+    // lets the local fast path notice a second free meanwhile.
+    setCacheTag(canonical, releasedTag());
     GlobalHeap::freeToBitmap(mini, mini->sizeClass, static_cast<size_t>(slot), address);
     return;
   }
@@ -273,13 +275,13 @@ void deallocateSlow(void* pointer) {
 }
 
 void deallocateOther(ThreadHeap* heap, unsigned sizeClass, int span, uintptr_t spanStart,
-                     uint32_t slot, uintptr_t address) {
+                     uintptr_t address) {
   if (span >= 0) return deallocateSlow(reinterpret_cast<void*>(address));
   ShuffleVector& v = heap->vector(sizeClass);
   if (__builtin_expect(span == ShuffleVector::kMaybeAttached, 0)) {
     uint64_t entry = Arena::entryFor(address);
     if (!PageEntry::isMiniHeap(entry) ||
-        !pushLocalFree(heap, v, PageEntry::miniHeap(entry), spanStart, slot, address)) {
+        !pushLocalFree(heap, v, PageEntry::miniHeap(entry), spanStart, address)) {
       deallocateSlow(reinterpret_cast<void*>(address));
     }
     return;
@@ -403,19 +405,28 @@ size_t usableSizeSlow(const void* pointer) {
 }
 
 void checkTaggedFree(unsigned sizeClass, uintptr_t address) {
-  bool cached;
-  if (cacheTagOf(address) == recycledTag()) {
-    cached = ThreadHeap::recycledAnywhere(sizeClass, address);
+  uintptr_t tag = cacheTagOf(address);
+  bool freed = false;
+  if (tag == recycledTag()) {
+    freed = ThreadHeap::recycledAnywhere(sizeClass, address);
   } else {
-    // A vector holds only blocks of spans attached to its thread: ask the span's owner.
+    // A vector holds only blocks of spans attached to its thread: ask the span's owner. A
+    // released block's slot is clear in the bitmap once the owner has drained it (before, it
+    // waits on the span's stack: not looked for).
     uint64_t entry = Arena::entryFor(address);
-    ThreadHeap* owner = PageEntry::isMiniHeap(entry)
-                            ? PageEntry::miniHeap(entry)->owner.load(std::memory_order_acquire)
-                            : nullptr;
-    cached = owner && (owner == tlsThreadHeap ? owner->vector(sizeClass).holds(address)
-                                              : owner->holdsFreeBlock(sizeClass, address));
+    int64_t slot = smallSlotOf(address, entry);
+    if (slot >= 0) {
+      MiniHeap* mini = PageEntry::miniHeap(entry);
+      ThreadHeap* owner = mini->owner.load(std::memory_order_acquire);
+      if (tag == vectorTag()) {
+        freed = owner && (owner == tlsThreadHeap ? owner->vector(sizeClass).holds(address)
+                                                 : owner->holdsFreeBlock(sizeClass, address));
+      } else {
+        freed = owner && !mini->bitmap().isSet(static_cast<size_t>(slot));
+      }
+    }
   }
-  if (cached) reportHeapError(HeapError::kDoubleFree, "free", reinterpret_cast<void*>(address));
+  if (freed) reportHeapError(HeapError::kDoubleFree, "free", reinterpret_cast<void*>(address));
 }
 
 void applyRecycledFree(ThreadHeap* heap, uintptr_t address) {
@@ -424,7 +435,7 @@ void applyRecycledFree(ThreadHeap* heap, uintptr_t address) {
     unsigned sizeClass = PageEntry::sizeClass(entry);
     MiniHeap* mini = PageEntry::miniHeap(entry);
     if (pushLocalFree(heap, heap->vector(sizeClass), mini, Arena::spanStartOf(address, entry),
-                      static_cast<uint32_t>(slot), address))
+                      address))
       return;
     // Most recycled blocks lie in spans no thread holds (Redis's evictions, larson's blocks from
     // other threads). deallocateSlow would first look for the recycled tag, but this block's

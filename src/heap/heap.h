@@ -62,27 +62,17 @@ inline int64_t smallSlotOf(uintptr_t address, uint64_t entry) {
   return SizeClasses::slotOf(sizeClass, address - Arena::spanStartOf(address, entry));
 }
 
-// Pushes the free of `slot` of attached span `span` onto `v`, the vector of `heap`'s thread, if
-// the free is plainly valid; false sends it to the slow path. Only the second cache line of the
-// span's MiniHeap is read (remoteFrees, bitmap).
+// Pushes the free of `address`, a slot of a span attached to `heap`'s thread, onto `v`, that
+// thread's vector of its class, if the free is plainly valid; false sends it to the slow path.
+// Nothing but the block and the vector is read: the span's MiniHeap (a cache miss in a large
+// heap) is not.
 __attribute__((always_inline)) inline bool pushHeldFree(ThreadHeap* heap, ShuffleVector& v,
-                                                        unsigned span, uint32_t slot,
                                                         uintptr_t address) {
-  MiniHeap* mini = v.spans[span];
-  // A block with a cache tag may already sit in this vector, or in some thread's recycled
-  // blocks (its bit still set): the slow path looks. A full vector (its spans can have more
-  // slots out than it holds) sends the slot back through the bitmap instead; the span stays
-  // attached and reclaims it on refill. The bitmap bit is clear if another thread already freed
-  // this slot (a double free); if other threads' frees wait on the span's stack, the slow path
-  // drains them first so that check sees them (remoteFrees shares the bitmap's cache line: no
-  // extra miss).
-  if (__builtin_expect(
-          isCacheTagged(address) || v.length >= v.capacity ||
-              mini->remoteFrees.load(std::memory_order_relaxed) != MiniHeap::kRemoteFreesEmpty ||
-              !mini->bitmap().isSet(slot),
-          0)) {
-    return false;
-  }
+  // A block with a cache tag may be free already: in this vector, in some thread's recycled
+  // blocks, on the span's remote-free stack or in its bitmap (heap/cache_tag.h); the slow path
+  // looks. A full vector (its spans can have more slots out than it holds) sends the slot back
+  // through the bitmap instead; the span stays attached and reclaims it on refill.
+  if (__builtin_expect(isCacheTagged(address) || v.length >= v.capacity, 0)) return false;
   if (heap->randomization() == Randomization::kOnRefillAndFree) {
     v.pushRandomly(address, heap->rng());
   } else {
@@ -98,11 +88,11 @@ __attribute__((always_inline)) inline bool pushHeldFree(ThreadHeap* heap, Shuffl
 // another start and takes the slow path).
 __attribute__((always_inline)) inline bool pushLocalFree(ThreadHeap* heap, ShuffleVector& v,
                                                          MiniHeap* mini, uintptr_t spanStart,
-                                                         uint32_t slot, uintptr_t address) {
+                                                         uintptr_t address) {
   if (__builtin_expect(mini->owner.load(std::memory_order_relaxed) != heap, 0)) return false;
   unsigned span = mini->attachIndex;
   if (__builtin_expect(v.spanStarts[span] != spanStart, 0)) return false;
-  return pushHeldFree(heap, v, span, slot, address);
+  return pushHeldFree(heap, v, address);
 }
 
 // Called for a free of a block that carries a cache tag: reports a double free if some thread
@@ -127,7 +117,7 @@ inline void prefetchRecycledSpan(uintptr_t block) {
 // attachedSpanAt answer) is attached but the push declined, shares a span-table cell, or is
 // not attached here (the block is recycled).
 void deallocateOther(ThreadHeap* heap, unsigned sizeClass, int span, uintptr_t spanStart,
-                     uint32_t slot, uintptr_t address);
+                     uintptr_t address);
 
 inline void deallocate(void* pointer) {
   uintptr_t address = reinterpret_cast<uintptr_t>(pointer);
@@ -150,15 +140,12 @@ inline void deallocate(void* pointer) {
       ShuffleVector& v = heap->vector(sizeClass);
       int span = v.attachedSpanAt(spanStart);
       // Attached spans are never meshed, so the span table's MiniHeap is this address's.
-      if (__builtin_expect(span >= 0 && pushHeldFree(heap, v, static_cast<unsigned>(span),
-                                                     static_cast<uint32_t>(slot), address),
-                           1)) {
+      if (__builtin_expect(span >= 0 && pushHeldFree(heap, v, address), 1)) {
         return;
       }
       // Out of line, and entered by a tail call, like every other way out: the push above then
       // needs no register saved.
-      return deallocateOther(heap, sizeClass, span, spanStart, static_cast<uint32_t>(slot),
-                             address);
+      return deallocateOther(heap, sizeClass, span, spanStart, address);
     }
   }
   deallocateSlow(pointer);

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "heap/cache_tag.h"
 #include "heap/size_class.h"
 #include "support/bitmap.h"
 #include "support/list.h"
@@ -44,7 +45,12 @@ struct MiniHeap : ListNode {
   uint8_t sizeClass = 0;
   SpanState state = SpanState::kFreed;
   uint8_t occupancyBin = 0;
-  bool zeroed = false;  // large objects: the pages were fresh from the OS
+  // Large objects: the pages were fresh from the OS. (Bit-fields: the first line is full. Both
+  // are written only at creation or under the class's lock.)
+  bool zeroed : 1 = false;
+  // The span has been detached before: its free slots may be blocks the program freed into its
+  // bitmap untagged, so a refill tags the slots it claims (see heap/cache_tag.h).
+  bool detachedBefore : 1 = false;
   // Large objects: the object starts this many bytes into its span (see largeColouring).
   uint32_t largeOffset = 0;
   uintptr_t spanStart = 0;
@@ -84,13 +90,15 @@ struct MiniHeap : ListNode {
   enum class RemotePush { kPushed, kClosed, kAlreadyOnTop };
   // Pushes a freed block of this span onto remoteFrees. kClosed: the span is not attached, the
   // caller frees through the bitmap. kAlreadyOnTop: the same block was just pushed (a double
-  // free; other repeats are caught when the owner drains). Writes the block's first word.
+  // free; other repeats are caught when the owner drains). Writes the block's first word and
+  // its released tag (an attached span is never meshed).
   RemotePush pushRemoteFree(uintptr_t block) {
     uintptr_t top = remoteFrees.load(std::memory_order_relaxed);
     do {
       if (top == kRemoteFreesClosed) return RemotePush::kClosed;
       if (top == block) return RemotePush::kAlreadyOnTop;
       *reinterpret_cast<uintptr_t*>(block) = top;
+      setCacheTag(block, releasedTag());
     } while (!remoteFrees.compare_exchange_weak(top, block, std::memory_order_release,
                                                 std::memory_order_relaxed));
     return RemotePush::kPushed;

@@ -280,6 +280,9 @@ void ThreadHeap::claimFreeSlots(ShuffleVector& v, unsigned span) {
   MiniHeap* heap = v.spans[span];
   AtomicBitmap bitmap = heap->bitmap();
   uint32_t claimed = 0;
+  // A fresh span's free slots were never handed out (or were freed while attached, tagged):
+  // left untouched, pages the program never uses stay unfaulted.
+  bool tag = heap->detachedBefore;
   for (size_t w = 0; w < bitmap.words() && v.length < v.capacity; w++) {
     // Read first: most words of a busy span are full, and a failed claim still costs an atomic.
     uint64_t free = ~bitmap.loadWord(w) & bitmap.validMask(w);
@@ -291,7 +294,12 @@ void ThreadHeap::claimFreeSlots(ShuffleVector& v, unsigned span) {
     while (bits) {
       unsigned bit = static_cast<unsigned>(__builtin_ctzll(bits));
       bits &= bits - 1;
-      v.pushClaimed(heap->spanStart + (w * 64 + bit) * heap->objectSize);
+      uintptr_t block = heap->spanStart + (w * 64 + bit) * heap->objectSize;
+      if (tag) {
+        v.push(block);
+      } else {
+        v.pushClaimed(block);
+      }
       claimed++;
     }
   }

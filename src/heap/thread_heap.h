@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "heap/cache_tag.h"
 #include "heap/config.h"
 #include "heap/mini_heap.h"
 #include "heap/operation_guard.h"
@@ -43,32 +44,6 @@ static_assert((kMaxRecycled & (kMaxRecycled - 1)) == 0);
 // A free that applies the oldest recycled block prefetches the MiniHeap of the one this many
 // applications later: far enough ahead for the lines to arrive, near enough to stay in cache.
 constexpr uint32_t kRecycledPrefetchDistance = 4;
-// Blocks a thread cache holds free carry a tag in their second word, so that a second free of
-// one is noticed from the block alone (heap::deallocate), as glibc's tcache key does: looking
-// the block up on every free cost more than the free itself. One random value per process (set
-// at start-up), with bit 1 telling the two caches apart: kRecycledTag for a block among a
-// thread's recycled blocks, kVectorTag for one in a shuffle vector. Odd, so never an aligned
-// pointer a program would leave in a freed block.
-inline uintptr_t gCacheTag = 1;
-constexpr uintptr_t kVectorTagBit = 2;
-constexpr size_t kCacheTagWord = 1;
-inline uintptr_t cacheTagOf(uintptr_t block) {
-  return reinterpret_cast<const uintptr_t*>(block)[kCacheTagWord];
-}
-inline void setCacheTag(uintptr_t block, uintptr_t tag) {
-  reinterpret_cast<uintptr_t*>(block)[kCacheTagWord] = tag;
-}
-inline uintptr_t recycledTag() {
-  return gCacheTag;
-}
-inline uintptr_t vectorTag() {
-  return gCacheTag | kVectorTagBit;
-}
-// Either tag: the block may sit free in some thread's cache (the slow path finds out).
-inline bool isCacheTagged(uintptr_t block) {
-  return (cacheTagOf(block) & ~kVectorTagBit) == gCacheTag;
-}
-
 struct ShuffleVector {
   // The free slots, by address, popped from the end. An entry's low bit says the block carries
   // the vector tag (a local free put it here; a refill's slots are left untouched, so that a

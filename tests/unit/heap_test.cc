@@ -521,6 +521,28 @@ TEST_F(HeapDeathTest, MisuseIsReportedWithTheAddress) {
         }).join();
       },
       "meshalloc: double free of 0x[0-9a-f]+");
+  // ... and by the thread whose refill claimed the block back into its vector, still unused:
+  // the block was freed into a detached span's bitmap (no tag: a mesh pass may be copying such
+  // pages), so only the tag the refill writes into a reused span's slots shows it is free.
+  EXPECT_DEATH(
+      {
+        gHeapConfig.randomization = Randomization::kNone;  // refills hand out ascending slots
+        std::thread([] {
+          constexpr size_t kSize = 7168;  // a class no other test uses: a span of its own
+          std::vector<void*> blocks(SizeClasses::plan(SizeClasses::classOf(kSize)).objectCount);
+          for (void*& b : blocks) b = api::mallocImpl(kSize);  // the span, full
+          heap::flushThreadCache();                            // ... and detached
+          std::thread([&] {  // two slots into the bitmap, untagged
+            api::freeImpl(blocks[0]);
+            api::freeImpl(blocks[1]);
+          })
+              .join();
+          void* again = api::mallocImpl(kSize);  // a refill claims both, hands out the lower
+          if (again != blocks[0]) fprintf(stderr, "the refill took another span\n");
+          api::freeImpl(blocks[1]);
+        }).join();
+      },
+      "meshalloc: double free of 0x[0-9a-f]+");
   EXPECT_DEATH(
       {
         char* p = static_cast<char*>(api::mallocImpl(64));

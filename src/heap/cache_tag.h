@@ -1,0 +1,46 @@
+// Free blocks carry a tag in their second word, so that a second free of one is noticed from the
+// block alone (heap::deallocate), as glibc's tcache key does: looking the block up on every free
+// cost more than the free itself, and the span's metadata is a cache miss in a large heap. One
+// random value per process (set at start-up), with two bits telling where the block went:
+//   recycledTag()  among a thread's recycled blocks (ShuffleVector's ring);
+//   vectorTag()    in a shuffle vector: freed locally, or claimed by a refill from a span whose
+//                  slots have been handed out before;
+//   releasedTag()  freed into an attached span's remote-free stack or, by its owner, into its
+//                  bitmap.
+// A block handed to the program has its tag word cleared (ShuffleVector::pop, untag), so a live
+// block carries a tag only if the program stored that random value itself. Blocks freed into
+// detached spans are not tagged: a mesh pass may be copying those pages.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace meshalloc {
+
+// Odd, so never an aligned pointer a program would leave in a freed block; bits 1 and 2 clear.
+inline uintptr_t gCacheTag = 1;
+constexpr uintptr_t kVectorTagBit = 2;
+constexpr uintptr_t kReleasedTagBit = 4;
+constexpr size_t kCacheTagWord = 1;  // every class's blocks have at least two words
+
+inline uintptr_t cacheTagOf(uintptr_t block) {
+  return reinterpret_cast<const uintptr_t*>(block)[kCacheTagWord];
+}
+inline void setCacheTag(uintptr_t block, uintptr_t tag) {
+  reinterpret_cast<uintptr_t*>(block)[kCacheTagWord] = tag;
+}
+inline uintptr_t recycledTag() {
+  return gCacheTag;
+}
+inline uintptr_t vectorTag() {
+  return gCacheTag | kVectorTagBit;
+}
+inline uintptr_t releasedTag() {
+  return gCacheTag | kReleasedTagBit;
+}
+// Any of the three: the block may be free already (the slow path finds out).
+inline bool isCacheTagged(uintptr_t block) {
+  return (cacheTagOf(block) & ~(kVectorTagBit | kReleasedTagBit)) == gCacheTag;
+}
+
+}  // namespace meshalloc
