@@ -201,18 +201,6 @@ void GlobalHeap::releaseSpan(MiniHeap* heap) {
   detachLocked(state, heap);
 }
 
-void GlobalHeap::freeRemote(MiniHeap* heap, unsigned sizeClass, size_t slot, uintptr_t address) {
-  switch (heap->pushRemoteFree(address)) {
-    case MiniHeap::RemotePush::kPushed:
-      return;
-    case MiniHeap::RemotePush::kAlreadyOnTop:
-      reportHeapError(HeapError::kDoubleFree, "free", reinterpret_cast<void*>(address));
-    case MiniHeap::RemotePush::kClosed:
-      freeToBitmap(heap, sizeClass, slot, address);
-      return;
-  }
-}
-
 void GlobalHeap::freeToBitmap(MiniHeap* heap, unsigned sizeClass, size_t slot, uintptr_t address) {
   if (!heap->bitmap().tryUnset(slot))
     reportHeapError(HeapError::kDoubleFree, "free", reinterpret_cast<void*>(address));

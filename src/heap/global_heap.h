@@ -63,13 +63,9 @@ class GlobalHeap {
   // the dirty cache: the idle-thread reclaimer sets it (ThreadHeap::reclaimIdle), because pages
   // a sleeping thread left empty are not the churn the cache is there to serve.
   static void setBypassDirtyCache(bool bypass) { tlsBypassDirtyCache_ = bypass; }
-  // A free of slot `slot` of a span that is not attached to the calling thread: onto the
-  // span's remote-free stack while it is attached to another thread, else through the bitmap.
-  // `sizeClass` is the span's (from the page-map entry: reading it from the MiniHeap would
-  // cost a second cache miss).
-  static void freeRemote(MiniHeap* heap, unsigned sizeClass, size_t slot, uintptr_t address);
   // A free through the bitmap (the owner's own free when its vector is full, or any free of a
-  // detached span): clears the slot's bit and places the span if the free changed its list.
+  // detached span, whose remote-free stack is closed): clears the slot's bit and places the span
+  // if the free changed its list. The rest of the free path is heap/free.cc's.
   static void freeToBitmap(MiniHeap* heap, unsigned sizeClass, size_t slot, uintptr_t address);
 
   static void* allocateLarge(size_t bytes, size_t alignment, bool* zeroed);

@@ -15,9 +15,8 @@
 #include "platform/os.h"
 
 extern "C" {
-// glibc's own allocator, still exported under these names: a pointer that glibc handed out
-// before we were in place must be given back to glibc.
-void __libc_free(void* pointer);
+// glibc's own allocator, still exported under this name: a pointer that glibc handed out
+// before we were in place reports its size through it (heap/free.cc frees it).
 size_t __libc_malloc_usable_size(void* pointer) __attribute__((weak));
 }
 
@@ -108,89 +107,8 @@ ThreadHeap* threadHeap() {
   return heap;
 }
 
-// Resolves a pointer the program passed back to us, reporting every kind of misuse. Returns
-// nullptr for a pointer glibc owns.
-MiniHeap* resolve(const void* pointer, uint64_t entry, const char* operation, int64_t* slot) {
-  uintptr_t address = reinterpret_cast<uintptr_t>(pointer);
-  if (!PageEntry::isMiniHeap(entry)) {
-    if (Arena::contains(address)) {
-      uint64_t below = Arena::entryAtOrBelow(address);
-      if (PageEntry::isMiniHeap(below)) {
-        MiniHeap* owner = PageEntry::miniHeap(below);
-        if (owner->isLarge() && address < owner->spanStart + owner->spanBytes(Arena::pageSize())) {
-          reportHeapError(HeapError::kInteriorPointer, operation, pointer,
-                          reinterpret_cast<void*>(owner->largeStart()));
-        }
-      }
-      reportHeapError(HeapError::kStalePointer, operation, pointer);
-    }
-    if (os::isInBrkHeap(address)) return nullptr;
-    reportHeapError(HeapError::kInvalidPointer, operation, pointer);
-  }
-  MiniHeap* mini = PageEntry::miniHeap(entry);
-  if (mini->isLarge()) {
-    if (address != mini->largeStart()) {
-      reportHeapError(HeapError::kInteriorPointer, operation, pointer,
-                      reinterpret_cast<void*>(mini->largeStart()));
-    }
-    *slot = 0;
-    return mini;
-  }
-  uintptr_t spanStart = Arena::spanStartOf(address, entry);
-  *slot = mini->slotOf(address - spanStart);
-  if (*slot < 0) {
-    uintptr_t objectStart = spanStart + (address - spanStart) / mini->objectSize * mini->objectSize;
-    reportHeapError(HeapError::kInteriorPointer, operation, pointer,
-                    reinterpret_cast<void*>(objectStart));
-  }
-  return mini;
-}
-
-void freeResolved(void* pointer, MiniHeap* mini, int64_t slot) {
-  uintptr_t address = reinterpret_cast<uintptr_t>(pointer);
-  if (mini->isLarge()) {
-    GlobalHeap::freeLarge(mini, address);
-    return;
-  }
-  ThreadHeap* heap = tlsThreadHeap;
-  if (heap && mini->owner.load(std::memory_order_relaxed) == heap) {
-    ShuffleVector& v = heap->vector(mini->sizeClass);
-    heap->drainRemoteFrees(v, mini->attachIndex, MiniHeap::kRemoteFreesEmpty);
-    // The vector holds the span's own addresses; `pointer` may be a meshed alias of the slot
-    // (a span meshed before this thread attached it).
-    uintptr_t canonical = mini->spanStart + static_cast<uintptr_t>(slot) * mini->objectSize;
-    if ((isCacheTagged(canonical) && v.holds(canonical)) ||
-        !mini->bitmap().isSet(static_cast<size_t>(slot))) {
-      reportHeapError(HeapError::kDoubleFree, "free", pointer);
-    }
-    if (v.length < v.capacity) {
-      v.push(canonical);
-      return;
-    }
-    // The span stays attached and reclaims the slot from its bitmap on the next refill; the tag
-    // lets the local fast path notice a second free meanwhile.
-    setCacheTag(canonical, releasedTag());
-    GlobalHeap::freeToBitmap(mini, mini->sizeClass, static_cast<size_t>(slot), address);
-    return;
-  }
-  GlobalHeap::freeRemote(mini, mini->sizeClass, static_cast<size_t>(slot), address);
-}
-
 size_t usableSizeOf(const MiniHeap* mini) {
   return mini->isLarge() ? mini->largeBytes(Arena::pageSize()) : mini->objectSize;
-}
-
-// Under a guard: frees `address` through its span's bitmap if it is a valid small block in a
-// span the calling thread does not hold (the page-map entry gives the class, so the slot check
-// needs no MiniHeap field); false leaves it to the caller.
-bool freeIntoUnheldSpan(uintptr_t address, uint64_t entry) {
-  int64_t slot = smallSlotOf(address, entry);
-  if (slot < 0) return false;
-  MiniHeap* mini = PageEntry::miniHeap(entry);
-  ThreadHeap* heap = tlsThreadHeap;
-  if (heap != nullptr && mini->owner.load(std::memory_order_relaxed) == heap) return false;
-  GlobalHeap::freeRemote(mini, PageEntry::sizeClass(entry), static_cast<size_t>(slot), address);
-  return true;
 }
 
 void* failNoMemory() {
@@ -250,53 +168,6 @@ void* allocateSlow(size_t size) {
   void* block = v.pop();
   if (gRefillHook) gRefillHook();
   return block;
-}
-
-void deallocateSlow(void* pointer) {
-  if (!pointer) return;
-  uintptr_t address = reinterpret_cast<uintptr_t>(pointer);
-  // A second free of a block a thread caches (the fast path checks the tag too, but a thread
-  // without a heap comes straight here). Before the guard: the check may take the registry
-  // lock, which a mesh pause holds while it waits for guarded operations.
-  uint64_t peek = Arena::entryFor(address);
-  if (smallSlotOf(address, peek) >= 0 && isCacheTagged(address))
-    checkTaggedFree(PageEntry::sizeClass(peek), address);
-  OperationGuard guard;
-  uint64_t entry = Arena::entryFor(address);
-  // The common case first: a valid small object in a span this thread does not hold.
-  if (__builtin_expect(freeIntoUnheldSpan(address, entry), 1)) return;
-  int64_t slot;
-  MiniHeap* mini = resolve(pointer, entry, "free", &slot);
-  if (!mini) {
-    __libc_free(pointer);
-    return;
-  }
-  freeResolved(pointer, mini, slot);
-}
-
-void deallocateOther(ThreadHeap* heap, unsigned sizeClass, int span, uintptr_t spanStart,
-                     uintptr_t address) {
-  if (span >= 0) return deallocateSlow(reinterpret_cast<void*>(address));
-  ShuffleVector& v = heap->vector(sizeClass);
-  if (__builtin_expect(span == ShuffleVector::kMaybeAttached, 0)) {
-    uint64_t entry = Arena::entryFor(address);
-    if (!PageEntry::isMiniHeap(entry) ||
-        !pushLocalFree(heap, v, PageEntry::miniHeap(entry), spanStart, address)) {
-      deallocateSlow(reinterpret_cast<void*>(address));
-    }
-    return;
-  }
-  if (__builtin_expect(isCacheTagged(address), 0)) checkTaggedFree(sizeClass, address);
-  // The block's full entry now, and the MiniHeap of a block kRecycledPrefetchDistance
-  // applications ahead (its entry fetched long since), so that applying it later misses on
-  // neither. (Only here: a prefetch on every free cost larson about 5 %, its spans' lines
-  // bouncing between threads.)
-  __builtin_prefetch(Arena::entryAddressFor(address));
-  uintptr_t due = v.pushRecycled(address);
-  if (due) {
-    prefetchRecycledSpan(v.recycledToApplyAfter(kRecycledPrefetchDistance));
-    applyRecycledFree(heap, due);
-  }
 }
 
 void* allocatePinned(size_t size) {
@@ -385,7 +256,7 @@ void* reallocate(void* pointer, size_t size) {
   if (!moved) return failNoMemory();
   memcpy(moved, pointer, oldSize < size ? oldSize : size);
   if (glibcOwned)
-    __libc_free(pointer);
+    freeToLibc(pointer);
   else
     deallocate(pointer);
   return moved;
@@ -402,63 +273,6 @@ size_t usableSizeSlow(const void* pointer) {
   if (!mini)
     return __libc_malloc_usable_size ? __libc_malloc_usable_size(const_cast<void*>(pointer)) : 0;
   return usableSizeOf(mini);
-}
-
-void checkTaggedFree(unsigned sizeClass, uintptr_t address) {
-  uintptr_t tag = cacheTagOf(address);
-  bool freed = false;
-  if (tag == recycledTag()) {
-    freed = ThreadHeap::recycledAnywhere(sizeClass, address);
-  } else {
-    // A vector holds only blocks of spans attached to its thread: ask the span's owner. A
-    // released block's slot is clear in the bitmap once the owner has drained it (before, it
-    // waits on the span's stack: not looked for).
-    uint64_t entry = Arena::entryFor(address);
-    int64_t slot = smallSlotOf(address, entry);
-    if (slot >= 0) {
-      MiniHeap* mini = PageEntry::miniHeap(entry);
-      ThreadHeap* owner = mini->owner.load(std::memory_order_acquire);
-      if (tag == vectorTag()) {
-        freed = owner && (owner == tlsThreadHeap ? owner->vector(sizeClass).holds(address)
-                                                 : owner->holdsFreeBlock(sizeClass, address));
-      } else {
-        freed = owner && !mini->bitmap().isSet(static_cast<size_t>(slot));
-      }
-    }
-  }
-  if (freed) reportHeapError(HeapError::kDoubleFree, "free", reinterpret_cast<void*>(address));
-}
-
-void applyRecycledFree(ThreadHeap* heap, uintptr_t address) {
-  uint64_t entry = Arena::entryFor(address);
-  if (int64_t slot = smallSlotOf(address, entry); __builtin_expect(slot >= 0, 1)) {
-    unsigned sizeClass = PageEntry::sizeClass(entry);
-    MiniHeap* mini = PageEntry::miniHeap(entry);
-    if (pushLocalFree(heap, heap->vector(sizeClass), mini, Arena::spanStartOf(address, entry),
-                      address))
-      return;
-    // Most recycled blocks lie in spans no thread holds (Redis's evictions, larson's blocks from
-    // other threads). deallocateSlow would first look for the recycled tag, but this block's
-    // was checked when it was recycled and cleared when it was taken out: straight to the
-    // bitmap, with the entry read again under the guard (meshing may have moved the span).
-    if (mini->owner.load(std::memory_order_relaxed) != heap) {
-      OperationGuard guard;
-      if (freeIntoUnheldSpan(address, Arena::entryFor(address))) return;
-    }
-  }
-  deallocateSlow(reinterpret_cast<void*>(address));
-}
-
-void flushRecycledBlocks(ThreadHeap* heap) {
-  if (!heap) return;
-  uintptr_t block;
-  for (unsigned c = 0; c < kNumSizeClasses; c++) {
-    while (heap->vector(c).takeOldestRecycled(&block)) applyRecycledFree(heap, block);
-  }
-}
-
-void flushRecycledBlocks() {
-  flushRecycledBlocks(tlsThreadHeap);
 }
 
 void flushThreadCache(ThreadHeap* heap) {

@@ -231,25 +231,6 @@ void ThreadHeap::resetReclaimAfterFork() {
   gReclaimLock.resetAfterFork();
 }
 
-bool ThreadHeap::holdsFreeBlock(unsigned sizeClass, uintptr_t block) {
-#if defined(__SANITIZE_THREAD__)
-  (void)sizeClass;
-  (void)block;
-  return false;  // a deliberate racy peek: ThreadSanitizer would flag it
-#else
-  // The owner's length and entries change under us: read each once, single-copy atomic. An
-  // entry the owner popped meanwhile names a block whose tag it cleared before handing it out.
-  ShuffleVector& v = vectors_[sizeClass].vector;
-  uint32_t length = __atomic_load_n(&v.length, __ATOMIC_ACQUIRE);
-  if (length > v.capacity) return false;
-  for (uint32_t i = 0; i < length; i++) {
-    if (ShuffleVector::blockOf(__atomic_load_n(&v.entries[i], __ATOMIC_RELAXED)) == block)
-      return cacheTagOf(block) == vectorTag();
-  }
-  return false;
-#endif
-}
-
 void ThreadHeap::drainRemoteFrees(ShuffleVector& v, unsigned span, uintptr_t leaveAs) {
   MiniHeap* heap = v.spans[span];
   uintptr_t block = heap->remoteFrees.load(std::memory_order_relaxed);

@@ -199,11 +199,6 @@ class ThreadHeap {
   // Returns every attached span to the global heap and puts this heap up for reuse.
   void retire();
 
-  // Best effort, from another thread, for a block that carries the vector tag: true if `block`
-  // sits free in this heap's vector of `sizeClass`, i.e. freeing it again would be a double
-  // free. May miss while this heap is refilling; never claims a block the owner has handed
-  // out (the owner clears the tag before it does).
-  bool holdsFreeBlock(unsigned sizeClass, uintptr_t block);
   // Moves the blocks other threads pushed onto attached span `span`'s remote-free stack into
   // its bitmap (clearing their bits), and leaves the stack empty, or closed for a span about
   // to be released. Reports a block freed twice.

@@ -1,0 +1,335 @@
+// The free path: every decision about where a freed block goes, top-down from where the inline
+// fast path (heap::deallocate, heap/free.h) declines. The steps are named by where the block
+// goes:
+//   freeToVector       the thread's shuffle vector of the class (a slot of a span it holds);
+//   freeToRecycled     the thread's recycled ring (ShuffleVector::pushRecycled), for a block of
+//                      a span it does not hold; applied to its span later (freeRecycledToSpan);
+//   freeToRemoteStack  the span's remote-free stack (a span attached to another thread), or,
+//                      the stack being closed (detached span), freeToBitmap;
+//   freeToBitmap       the span's bitmap (GlobalHeap, which files the span under its lists'
+//                      locks);
+//   freeLarge          a large block's pages back to the arena (GlobalHeap);
+//   freeToLibc         glibc, for a pointer in its brk heap (allocated before we were in place).
+//
+// The cases, in the order a free meets them:
+//  1. deallocate (inline): a valid small block of a span in this thread's span table ->
+//     freeToVector. Double free: a block with a cache tag (heap/cache_tag.h) is declined.
+//  2. deallocateOther, for a valid small block the fast path did not take:
+//     a. its span is attached here but the push declined (tagged block, full vector) ->
+//        deallocateSlow;
+//     b. its span-table cell is shared by several spans -> the full page-map entry's MiniHeap,
+//        freeToVectorIfHeld, else deallocateSlow;
+//     c. its span is not attached here -> checkTaggedFree if tagged (double free: the block is
+//        in some thread's ring or vector), then freeToRecycled; the ring's oldest block, when
+//        due, goes through freeRecycledToSpan (freeToVectorIfHeld, else, for a span this thread
+//        does not hold, freeToRemoteStack under a guard, else deallocateSlow).
+//  3. deallocateSlow: nullptr does nothing. A tagged small block -> checkTaggedFree (before the
+//     guard). Then under an OperationGuard, with the page-map entry read again:
+//     a. a small block of a span this thread does not hold -> freeToRemoteStack. Double free:
+//        the block is already on top of the stack; or, through the bitmap, its bit is clear
+//        (freeToBitmap); a block pushed twice deeper down is caught when the owner drains it
+//        (ThreadHeap::drainRemoteFrees, thread_heap.cc, which refills share);
+//     b. otherwise resolve: not our pointer and not glibc's -> invalid pointer; inside a large
+//        block or between slots -> interior pointer; in our arena but in no live span -> stale
+//        pointer (a double free of a span already destroyed) — each reported, fatal;
+//        glibc's -> freeToLibc;
+//     c. a large block -> freeLarge. Double free: its live count was not 1;
+//     d. a small block of a span this thread holds -> freeToHeldSpan: drains the span's
+//        remote-free stack (drainRemoteFrees' double-free checks), then double free if the
+//        block sits in the vector or its bit is clear; then freeToVector's push, or
+//        freeToBitmap (tagged as released) when the vector is full;
+//     e. a small block of a span another thread took meanwhile -> freeToRemoteStack.
+// Double-free reports are made by reportHeapError (fatal), in checkTaggedFree,
+// freeToRemoteStack, freeToHeldSpan, GlobalHeap::freeToBitmap, GlobalHeap::freeLarge and
+// ThreadHeap::drainRemoteFrees; misuse reports by resolve.
+#include "heap/free.h"
+
+#include <atomic>
+
+#include "heap/errors.h"
+#include "heap/global_heap.h"
+#include "heap/operation_guard.h"
+#include "platform/os.h"
+
+extern "C" {
+// glibc's own allocator, still exported under this name: a pointer that glibc handed out
+// before we were in place must be given back to glibc.
+void __libc_free(void* pointer);
+}
+
+namespace meshalloc::heap {
+
+namespace {
+
+bool freeToRemoteStackIfUnheld(uintptr_t address, uint64_t entry);
+void freeToRemoteStack(MiniHeap* mini, unsigned sizeClass, size_t slot, uintptr_t address);
+void freeToHeldSpan(ThreadHeap* heap, void* pointer, MiniHeap* mini, int64_t slot);
+bool vectorHoldsFreeBlock(ThreadHeap* owner, unsigned sizeClass, uintptr_t block);
+
+// The slot `address` starts in a small-object span, from its page-map entry alone (no MiniHeap
+// field is read); -1 if the entry is not a small span's or `address` is not a slot's start.
+inline int64_t smallSlotOf(uintptr_t address, uint64_t entry) {
+  if (!PageEntry::isMiniHeap(entry)) return -1;
+  unsigned sizeClass = PageEntry::sizeClass(entry);
+  if (sizeClass >= kNumSizeClasses) return -1;
+  return SizeClasses::slotOf(sizeClass, address - Arena::spanStartOf(address, entry));
+}
+
+// Both lines of `block`'s MiniHeap (0: none): a free reads the second, and the first free into
+// a full span (or the last out of any) moves it between its size class's lists through the
+// first.
+inline void prefetchRecycledSpan(uintptr_t block) {
+  if (!block) return;
+  uint64_t entry = Arena::entryFor(block);
+  if (!PageEntry::isMiniHeap(entry)) return;
+  MiniHeap* mini = PageEntry::miniHeap(entry);
+  __builtin_prefetch(mini, 1);
+  __builtin_prefetch(reinterpret_cast<const char*>(mini) + kCacheLine, 1);
+}
+
+}  // namespace
+
+// Case 2.
+void deallocateOther(ThreadHeap* heap, unsigned sizeClass, int span, uintptr_t spanStart,
+                     uintptr_t address) {
+  if (span >= 0) return deallocateSlow(reinterpret_cast<void*>(address));
+  ShuffleVector& v = heap->vector(sizeClass);
+  if (__builtin_expect(span == ShuffleVector::kMaybeAttached, 0)) {
+    uint64_t entry = Arena::entryFor(address);
+    if (!PageEntry::isMiniHeap(entry) ||
+        !freeToVectorIfHeld(heap, v, PageEntry::miniHeap(entry), spanStart, address)) {
+      deallocateSlow(reinterpret_cast<void*>(address));
+    }
+    return;
+  }
+  if (__builtin_expect(isCacheTagged(address), 0)) checkTaggedFree(sizeClass, address);
+  // freeToRecycled. The block's full entry now, and the MiniHeap of a block
+  // kRecycledPrefetchDistance applications ahead (its entry fetched long since), so that
+  // applying it later misses on neither. (Only here: a prefetch on every free cost larson about
+  // 5 %, its spans' lines bouncing between threads.)
+  __builtin_prefetch(Arena::entryAddressFor(address));
+  uintptr_t due = v.pushRecycled(address);
+  if (due) {
+    prefetchRecycledSpan(v.recycledToApplyAfter(kRecycledPrefetchDistance));
+    freeRecycledToSpan(heap, due);
+  }
+}
+
+// Case 3.
+void deallocateSlow(void* pointer) {
+  if (!pointer) return;
+  uintptr_t address = reinterpret_cast<uintptr_t>(pointer);
+  // A second free of a block a thread caches (the fast path checks the tag too, but a thread
+  // without a heap comes straight here). Before the guard: the check may take the registry
+  // lock, which a mesh pause holds while it waits for guarded operations.
+  uint64_t peek = Arena::entryFor(address);
+  if (smallSlotOf(address, peek) >= 0 && isCacheTagged(address))
+    checkTaggedFree(PageEntry::sizeClass(peek), address);
+  OperationGuard guard;
+  uint64_t entry = Arena::entryFor(address);
+  // The common case first: a valid small object in a span this thread does not hold.
+  if (__builtin_expect(freeToRemoteStackIfUnheld(address, entry), 1)) return;
+  int64_t slot;
+  MiniHeap* mini = resolve(pointer, entry, "free", &slot);
+  if (!mini) {
+    freeToLibc(pointer);
+    return;
+  }
+  if (mini->isLarge()) {
+    GlobalHeap::freeLarge(mini, address);
+    return;
+  }
+  ThreadHeap* heap = tlsThreadHeap;
+  if (heap && mini->owner.load(std::memory_order_relaxed) == heap) {
+    freeToHeldSpan(heap, pointer, mini, slot);
+    return;
+  }
+  freeToRemoteStack(mini, mini->sizeClass, static_cast<size_t>(slot), address);
+}
+
+namespace {
+
+// Case 3a. Under a guard: frees `address` onto its span's remote-free stack (or through its
+// bitmap) if it is a valid small block in a span the calling thread does not hold (the
+// page-map entry gives the class, so the slot check needs no MiniHeap field); false leaves it
+// to the caller.
+bool freeToRemoteStackIfUnheld(uintptr_t address, uint64_t entry) {
+  int64_t slot = smallSlotOf(address, entry);
+  if (slot < 0) return false;
+  MiniHeap* mini = PageEntry::miniHeap(entry);
+  ThreadHeap* heap = tlsThreadHeap;
+  if (heap != nullptr && mini->owner.load(std::memory_order_relaxed) == heap) return false;
+  freeToRemoteStack(mini, PageEntry::sizeClass(entry), static_cast<size_t>(slot), address);
+  return true;
+}
+
+// Slot `slot` of a span that is not attached to the calling thread: onto the span's remote-free
+// stack while it is attached to another thread, else (the stack is closed) through the bitmap.
+// `sizeClass` is the span's (from the page-map entry: reading it from the MiniHeap would cost
+// a second cache miss).
+void freeToRemoteStack(MiniHeap* mini, unsigned sizeClass, size_t slot, uintptr_t address) {
+  switch (mini->pushRemoteFree(address)) {
+    case MiniHeap::RemotePush::kPushed:
+      return;
+    case MiniHeap::RemotePush::kAlreadyOnTop:
+      reportHeapError(HeapError::kDoubleFree, "free", reinterpret_cast<void*>(address));
+    case MiniHeap::RemotePush::kClosed:
+      GlobalHeap::freeToBitmap(mini, sizeClass, slot, address);
+      return;
+  }
+}
+
+// Case 3d: slot `slot` of `mini`, a span attached to `heap`'s (the calling) thread.
+void freeToHeldSpan(ThreadHeap* heap, void* pointer, MiniHeap* mini, int64_t slot) {
+  ShuffleVector& v = heap->vector(mini->sizeClass);
+  heap->drainRemoteFrees(v, mini->attachIndex, MiniHeap::kRemoteFreesEmpty);
+  // The vector holds the span's own addresses; `pointer` may be a meshed alias of the slot
+  // (a span meshed before this thread attached it).
+  uintptr_t canonical = mini->spanStart + static_cast<uintptr_t>(slot) * mini->objectSize;
+  if ((isCacheTagged(canonical) && v.holds(canonical)) ||
+      !mini->bitmap().isSet(static_cast<size_t>(slot))) {
+    reportHeapError(HeapError::kDoubleFree, "free", pointer);
+  }
+  if (v.length < v.capacity) {
+    v.push(canonical);
+    return;
+  }
+  // The span stays attached and reclaims the slot from its bitmap on the next refill; the tag
+  // lets the local fast path notice a second free meanwhile.
+  setCacheTag(canonical, releasedTag());
+  GlobalHeap::freeToBitmap(mini, mini->sizeClass, static_cast<size_t>(slot),
+                           reinterpret_cast<uintptr_t>(pointer));
+}
+
+}  // namespace
+
+// Case 3b.
+MiniHeap* resolve(const void* pointer, uint64_t entry, const char* operation, int64_t* slot) {
+  uintptr_t address = reinterpret_cast<uintptr_t>(pointer);
+  if (!PageEntry::isMiniHeap(entry)) {
+    if (Arena::contains(address)) {
+      uint64_t below = Arena::entryAtOrBelow(address);
+      if (PageEntry::isMiniHeap(below)) {
+        MiniHeap* owner = PageEntry::miniHeap(below);
+        if (owner->isLarge() && address < owner->spanStart + owner->spanBytes(Arena::pageSize())) {
+          reportHeapError(HeapError::kInteriorPointer, operation, pointer,
+                          reinterpret_cast<void*>(owner->largeStart()));
+        }
+      }
+      reportHeapError(HeapError::kStalePointer, operation, pointer);
+    }
+    if (os::isInBrkHeap(address)) return nullptr;
+    reportHeapError(HeapError::kInvalidPointer, operation, pointer);
+  }
+  MiniHeap* mini = PageEntry::miniHeap(entry);
+  if (mini->isLarge()) {
+    if (address != mini->largeStart()) {
+      reportHeapError(HeapError::kInteriorPointer, operation, pointer,
+                      reinterpret_cast<void*>(mini->largeStart()));
+    }
+    *slot = 0;
+    return mini;
+  }
+  uintptr_t spanStart = Arena::spanStartOf(address, entry);
+  *slot = mini->slotOf(address - spanStart);
+  if (*slot < 0) {
+    uintptr_t objectStart = spanStart + (address - spanStart) / mini->objectSize * mini->objectSize;
+    reportHeapError(HeapError::kInteriorPointer, operation, pointer,
+                    reinterpret_cast<void*>(objectStart));
+  }
+  return mini;
+}
+
+void freeToLibc(void* pointer) {
+  __libc_free(pointer);
+}
+
+// The double-free check by tag (cases 2c and 3).
+void checkTaggedFree(unsigned sizeClass, uintptr_t address) {
+  uintptr_t tag = cacheTagOf(address);
+  bool freed = false;
+  if (tag == recycledTag()) {
+    freed = ThreadHeap::recycledAnywhere(sizeClass, address);
+  } else {
+    // A vector holds only blocks of spans attached to its thread: ask the span's owner. A
+    // released block's slot is clear in the bitmap once the owner has drained it (before, it
+    // waits on the span's stack: not looked for).
+    uint64_t entry = Arena::entryFor(address);
+    int64_t slot = smallSlotOf(address, entry);
+    if (slot >= 0) {
+      MiniHeap* mini = PageEntry::miniHeap(entry);
+      ThreadHeap* owner = mini->owner.load(std::memory_order_acquire);
+      if (tag == vectorTag()) {
+        freed = owner && (owner == tlsThreadHeap ? owner->vector(sizeClass).holds(address)
+                                                 : vectorHoldsFreeBlock(owner, sizeClass, address));
+      } else {
+        freed = owner && !mini->bitmap().isSet(static_cast<size_t>(slot));
+      }
+    }
+  }
+  if (freed) reportHeapError(HeapError::kDoubleFree, "free", reinterpret_cast<void*>(address));
+}
+
+namespace {
+
+// Best effort, from another thread, for a block that carries the vector tag: true if `block`
+// sits free in `owner`'s vector of `sizeClass`, i.e. freeing it again would be a double free.
+// May miss while the owner is refilling; never claims a block the owner has handed out (the
+// owner clears the tag before it does).
+bool vectorHoldsFreeBlock(ThreadHeap* owner, unsigned sizeClass, uintptr_t block) {
+#if defined(__SANITIZE_THREAD__)
+  (void)owner;
+  (void)sizeClass;
+  (void)block;
+  return false;  // a deliberate racy peek: ThreadSanitizer would flag it
+#else
+  // The owner's length and entries change under us: read each once, single-copy atomic. An
+  // entry the owner popped meanwhile names a block whose tag it cleared before handing it out.
+  ShuffleVector& v = owner->vector(sizeClass);
+  uint32_t length = __atomic_load_n(&v.length, __ATOMIC_ACQUIRE);
+  if (length > v.capacity) return false;
+  for (uint32_t i = 0; i < length; i++) {
+    if (ShuffleVector::blockOf(__atomic_load_n(&v.entries[i], __ATOMIC_RELAXED)) == block)
+      return cacheTagOf(block) == vectorTag();
+  }
+  return false;
+#endif
+}
+
+}  // namespace
+
+// Case 2c's later half.
+void freeRecycledToSpan(ThreadHeap* heap, uintptr_t address) {
+  uint64_t entry = Arena::entryFor(address);
+  if (int64_t slot = smallSlotOf(address, entry); __builtin_expect(slot >= 0, 1)) {
+    unsigned sizeClass = PageEntry::sizeClass(entry);
+    MiniHeap* mini = PageEntry::miniHeap(entry);
+    if (freeToVectorIfHeld(heap, heap->vector(sizeClass), mini, Arena::spanStartOf(address, entry),
+                           address))
+      return;
+    // Most recycled blocks lie in spans no thread holds (Redis's evictions, larson's blocks from
+    // other threads). deallocateSlow would first look for the recycled tag, but this block's
+    // was checked when it was recycled and cleared when it was taken out: straight to the
+    // remote stack or bitmap, with the entry read again under the guard (meshing may have moved
+    // the span).
+    if (mini->owner.load(std::memory_order_relaxed) != heap) {
+      OperationGuard guard;
+      if (freeToRemoteStackIfUnheld(address, Arena::entryFor(address))) return;
+    }
+  }
+  deallocateSlow(reinterpret_cast<void*>(address));
+}
+
+void flushRecycledBlocks(ThreadHeap* heap) {
+  if (!heap) return;
+  uintptr_t block;
+  for (unsigned c = 0; c < kNumSizeClasses; c++) {
+    while (heap->vector(c).takeOldestRecycled(&block)) freeRecycledToSpan(heap, block);
+  }
+}
+
+void flushRecycledBlocks() {
+  flushRecycledBlocks(tlsThreadHeap);
+}
+
+}  // namespace meshalloc::heap

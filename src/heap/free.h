@@ -1,0 +1,114 @@
+// The free path's inline part: `deallocate`, which the exported free (api/exports.cc) calls,
+// and the pushes it and the recycled ring share. Everything else of the decision (where a
+// block the fast path declines goes, the misuse reports and the double-free checks) is in
+// heap/free.cc, whose header comment lists every case. The steps are named by where the block
+// goes: freeToVector, freeToRecycled (ShuffleVector::pushRecycled), freeToRemoteStack,
+// freeToBitmap (GlobalHeap), freeLarge (GlobalHeap), freeToLibc.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "heap/arena.h"
+#include "heap/cache_tag.h"
+#include "heap/mini_heap.h"
+#include "heap/size_class.h"
+#include "heap/thread_heap.h"
+
+namespace meshalloc::heap {
+
+// Every free the fast path below does not finish: nullptr, large blocks, misuse, glibc's
+// blocks, threads without a heap (heap/free.cc).
+void deallocateSlow(void* pointer);
+// Every free of a valid small block that freeToVector did not take: span `span` (an
+// attachedSpanAt answer) is attached but the push declined, shares a span-table cell, or is
+// not attached here (the block goes to the recycled ring).
+void deallocateOther(ThreadHeap* heap, unsigned sizeClass, int span, uintptr_t spanStart,
+                     uintptr_t address);
+
+// Pushes the free of `address`, a slot of a span attached to `heap`'s thread, onto `v`, that
+// thread's vector of its class, if the free is plainly valid; false sends it to the slow path.
+// Nothing but the block and the vector is read: the span's MiniHeap (a cache miss in a large
+// heap) is not.
+__attribute__((always_inline)) inline bool freeToVector(ThreadHeap* heap, ShuffleVector& v,
+                                                        uintptr_t address) {
+  // A block with a cache tag may be free already: in this vector, in some thread's recycled
+  // blocks, on the span's remote-free stack or in its bitmap (heap/cache_tag.h); the slow path
+  // looks. A full vector (its spans can have more slots out than it holds) sends the slot back
+  // through the bitmap instead; the span stays attached and reclaims it on refill.
+  if (__builtin_expect(isCacheTagged(address) || v.length >= v.capacity, 0)) return false;
+  if (heap->randomization() == Randomization::kOnRefillAndFree) {
+    v.pushRandomly(address, heap->rng());
+  } else {
+    v.push(address);
+  }
+  return true;
+}
+
+// freeToVector for a free whose span is known only by its MiniHeap `mini` (from the full
+// page-map entry), if `heap`'s thread holds that span at `spanStart`. This path takes no guard,
+// so it trusts the entry only if the span really is one this thread holds at that address (a
+// MiniHeap retired by meshing may have been reused; a free through a meshed alias resolves to
+// another start and takes the slow path).
+__attribute__((always_inline)) inline bool freeToVectorIfHeld(ThreadHeap* heap, ShuffleVector& v,
+                                                              MiniHeap* mini, uintptr_t spanStart,
+                                                              uintptr_t address) {
+  if (__builtin_expect(mini->owner.load(std::memory_order_relaxed) != heap, 0)) return false;
+  unsigned span = mini->attachIndex;
+  if (__builtin_expect(v.spanStarts[span] != spanStart, 0)) return false;
+  return freeToVector(heap, v, address);
+}
+
+inline void deallocate(void* pointer) {
+  uintptr_t address = reinterpret_cast<uintptr_t>(pointer);
+  // The compact entry says the class and the span start; the full one (the MiniHeap) is read
+  // only for a span this thread may hold, whose entry is usually in cache.
+  uint16_t classEntry = Arena::classEntryFor(address);
+  ThreadHeap* heap = tlsThreadHeap;
+  if (__builtin_expect(heap != nullptr && PageClassEntry::isSmall(classEntry), 1)) {
+    unsigned sizeClass = PageClassEntry::sizeClass(classEntry);
+    uintptr_t spanStart = Arena::spanStartOfClassEntry(address, classEntry);
+    int64_t slot;
+    if (__builtin_expect((slot = SizeClasses::slotOf(sizeClass, address - spanStart)) >= 0, 1)) {
+      // A span this thread may hold: free now (its MiniHeap is usually in cache). Frees into
+      // other spans are recycled (ShuffleVector), after every other kind of misuse has been
+      // checked. A second free of a block some thread caches is caught by the cache tag: here
+      // for one in a span this thread does not hold (this thread's own recycled blocks are all
+      // such, and other threads' vectors hold only their own spans' blocks), and by
+      // freeToVector's first check for one in a span attached here. (Read at the top of every
+      // free, before the span table, the tag cost larson about 10 %.)
+      ShuffleVector& v = heap->vector(sizeClass);
+      int span = v.attachedSpanAt(spanStart);
+      // Attached spans are never meshed, so the span table's MiniHeap is this address's.
+      if (__builtin_expect(span >= 0 && freeToVector(heap, v, address), 1)) {
+        return;
+      }
+      // Out of line, and entered by a tail call, like every other way out: the push above then
+      // needs no register saved.
+      return deallocateOther(heap, sizeClass, span, spanStart, address);
+    }
+  }
+  deallocateSlow(pointer);
+}
+
+// Called for a free of a block that carries a cache tag: reports a double free if some thread
+// holds it among its recycled blocks or in its vector (else the tag was program data).
+void checkTaggedFree(unsigned sizeClass, uintptr_t address);
+// A recycled block's free, applied to its span (freeToVectorIfHeld, else freeToRemoteStack or
+// freeToBitmap): its page-map entry is read again (meshing may have changed it).
+void freeRecycledToSpan(ThreadHeap* heap, uintptr_t address);
+// Applies the calling thread's recycled blocks to their spans (before its slots are counted
+// or handed back).
+void flushRecycledBlocks();
+// The same for `heap`, whose thread is the caller or blocked with it parked (the idle reclaimer).
+void flushRecycledBlocks(ThreadHeap* heap);
+
+// Resolves a pointer the program passed back to us (free, realloc, malloc_usable_size: named by
+// `operation` in reports), reporting every kind of misuse: invalid, interior or stale. Returns
+// nullptr for a pointer glibc owns; else its MiniHeap, with its slot in `*slot` (0 if large).
+// Call under an OperationGuard with `entry` read under it.
+MiniHeap* resolve(const void* pointer, uint64_t entry, const char* operation, int64_t* slot);
+// Hands a pointer glibc allocated (before meshalloc was in place) back to glibc.
+void freeToLibc(void* pointer);
+
+}  // namespace meshalloc::heap
