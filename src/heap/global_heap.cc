@@ -159,7 +159,9 @@ unsigned GlobalHeap::exchangeSpans(unsigned sizeClass, ThreadHeap* owner, MiniHe
   for (unsigned i = 0; i < count; i++) {
     acquired[i]->state = SpanState::kAttached;
     acquired[i]->owner.store(owner, std::memory_order_seq_cst);
-    acquired[i]->remoteFrees.store(MiniHeap::kRemoteFreesEmpty, std::memory_order_release);
+    uintptr_t closed =
+        acquired[i]->remoteFrees.exchange(MiniHeap::kRemoteFreesEmpty, std::memory_order_acq_rel);
+    acquired[i]->claimsNeedTags = closed == MiniHeap::kRemoteFreesClosedAfterFree;
   }
   return count;
 }
@@ -191,7 +193,6 @@ void GlobalHeap::refile(ClassState& state, MiniHeap* heap) {
 void GlobalHeap::detachLocked(ClassState& state, MiniHeap* heap) {
   // seq_cst pairs with freeToBitmap: either this sees its decrement or it sees owner == nullptr.
   heap->owner.store(nullptr, std::memory_order_seq_cst);
-  heap->detachedBefore = true;
   placeDetached(state, heap);
 }
 
@@ -202,6 +203,14 @@ void GlobalHeap::releaseSpan(MiniHeap* heap) {
 }
 
 void GlobalHeap::freeToBitmap(MiniHeap* heap, unsigned sizeClass, size_t slot, uintptr_t address) {
+  // Into a detached span, the block stays untagged: the span's next owner must tag what it
+  // claims (marked before the bit is cleared, so a refill that claims the slot sees the mark).
+  uintptr_t closed = MiniHeap::kRemoteFreesClosed;
+  if (heap->remoteFrees.load(std::memory_order_relaxed) == closed) {
+    heap->remoteFrees.compare_exchange_strong(closed, MiniHeap::kRemoteFreesClosedAfterFree,
+                                              std::memory_order_release,
+                                              std::memory_order_relaxed);
+  }
   if (!heap->bitmap().tryUnset(slot))
     reportHeapError(HeapError::kDoubleFree, "free", reinterpret_cast<void*>(address));
   uint32_t objectCount = SizeClasses::plan(sizeClass).objectCount;

@@ -48,9 +48,10 @@ struct MiniHeap : ListNode {
   // Large objects: the pages were fresh from the OS. (Bit-fields: the first line is full. Both
   // are written only at creation or under the class's lock.)
   bool zeroed : 1 = false;
-  // The span has been detached before: its free slots may be blocks the program freed into its
-  // bitmap untagged, so a refill tags the slots it claims (see heap/cache_tag.h).
-  bool detachedBefore : 1 = false;
+  // Blocks were freed into the bitmap while the span was detached (untagged: see
+  // heap/cache_tag.h), so the owner's first claim after attaching tags the slots it takes.
+  // Written by the attaching owner only.
+  bool claimsNeedTags : 1 = false;
   // Large objects: the object starts this many bytes into its span (see largeColouring).
   uint32_t largeOffset = 0;
   uintptr_t spanStart = 0;
@@ -86,6 +87,12 @@ struct MiniHeap : ListNode {
   // stack, while attached. Blocks are 16-byte aligned, so neither value is a block address.
   static constexpr uintptr_t kRemoteFreesClosed = 0;
   static constexpr uintptr_t kRemoteFreesEmpty = 1;
+  // Closed, and a block has been freed into the bitmap since the span was detached: the next
+  // owner tags what it claims (claimsNeedTags). Only frees into a detached span set it, once.
+  static constexpr uintptr_t kRemoteFreesClosedAfterFree = 2;
+  static bool isClosed(uintptr_t top) {
+    return top == kRemoteFreesClosed || top == kRemoteFreesClosedAfterFree;
+  }
 
   enum class RemotePush { kPushed, kClosed, kAlreadyOnTop };
   // Pushes a freed block of this span onto remoteFrees. kClosed: the span is not attached, the
@@ -95,7 +102,7 @@ struct MiniHeap : ListNode {
   RemotePush pushRemoteFree(uintptr_t block) {
     uintptr_t top = remoteFrees.load(std::memory_order_relaxed);
     do {
-      if (top == kRemoteFreesClosed) return RemotePush::kClosed;
+      if (isClosed(top)) return RemotePush::kClosed;
       if (top == block) return RemotePush::kAlreadyOnTop;
       *reinterpret_cast<uintptr_t*>(block) = top;
       setCacheTag(block, releasedTag());

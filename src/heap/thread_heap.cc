@@ -239,7 +239,7 @@ void ThreadHeap::drainRemoteFrees(ShuffleVector& v, unsigned span, uintptr_t lea
   AtomicBitmap bitmap = heap->bitmap();
   size_t spanBytes = heap->spanBytes(Arena::pageSize());
   uint32_t drained = 0;
-  while (block != MiniHeap::kRemoteFreesEmpty && block != MiniHeap::kRemoteFreesClosed) {
+  while (block != MiniHeap::kRemoteFreesEmpty && !MiniHeap::isClosed(block)) {
     uintptr_t next = *reinterpret_cast<const uintptr_t*>(block);
     // A block freed through a meshed alias lies in another virtual span of the same pages.
     uintptr_t start = heap->spanStart;
@@ -261,9 +261,11 @@ void ThreadHeap::claimFreeSlots(ShuffleVector& v, unsigned span) {
   MiniHeap* heap = v.spans[span];
   AtomicBitmap bitmap = heap->bitmap();
   uint32_t claimed = 0;
-  // A fresh span's free slots were never handed out (or were freed while attached, tagged):
-  // left untouched, pages the program never uses stay unfaulted.
-  bool tag = heap->detachedBefore;
+  // Slots freed while the span was attached carry their tag already, and slots never handed
+  // out need none: left untouched, pages the program never used stay unfaulted. Only blocks
+  // freed into the bitmap while the span was detached must be tagged here.
+  bool tag = heap->claimsNeedTags;
+  heap->claimsNeedTags = false;
   for (size_t w = 0; w < bitmap.words() && v.length < v.capacity; w++) {
     // Read first: most words of a busy span are full, and a failed claim still costs an atomic.
     uint64_t free = ~bitmap.loadWord(w) & bitmap.validMask(w);
