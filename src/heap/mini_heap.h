@@ -59,9 +59,10 @@ struct MiniHeap : ListNode {
   // file range, and the other virtual spans that map it. See heap/span_backing.h.
   MeshInfo* mesh = nullptr;
   size_t requestedBytes = 0;  // large objects only: the bytes asked for (statistics)
-  // --- second cache line: everything a free reads or writes, local or remote, and the start
-  // of the bitmap: one cache miss per free (a program whose frees land in spans it allocated
-  // long ago, such as an LRU cache, misses on every one). ---
+  // --- second cache line: everything a free that reaches the span reads or writes (remote
+  // frees, frees into detached spans, drains), and the start of the bitmap: one cache miss per
+  // such free (a program whose frees land in spans it allocated long ago, such as an LRU cache,
+  // misses on every one). A local free into an attached span reads no MiniHeap field. ---
   // The thread heap this span is attached to, or nullptr. Only the owning thread sets it to
   // itself, so `owner == me` is a safe test for a local free without locks.
   std::atomic<ThreadHeap*> owner{nullptr};

@@ -643,8 +643,9 @@ TEST_F(HeapTest, FreesIntoAttachedSpansArePushedLocallyThroughTheSpanTable) {
   });
 }
 
-// Every free (local or remote) reads the owner and remoteFrees and then writes liveCount or
-// the bitmap: those fields share the second cache line, so a free costs one MiniHeap miss;
+// Every free that reaches the span (remote, into a detached span, a drain) reads the owner and
+// remoteFrees and then writes liveCount or the bitmap: those fields share the second cache
+// line, so such a free costs one MiniHeap miss;
 // the first line holds what refills and the lists use.
 TEST(MiniHeapLayout, FreePathFieldsShareTheSecondCacheLine) {
   MiniHeap mini;
