@@ -50,3 +50,13 @@ format:
 
 clean:
 	rm -rf build
+
+# Installing (README "Installing"): the release build into PREFIX (DESTDIR is honoured), and the
+# Debian package build/deb/meshalloc_<version>_<arch>.deb (`apt install ./build/deb/meshalloc_*.deb`).
+PREFIX ?= /usr/local
+.PHONY: install deb
+install: release
+	DESTDIR="$(DESTDIR)" cmake --install build/release --prefix "$(PREFIX)"
+
+deb: release
+	cpack --config build/release/CPackConfig.cmake -G DEB -B build/deb
