@@ -35,6 +35,18 @@ constexpr unsigned kMaxForksPerProgram = 1;  // fork copies the page tables: the
 // and at the start of every page (each page must keep its own contents).
 constexpr size_t kPage = 4096;
 
+#if defined(__SANITIZE_THREAD__)
+constexpr bool kThreadSanitizer = true;
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+constexpr bool kThreadSanitizer = true;
+#else
+constexpr bool kThreadSanitizer = false;
+#endif
+#else
+constexpr bool kThreadSanitizer = false;
+#endif
+
 [[noreturn]] __attribute__((format(printf, 1, 2))) void fail(const char* format, ...) {
   va_list args;
   va_start(args, format);
@@ -311,6 +323,10 @@ class Program {
         Block b = take(in_.below(live_.size()));
         checkBlock(b, "before handing it to the freeing thread");
         RemoteFreer::get().push(b);
+        // TSan models the heap's remapping mmap calls (meshing, span reuse) as writes, so that the
+        // other thread's reads of a block look racy while this one goes on: there the remote free
+        // finishes before the next step.
+        if (kThreadSanitizer) RemoteFreer::get().drain();
         stats_.remoteFrees++;
         return;
       }
@@ -318,7 +334,8 @@ class Program {
         if (compacts_ == kMaxCompactsPerProgram) return;
         compacts_++;
         stats_.compacts++;
-        // Meshing moves blocks between spans while the other thread may be freeing.
+        // Meshing moves blocks between spans while the other thread may be checking and freeing
+        // them (not under TSan: see kRemoteFree).
         api::compactImpl();
         for (const Block& b : live_) checkBlock(b, "after meshalloc_compact");
         return;
