@@ -5,7 +5,7 @@ PYTEST := .venv/bin/pytest
 MESHALLOC := .venv/bin/meshalloc
 
 .PHONY: all setup release debug asan tsan demo test test-unit test-sanitizers test-python \
-        bench bench-quick stress format clean redis-lru
+        bench bench-quick stress format clean redis-lru fuzz fuzz-build fuzz-short
 
 all: release
 
@@ -24,6 +24,28 @@ test: setup release asan tsan
 	ctest --preset asan -L unit
 	ctest --preset tsan -L unit
 	$(PYTEST) -q python/tests
+	$(MAKE) --no-print-directory fuzz-short
+
+# The heap fuzzer (tests/fuzz, docs/testing.md): clang, libFuzzer, ASan+UBSan, core only.
+# `make fuzz` runs it long, adding what it finds to build/fuzz/corpus (tests/fuzz/corpus is the
+# committed seed corpus); a crash's input lands in build/fuzz/crashes/. `make fuzz-short` is the
+# fixed run `make test` ends with: 60 s from the seed corpus alone, seed 1.
+FUZZER := build/fuzz/tests/fuzz/heap_fuzzer
+FUZZ_TIME ?= 600
+FUZZ_FLAGS := -timeout=60 -rss_limit_mb=4096 -max_len=4096 -print_final_stats=1 \
+              -artifact_prefix=build/fuzz/crashes/
+
+fuzz-build: setup
+	cmake --preset fuzz >/dev/null
+	cmake --build --preset fuzz
+
+fuzz: fuzz-build
+	mkdir -p build/fuzz/corpus build/fuzz/crashes
+	$(FUZZER) $(FUZZ_FLAGS) -max_total_time=$(FUZZ_TIME) build/fuzz/corpus tests/fuzz/corpus
+
+fuzz-short: fuzz-build
+	rm -rf build/fuzz/corpus-short && mkdir -p build/fuzz/corpus-short build/fuzz/crashes
+	$(FUZZER) $(FUZZ_FLAGS) -max_total_time=60 -seed=1 build/fuzz/corpus-short tests/fuzz/corpus
 
 # Long-running work lives behind its own targets, never in `make test`.
 stress: setup release

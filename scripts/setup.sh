@@ -11,6 +11,7 @@ DEBIAN_PACKAGES=(
   libjemalloc2 libmimalloc2.0 libtcmalloc-minimal4
   sqlite3 ruby perl redis-server redis-tools
   clang-format
+  clang libclang-rt-14-dev  # the fuzzer (tests/fuzz): clang with libFuzzer and ASan's runtime
 )
 
 missing=()
