@@ -12,6 +12,7 @@ DEBIAN_PACKAGES=(
   sqlite3 ruby perl redis-server redis-tools
   clang-format
   clang libclang-rt-14-dev  # the fuzzer (tests/fuzz): clang with libFuzzer and ASan's runtime
+  dpkg-dev  # dpkg-shlibdeps: `make deb` and the install tests' .deb case
 )
 
 missing=()
