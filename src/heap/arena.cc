@@ -5,6 +5,7 @@
 #include "heap/config.h"
 #include "heap/internal_heap.h"
 #include "heap/mini_heap.h"
+#include "support/assert.h"
 
 namespace meshalloc {
 
@@ -286,9 +287,30 @@ void Arena::assign(uintptr_t start, size_t pages, MiniHeap* owner, bool everyPag
   Segment* segment = segmentOf(start);
   size_t count = everyPage ? pages : 1;
   bool small = owner->sizeClass < kNumSizeClasses;
+  // The run lies inside one segment, and the owner's address fits the entry's pointer bits
+  // without touching the tag bits.
+  MESHALLOC_ASSERT(segment != nullptr);
+  MESHALLOC_ASSERT((start & (pageSize_ - 1)) == 0);
+  MESHALLOC_ASSERT(start >= segment->base &&
+                   pages <= segment->pages - ((start - segment->base) >> pageShift_));
+  MESHALLOC_ASSERT((reinterpret_cast<uintptr_t>(owner) & ~PageEntry::kPointerMask) == 0);
+  MESHALLOC_ASSERT((reinterpret_cast<uintptr_t>(owner) & PageEntry::kTagMask) == 0);
+  MESHALLOC_ASSERT(small || !everyPage);
   for (size_t i = 0; i < count; i++) {
     size_t index = i <= PageEntry::kMaxPageIndex ? i : PageEntry::kMaxPageIndex;
     uintptr_t page = start + (i << pageShift_);
+    // A page being assigned is not part of a free or cached run (those are marked on their
+    // ends), and is either unowned or (meshing) re-pointed from another span at the same
+    // position in its virtual span; meshing never changes a page's compact entry.
+    if constexpr (kChecksEnabled) {
+      uint64_t old = entryRef(segment, page).load(std::memory_order_relaxed);
+      MESHALLOC_ASSERT(old == 0 ||
+                       (PageEntry::isMiniHeap(old) && PageEntry::pageIndex(old) == index &&
+                        PageEntry::sizeClass(old) == owner->sizeClass));
+      uint16_t oldClass = classEntryRef(segment, page).load(std::memory_order_relaxed);
+      MESHALLOC_ASSERT(oldClass == 0 ||
+                       (small && oldClass == PageClassEntry::make(owner->sizeClass, index)));
+    }
     entryRef(segment, page)
         .store(PageEntry::make(owner, index, owner->sizeClass), std::memory_order_release);
     // A large object's pages keep 0 (release cleared them): its frees take the full entry.
@@ -304,8 +326,21 @@ void Arena::releaseClean(uintptr_t start, size_t pages) {
 }
 
 void Arena::clearOwnersLocked(Segment* segment, uintptr_t start, size_t pages) {
+  MESHALLOC_ASSERT(segment != nullptr);
+  MESHALLOC_ASSERT(start >= segment->base &&
+                   pages <= segment->pages - ((start - segment->base) >> pageShift_));
   for (size_t i = 0; i < pages; i++) {
     uintptr_t page = start + (i << pageShift_);
+    // A run given back is in use, not already free or cached (a double release would find
+    // its own free-run marks), and each owned page records its position in this run.
+    if constexpr (kChecksEnabled) {
+      size_t index = i <= PageEntry::kMaxPageIndex ? i : PageEntry::kMaxPageIndex;
+      uint64_t old = entryRef(segment, page).load(std::memory_order_relaxed);
+      MESHALLOC_ASSERT(old == 0 ||
+                       (PageEntry::isMiniHeap(old) && PageEntry::pageIndex(old) == index));
+      uint16_t oldClass = classEntryRef(segment, page).load(std::memory_order_relaxed);
+      MESHALLOC_ASSERT(oldClass == 0 || PageClassEntry::pageIndex(oldClass) == index);
+    }
     std::atomic<uint16_t>& classEntry = classEntryRef(segment, page);
     if (classEntry.load(std::memory_order_relaxed)) classEntry.store(0, std::memory_order_release);
     std::atomic<uint64_t>& entry = entryRef(segment, page);

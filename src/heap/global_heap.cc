@@ -6,6 +6,7 @@
 #include "heap/span_backing.h"
 #include "heap/thread_heap.h"
 #include "platform/os.h"
+#include "support/assert.h"
 #include "support/text_writer.h"
 
 namespace meshalloc {
@@ -38,8 +39,10 @@ size_t GlobalHeap::binFor(const MiniHeap* heap, uint32_t live) {
 void GlobalHeap::unlink(ClassState& state, MiniHeap* heap) {
   if (heap->state == SpanState::kPartial)
     state.partial[heap->occupancyBin].remove(heap);
-  else if (heap->state == SpanState::kFull)
+  else if (heap->state == SpanState::kFull) {
+    MESHALLOC_ASSERT(state.fullSpans > 0);
     state.fullSpans--;
+  }
 }
 
 MiniHeap* GlobalHeap::createSpan(unsigned sizeClass) {
@@ -72,6 +75,12 @@ void GlobalHeap::pin(MiniHeap* heap) {
 }
 
 void GlobalHeap::destroySpan(ClassState& state, MiniHeap* heap) {
+  // Only a detached span (or one being detached) dies here: never one still attached to a
+  // thread, taken by the mesher, retired, large or already freed.
+  MESHALLOC_ASSERT(heap->state == SpanState::kAttached || heap->state == SpanState::kUnlisted ||
+                   heap->state == SpanState::kPartial || heap->state == SpanState::kFull);
+  MESHALLOC_ASSERT(heap->owner.load(std::memory_order_relaxed) == nullptr);
+  MESHALLOC_ASSERT(state.spans > 0);
   if (heap->pinned.load(std::memory_order_relaxed))
     pinnedSpans_.fetch_sub(1, std::memory_order_relaxed);
   unlink(state, heap);
@@ -139,13 +148,18 @@ unsigned GlobalHeap::exchangeSpans(unsigned sizeClass, ThreadHeap* owner, MiniHe
                                    uint32_t wantSlots) {
   ClassState& state = classes_[sizeClass];
   LockGuard guard(state.lock);
-  for (unsigned i = 0; i < releaseCount; i++) detachLocked(state, release[i]);
+  for (unsigned i = 0; i < releaseCount; i++) {
+    MESHALLOC_ASSERT(release[i]->owner.load(std::memory_order_relaxed) == owner);
+    MESHALLOC_ASSERT(release[i]->sizeClass == sizeClass);
+    detachLocked(state, release[i]);
+  }
   unsigned count = 0;
   uint32_t covered = 0;
   for (size_t bin = kOccupancyBins; bin-- > 0 && count < maxAcquire && covered < wantSlots;) {
     while (count < maxAcquire && covered < wantSlots) {
       MiniHeap* heap = state.partial[bin].popFront();
       if (!heap) break;
+      MESHALLOC_ASSERT(heap->state == SpanState::kPartial && heap->occupancyBin == bin);
       covered += heap->freeSlots();
       acquired[count++] = heap;
     }
@@ -156,7 +170,13 @@ unsigned GlobalHeap::exchangeSpans(unsigned sizeClass, ThreadHeap* owner, MiniHe
     state.spans++;
     acquired[count++] = heap;
   }
+  MESHALLOC_ASSERT(count <= maxAcquire);
   for (unsigned i = 0; i < count; i++) {
+    // A partial span from a bin or a fresh one: detached, its remote-free stack closed.
+    MESHALLOC_ASSERT(acquired[i]->state == SpanState::kPartial ||
+                     acquired[i]->state == SpanState::kFreed);
+    MESHALLOC_ASSERT(acquired[i]->owner.load(std::memory_order_relaxed) == nullptr);
+    MESHALLOC_ASSERT(MiniHeap::isClosed(acquired[i]->remoteFrees.load(std::memory_order_relaxed)));
     acquired[i]->state = SpanState::kAttached;
     acquired[i]->owner.store(owner, std::memory_order_seq_cst);
     uintptr_t closed =
@@ -167,6 +187,9 @@ unsigned GlobalHeap::exchangeSpans(unsigned sizeClass, ThreadHeap* owner, MiniHe
 }
 
 void GlobalHeap::placeDetached(ClassState& state, MiniHeap* heap) {
+  // Called for a span leaving its owner (detachLocked) or taken out of its list (refile).
+  MESHALLOC_ASSERT(heap->state == SpanState::kAttached || heap->state == SpanState::kUnlisted);
+  MESHALLOC_ASSERT(heap->owner.load(std::memory_order_relaxed) == nullptr);
   uint32_t live = heap->liveCount.load(std::memory_order_seq_cst);
   if (live == 0) {
     destroySpan(state, heap);
@@ -185,12 +208,19 @@ void GlobalHeap::placeDetached(ClassState& state, MiniHeap* heap) {
 }
 
 void GlobalHeap::refile(ClassState& state, MiniHeap* heap) {
+  MESHALLOC_ASSERT(heap->state == SpanState::kPartial || heap->state == SpanState::kFull ||
+                   heap->state == SpanState::kMeshing);
   unlink(state, heap);
   heap->state = SpanState::kUnlisted;
   placeDetached(state, heap);
 }
 
 void GlobalHeap::detachLocked(ClassState& state, MiniHeap* heap) {
+  // Only an attached span is detached, and its owner has closed its remote-free stack first
+  // (ThreadHeap::drainRemoteFrees with kRemoteFreesClosed), so no block is left on it.
+  MESHALLOC_ASSERT(heap->state == SpanState::kAttached);
+  MESHALLOC_ASSERT(heap->owner.load(std::memory_order_relaxed) != nullptr);
+  MESHALLOC_ASSERT(MiniHeap::isClosed(heap->remoteFrees.load(std::memory_order_relaxed)));
   // seq_cst pairs with freeToBitmap: either this sees its decrement or it sees owner == nullptr.
   heap->owner.store(nullptr, std::memory_order_seq_cst);
   placeDetached(state, heap);
@@ -208,8 +238,7 @@ void GlobalHeap::freeToBitmap(MiniHeap* heap, unsigned sizeClass, size_t slot, u
   uintptr_t closed = MiniHeap::kRemoteFreesClosed;
   if (heap->remoteFrees.load(std::memory_order_relaxed) == closed) {
     heap->remoteFrees.compare_exchange_strong(closed, MiniHeap::kRemoteFreesClosedAfterFree,
-                                              std::memory_order_release,
-                                              std::memory_order_relaxed);
+                                              std::memory_order_release, std::memory_order_relaxed);
   }
   if (!heap->bitmap().tryUnset(slot))
     reportHeapError(HeapError::kDoubleFree, "free", reinterpret_cast<void*>(address));
@@ -278,6 +307,7 @@ void* GlobalHeap::allocateLarge(size_t bytes, size_t alignment, bool* zeroed) {
 }
 
 void GlobalHeap::freeLarge(MiniHeap* heap, uintptr_t address) {
+  MESHALLOC_ASSERT(heap->state == SpanState::kLarge && heap->isLarge());
   if (heap->liveCount.exchange(0, std::memory_order_acq_rel) != 1) {
     reportHeapError(HeapError::kDoubleFree, "free", reinterpret_cast<void*>(address));
   }
@@ -340,6 +370,7 @@ size_t GlobalHeap::takeMeshCandidates(unsigned sizeClass, uint32_t maxLive, Mini
       while (heap && count < max && heap->meshSweep != state.meshSweep) {
         MiniHeap* next = state.partial[bin].next(heap);
         uint32_t live = heap->liveCount.load(std::memory_order_acquire);
+        MESHALLOC_ASSERT(heap->state == SpanState::kPartial && heap->occupancyBin == bin);
         if (live > 0 && live <= maxLive && !heap->pinned.load(std::memory_order_relaxed)) {
           state.partial[bin].remove(heap);
           heap->state = SpanState::kMeshing;
@@ -357,6 +388,8 @@ void GlobalHeap::returnMeshCandidates(unsigned sizeClass, MiniHeap* const* spans
   ClassState& state = classes_[sizeClass];
   LockGuard guard(state.lock);
   for (size_t i = 0; i < count; i++) {
+    // Sources meshed away were retired (retireMeshedSource), not handed back.
+    MESHALLOC_ASSERT(spans[i]->state != SpanState::kMeshedAway);
     if (spans[i]->state != SpanState::kMeshing) continue;
     refile(state, spans[i]);
   }
@@ -366,6 +399,8 @@ void GlobalHeap::retireMeshedSource(unsigned sizeClass, MiniHeap* source) {
   ClassState& state = classes_[sizeClass];
   {
     LockGuard guard(state.lock);
+    MESHALLOC_ASSERT(source->state == SpanState::kMeshedAway);
+    MESHALLOC_ASSERT(state.spans > 0);
     source->state = SpanState::kFreed;
     state.spans--;
   }

@@ -11,6 +11,7 @@
 #include "heap/heap.h"
 #include "heap/internal_heap.h"
 #include "platform/os.h"
+#include "support/assert.h"
 #include "support/lock.h"
 
 namespace meshalloc {
@@ -128,6 +129,20 @@ void ThreadHeap::retire() {
   gPool = this;
 }
 
+void ThreadHeap::checkAttached(const ShuffleVector& v, unsigned span) const {
+  MESHALLOC_ASSERT(v.attachedCount <= kMaxSpansPerVector);
+  MESHALLOC_ASSERT(v.length <= v.capacity);
+  MESHALLOC_ASSERT(span < v.attachedCount);
+  const MiniHeap* heap = v.spans[span];
+  // An attached span is owned by this heap, knows its position, and the table's copy of its
+  // start (which frees read instead of the MiniHeap) is its start.
+  MESHALLOC_ASSERT(heap != nullptr);
+  MESHALLOC_ASSERT(heap->state == SpanState::kAttached);
+  MESHALLOC_ASSERT(heap->owner.load(std::memory_order_relaxed) == this);
+  MESHALLOC_ASSERT(heap->attachIndex == span);
+  MESHALLOC_ASSERT(v.spanStarts[span] == heap->spanStart);
+}
+
 ThreadHeap* ThreadHeap::park() {
   ThreadHeap* heap = tlsThreadHeap;
   if (!heap) return nullptr;  // no heap, or a wait nested in a signal handler of a parked one
@@ -232,6 +247,9 @@ void ThreadHeap::resetReclaimAfterFork() {
 }
 
 void ThreadHeap::drainRemoteFrees(ShuffleVector& v, unsigned span, uintptr_t leaveAs) {
+  checkAttached(v, span);
+  MESHALLOC_ASSERT(leaveAs == MiniHeap::kRemoteFreesEmpty ||
+                   leaveAs == MiniHeap::kRemoteFreesClosed);
   MiniHeap* heap = v.spans[span];
   uintptr_t block = heap->remoteFrees.load(std::memory_order_relaxed);
   if (block == leaveAs) return;
@@ -254,10 +272,16 @@ void ThreadHeap::drainRemoteFrees(ShuffleVector& v, unsigned span, uintptr_t lea
     drained++;
     block = next;
   }
-  if (drained) heap->liveCount.fetch_sub(drained, std::memory_order_acq_rel);
+  if (drained) {
+    uint32_t before = heap->liveCount.fetch_sub(drained, std::memory_order_acq_rel);
+    // Every drained block was owned (its bit was set): the count cannot go below zero.
+    MESHALLOC_ASSERT(before >= drained);
+    (void)before;
+  }
 }
 
 void ThreadHeap::claimFreeSlots(ShuffleVector& v, unsigned span) {
+  checkAttached(v, span);
   MiniHeap* heap = v.spans[span];
   AtomicBitmap bitmap = heap->bitmap();
   uint32_t claimed = 0;
@@ -286,12 +310,15 @@ void ThreadHeap::claimFreeSlots(ShuffleVector& v, unsigned span) {
       claimed++;
     }
   }
+  MESHALLOC_ASSERT(v.length <= v.capacity);
   if (claimed) heap->liveCount.fetch_add(claimed, std::memory_order_acq_rel);
 }
 
 void ThreadHeap::removeSpan(ShuffleVector& v, unsigned span) {
+  MESHALLOC_ASSERT(span < v.attachedCount);
   unsigned last = --v.attachedCount;
   if (span != last) {
+    MESHALLOC_ASSERT(v.length == 0);
     // Only legal while the vector is empty: no entry refers to `last` by index.
     v.spans[span] = v.spans[last];
     v.spanStarts[span] = v.spanStarts[last];
@@ -394,6 +421,7 @@ bool ThreadHeap::refill(unsigned sizeClass) {
     unsigned count =
         GlobalHeap::exchangeSpans(sizeClass, this, released, releasedCount, acquired, room,
                                   wanted - (v.length < wanted ? v.length : wanted));
+    MESHALLOC_ASSERT(v.attachedCount + count <= kMaxSpansPerVector);
     for (unsigned i = 0; i < count; i++) {
       unsigned span = v.attachedCount++;
       acquired[i]->attachIndex = static_cast<uint8_t>(span);
@@ -402,6 +430,8 @@ bool ThreadHeap::refill(unsigned sizeClass) {
       claim(span);
     }
   }
+  MESHALLOC_ASSERT(runs <= kMaxSpansPerVector);
+  MESHALLOC_ASSERT(v.length <= v.capacity);
   v.rebuildSpanTable();
   runStarts[runs] = v.length;
   shuffle(v, runStarts, runs);
@@ -419,8 +449,14 @@ void ThreadHeap::detachAll(unsigned sizeClass) {
     uintptr_t block = ShuffleVector::blockOf(v.entries[i]);
     if (v.entries[i] & ShuffleVector::kTaggedEntry) setCacheTag(block, 0);
     int span = attachedIndexOf(v, block);
+    // The vector holds free slots of its attached spans only, each still owned in its bitmap.
+    MESHALLOC_ASSERT(span >= 0);
     MiniHeap* heap = v.spans[span];
-    heap->bitmap().tryUnset(static_cast<size_t>(heap->slotOf(block - heap->spanStart)));
+    int64_t slot = heap->slotOf(block - heap->spanStart);
+    MESHALLOC_ASSERT(slot >= 0);
+    bool wasOwned = heap->bitmap().tryUnset(static_cast<size_t>(slot));
+    MESHALLOC_ASSERT(wasOwned);
+    (void)wasOwned;
     returned[span]++;
   }
   for (unsigned span = 0; span < v.attachedCount; span++) {
@@ -428,6 +464,7 @@ void ThreadHeap::detachAll(unsigned sizeClass) {
       v.spans[span]->liveCount.fetch_sub(returned[span], std::memory_order_acq_rel);
   }
   v.length = 0;
+  for (unsigned span = 0; span < v.attachedCount; span++) checkAttached(v, span);
   while (v.attachedCount) {
     GlobalHeap::releaseSpan(v.spans[v.attachedCount - 1]);
     removeSpan(v, v.attachedCount - 1);

@@ -262,6 +262,9 @@ class ThreadHeap {
   void initialize(char* storage);
   // Claims every free slot of attached span `span` into the vector.
   void claimFreeSlots(ShuffleVector& v, unsigned span);
+  // Asserts (checked builds) that attached span `span` is consistent: owned by this heap, at
+  // attachIndex `span`, with its start in spanStarts, within the vector's bounds.
+  void checkAttached(const ShuffleVector& v, unsigned span) const;
   // Drops span `span` (which has no entries in the vector) from the table, compacting it.
   void removeSpan(ShuffleVector& v, unsigned span);
   // Puts the vector in the order of the randomisation level. The refill claimed the slots one

@@ -12,6 +12,7 @@
 #include "mesh/commit_thread.h"
 #include "mesh/write_barrier.h"
 #include "platform/os.h"
+#include "support/assert.h"
 #include "support/lock.h"
 #include "support/range.h"
 
@@ -108,7 +109,13 @@ uint32_t Mesher::claimSourceSlots(MiniHeap* destination, MiniHeap* source) {
   uint32_t claimed = 0;
   for (size_t w = 0; w < src.words(); w++) {
     uint64_t bits = src.loadWord(w);
-    if (bits) dst.claimMask(w, bits);
+    // Source and destination were checked disjoint, and neither gains a bit while meshed
+    // (both are detached; frees only clear bits): no slot is live in both.
+    if (bits) {
+      uint64_t newlyClaimed = dst.claimMask(w, bits);
+      MESHALLOC_ASSERT_MSG(newlyClaimed == bits, "a slot is live in both meshed spans");
+      (void)newlyClaimed;
+    }
     claimed += static_cast<uint32_t>(__builtin_popcountll(bits));
   }
   return claimed;
@@ -213,6 +220,10 @@ bool Mesher::meshGroup(MeshGroup& group, bool* merged) {
 }
 
 void Mesher::commitSource(MiniHeap* destination, MiniHeap* source) {
+  // Both were taken out of the lists for this pass (GlobalHeap::takeMeshCandidates).
+  MESHALLOC_ASSERT(destination->state == SpanState::kMeshing);
+  MESHALLOC_ASSERT(source->state == SpanState::kMeshing);
+  MESHALLOC_ASSERT(destination->sizeClass == source->sizeClass);
   claimSourceSlots(destination, source);
   destination->liveCount.fetch_add(source->liveCount.load(std::memory_order_relaxed),
                                    std::memory_order_acq_rel);

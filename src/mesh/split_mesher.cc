@@ -1,5 +1,7 @@
 #include "mesh/split_mesher.h"
 
+#include "support/assert.h"
+
 namespace meshalloc {
 
 bool SplitMesher::disjoint(MiniHeap* a, MiniHeap* b) {
@@ -70,9 +72,12 @@ size_t SplitMesher::find(MiniHeap** candidates, size_t count, size_t probes, Rng
         destinationViews = views;
         continue;
       }
+      MESHALLOC_ASSERT(group.sourceCount < kMaxVirtualSpans - 1);
       group.sources[group.sourceCount++] = candidates[r];
       room -= views;
     }
+    // A group's virtual spans all fit one physical span's table (room never went below zero).
+    MESHALLOC_ASSERT(room <= kMaxVirtualSpans);
     if (group.sourceCount > 0) found++;
   }
   return found;

@@ -114,11 +114,19 @@ TEST(Malloc, ImpossibleSizesFailWithEnomem) {
 }
 
 TEST(Free, NullIsANoOp) {
-  __libc_free(nullptr);
+  // glibc's free(NULL) leaves errno alone (and so must ours: a program may free on an error
+  // path before reading errno), and changes nothing in the heap.
+  errno = 1234;
+  __libc_free(launder(static_cast<void*>(nullptr)));
+  ASSERT_EQ(errno, 1234) << "reference: glibc free(NULL)";
+  size_t allocatedBefore = mallinfo2().uordblks;
   errno = 1234;
   free(nullptr);
   free(launder(static_cast<void*>(nullptr)));
-  SUCCEED();
+  int err = errno;
+  size_t allocatedAfter = mallinfo2().uordblks;
+  EXPECT_EQ(err, 1234) << "free(NULL) changed errno";
+  EXPECT_EQ(allocatedAfter, allocatedBefore);
 }
 
 TEST(Calloc, ZeroesFreshMemory) {

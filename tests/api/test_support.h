@@ -87,16 +87,21 @@ inline void escape(const void* p) {
   asm volatile("" : : "r"(p) : "memory");
 }
 
-// The live-bytes statistic ("stats.allocated") through meshalloc's control interface, after
+// A byte statistic (e.g. "stats.retained") through meshalloc's control interface, after
 // refreshing the snapshot with "epoch".
-inline size_t allocatedBytes() {
+inline size_t statBytes(const char* name) {
   uint64_t epoch = 1;
   size_t len = sizeof epoch;
   EXPECT_EQ(meshalloc_mallctl("epoch", &epoch, &len, &epoch, sizeof epoch), 0);
   size_t value = 0;
   len = sizeof value;
-  EXPECT_EQ(meshalloc_mallctl("stats.allocated", &value, &len, nullptr, 0), 0);
+  EXPECT_EQ(meshalloc_mallctl(name, &value, &len, nullptr, 0), 0) << name;
   return value;
+}
+
+// The live-bytes statistic.
+inline size_t allocatedBytes() {
+  return statBytes("stats.allocated");
 }
 
 inline bool isAligned(const void* p, size_t alignment) {

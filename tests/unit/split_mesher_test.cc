@@ -1,0 +1,147 @@
+// SplitMesher::find on crafted bitmaps: spans that exist only as MiniHeaps (no pages), so the
+// search alone is under test.
+#include "mesh/split_mesher.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <new>
+#include <set>
+#include <vector>
+
+#include "heap/mini_heap.h"
+#include "heap/span_backing.h"
+#include "support/rng.h"
+
+namespace meshalloc {
+namespace {
+
+constexpr uint32_t kObjects = 64;  // one bitmap word
+
+// A MiniHeap with its one-word bitmap behind it.
+struct alignas(kCacheLine) FakeSpan {
+  alignas(kCacheLine) unsigned char storage[sizeof(MiniHeap) + sizeof(uint64_t)];
+  MiniHeap* heap() { return reinterpret_cast<MiniHeap*>(storage); }
+};
+
+class SplitMesherSearch : public ::testing::Test {
+ protected:
+  // Spans whose bitmaps are `bits`, in that order.
+  std::vector<MiniHeap*> makeSpans(const std::vector<uint64_t>& bits) {
+    spans_ = std::vector<FakeSpan>(bits.size());
+    std::vector<MiniHeap*> heaps;
+    for (size_t i = 0; i < bits.size(); i++) {
+      MiniHeap* heap = new (spans_[i].storage) MiniHeap();
+      heap->objectCount = kObjects;
+      heap->state = SpanState::kMeshing;
+      heap->bitmap().storeWord(0, bits[i]);
+      heaps.push_back(heap);
+    }
+    return heaps;
+  }
+  static uint64_t bitsOf(MiniHeap* heap) { return heap->bitmap().loadWord(0); }
+
+  std::vector<FakeSpan> spans_;
+};
+
+TEST_F(SplitMesherSearch, FindsTheOnlyMeshablePair) {
+  // a and b are disjoint; every other pair overlaps.
+  constexpr uint64_t kA = 0x0f0f, kB = 0xf0f0, kFull = 0xffff;
+  unsigned splitApart = 0, splitTogether = 0;
+  for (uint64_t seed = 1; seed <= 32; seed++) {
+    std::vector<MiniHeap*> candidates = makeSpans({kA, kFull, kB, kFull, kFull, kFull});
+    Rng rng(seed);
+    MeshGroup groups[3];
+    size_t found = SplitMesher::find(candidates.data(), candidates.size(), 64, rng, groups, 3);
+    // find shuffles the candidates in place and splits them in halves: the pair can only be
+    // found if a and b ended up on different sides, and then it must be.
+    size_t half = candidates.size() / 2;
+    bool aLeft = false, bLeft = false;
+    for (size_t i = 0; i < half; i++) {
+      aLeft |= bitsOf(candidates[i]) == kA;
+      bLeft |= bitsOf(candidates[i]) == kB;
+    }
+    if (aLeft == bLeft) {
+      splitTogether++;
+      EXPECT_EQ(found, 0u) << "seed " << seed;
+      continue;
+    }
+    splitApart++;
+    ASSERT_EQ(found, 1u) << "seed " << seed;
+    ASSERT_EQ(groups[0].sourceCount, 1u);
+    std::set<uint64_t> pair = {bitsOf(groups[0].destination), bitsOf(groups[0].sources[0])};
+    EXPECT_EQ(pair, (std::set<uint64_t>{kA, kB})) << "seed " << seed;
+  }
+  EXPECT_GT(splitApart, 0u);
+  EXPECT_GT(splitTogether, 0u);
+}
+
+TEST_F(SplitMesherSearch, NeverPairsOverlappingSpans) {
+  for (uint64_t seed = 1; seed <= 64; seed++) {
+    Rng bitsRng(seed * 7919);
+    std::vector<uint64_t> bits;
+    for (int i = 0; i < 64; i++) {
+      // About one slot in eight live: many spans mesh, many pairs still overlap.
+      uint64_t word = bitsRng.next() & bitsRng.next() & bitsRng.next();
+      bits.push_back(word ? word : 1);
+    }
+    std::vector<MiniHeap*> candidates = makeSpans(bits);
+    Rng rng(seed);
+    MeshGroup groups[32];
+    size_t found = SplitMesher::find(candidates.data(), candidates.size(), 16, rng, groups, 32);
+    ASSERT_LE(found, 32u);
+    std::set<MiniHeap*> seen;
+    for (size_t g = 0; g < found; g++) {
+      ASSERT_GE(groups[g].sourceCount, 1u);
+      ASSERT_LE(groups[g].sourceCount, kMaxVirtualSpans - 1);
+      uint64_t merged = bitsOf(groups[g].destination);
+      EXPECT_TRUE(seen.insert(groups[g].destination).second) << "a span in two groups";
+      for (uint32_t s = 0; s < groups[g].sourceCount; s++) {
+        MiniHeap* source = groups[g].sources[s];
+        EXPECT_EQ(merged & bitsOf(source), 0u)
+            << "seed " << seed << ": group " << g << " source " << s << " overlaps";
+        merged |= bitsOf(source);
+        EXPECT_TRUE(seen.insert(source).second) << "a span in two groups";
+      }
+    }
+  }
+}
+
+TEST_F(SplitMesherSearch, RespectsTheProbeLimit) {
+  // 32 spans with one distinct slot each: every pair is meshable, so only the probe limit (and
+  // the virtual-span table) bounds how many sources a destination takes.
+  std::vector<uint64_t> bits;
+  for (unsigned i = 0; i < 32; i++) bits.push_back(uint64_t{1} << i);
+  for (size_t probes : {size_t{0}, size_t{1}, size_t{2}, size_t{5}}) {
+    std::vector<MiniHeap*> candidates = makeSpans(bits);
+    Rng rng(probes + 1);
+    MeshGroup groups[16];
+    size_t found = SplitMesher::find(candidates.data(), candidates.size(), probes, rng, groups, 16);
+    if (probes == 0) {
+      EXPECT_EQ(found, 0u);
+      continue;
+    }
+    ASSERT_GE(found, 1u);
+    for (size_t g = 0; g < found; g++)
+      EXPECT_LE(groups[g].sourceCount, probes) << "probes " << probes << ", group " << g;
+  }
+  // Unlimited, the first destination takes sources until its table is full.
+  std::vector<MiniHeap*> candidates = makeSpans(bits);
+  Rng rng(99);
+  MeshGroup groups[16];
+  size_t found = SplitMesher::find(candidates.data(), candidates.size(), 1000, rng, groups, 16);
+  ASSERT_GE(found, 1u);
+  EXPECT_EQ(groups[0].sourceCount, kMaxVirtualSpans - 1);
+}
+
+TEST_F(SplitMesherSearch, RespectsMaxGroups) {
+  std::vector<uint64_t> bits;
+  for (unsigned i = 0; i < 32; i++) bits.push_back(uint64_t{1} << i);
+  std::vector<MiniHeap*> candidates = makeSpans(bits);
+  Rng rng(5);
+  MeshGroup groups[3];
+  EXPECT_EQ(SplitMesher::find(candidates.data(), candidates.size(), 1, rng, groups, 3), 3u);
+}
+
+}  // namespace
+}  // namespace meshalloc
