@@ -1,4 +1,4 @@
-"""The `meshalloc` command line: run, compare, allocators, bench.
+"""The `meshalloc` command line: run, compare, allocators, bench, top.
 
 Everything the commands do lives in the library modules (measure, compare, output,
 plotting); this file only parses arguments and prints.
@@ -10,6 +10,7 @@ import argparse
 import os
 import shlex
 import sys
+import time
 from datetime import datetime
 from pathlib import Path
 from typing import List, Optional, Sequence
@@ -23,7 +24,7 @@ from rich import box
 from . import __version__, allocators as allocator_registry
 from .breakdown import COLUMNS as BREAKDOWN_COLUMNS
 from .compare import DEFAULT_REPEAT, Comparison, RunRecord, compare
-from .errors import EXIT_OK, EXIT_SIGNAL_BASE, EXIT_USAGE, MeshallocError
+from .errors import EXIT_FAILURE, EXIT_OK, EXIT_SIGNAL_BASE, EXIT_USAGE, MeshallocError
 from .measure import DEFAULT_INTERVAL_S, KIB, MIB, RunResult, check_command, measure
 from .output import (FIGURE_STEM, RSS_NOTE, prepare_output_directory, table_cells, table_notes, write_comparison,
                      write_run)
@@ -53,14 +54,18 @@ class OneLineParser(argparse.ArgumentParser):
         sys.exit(EXIT_USAGE)
 
 
-def _positive_ms(text: str) -> float:
+def _positive_interval(text: str, unit: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of milliseconds: {text!r}") from None
+        raise argparse.ArgumentTypeError(f"not a number of {unit}: {text!r}") from None
     if not value > 0:
         raise argparse.ArgumentTypeError(f"the interval must be positive, not {text}")
     return value
+
+
+def _positive_ms(text: str) -> float:
+    return _positive_interval(text, "milliseconds")
 
 
 def _positive_int(text: str) -> int:
@@ -71,6 +76,16 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, not {text}")
     return value
+
+
+def _positive_seconds(text: str) -> float:
+    return _positive_interval(text, "seconds")
+
+
+def _pid(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"not a process id: {text!r}")
+    return int(text)
 
 
 def _add_measurement_options(parser: argparse.ArgumentParser) -> None:
@@ -141,6 +156,21 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--list", action="store_true", help="list the experiments and exit")
     bench.add_argument("experiments", nargs="*", metavar="EXPERIMENT",
                        help="experiments to run (default: all, in the order --list shows)")
+
+    top = commands.add_parser("top", help="watch running meshalloc processes' memory, live",
+                              description="Show the memory of processes running on meshalloc, refreshed every "
+                              "interval: PSS, page tables, threads and mappings from /proc, and the allocator's "
+                              "own breakdown (live, free, dirty cache, large, metadata, mesh saving) and mesh "
+                              "statistics from the statistics the process publishes when started with "
+                              "MESHALLOC_LIVE_STATS_MS=1000. Without PIDs: every process that publishes them.",
+                              epilog="exit status: 0, or 1 when a process does not exist, does not run meshalloc "
+                              "(or does not publish statistics) or cannot be read; 2 for bad usage.")
+    top.add_argument("pids", nargs="*", type=_pid, metavar="PID", help="processes to watch (default: all)")
+    top.add_argument("--interval", type=_positive_seconds, default=1.0, metavar="SECONDS",
+                     help="refresh period in seconds (default %(default)g)")
+    top.add_argument("--once", action="store_true", help="print one reading and exit")
+    top.add_argument("--json", action="store_true",
+                     help="JSON instead of a table: one object per reading, {\"processes\": [...]}")
     return parser
 
 
@@ -407,6 +437,79 @@ def cmd_bench(args, out_console: Console) -> int:
     return report.exit_code
 
 
+def cmd_top(args, out_console: Console) -> int:
+    import json
+
+    from rich.live import Live
+
+    from . import top as live_top
+
+    explicit = bool(args.pids)
+    pids = list(dict.fromkeys(args.pids)) if explicit else live_top.publishing_pids()
+
+    def read_all(previous: dict) -> tuple:
+        """Snapshots of the processes still watched, and whether any failed."""
+        snapshots, failed = [], False
+        for pid in list(pids):
+            try:
+                snap = live_top.snapshot(pid)
+            except MeshallocError as error:
+                if explicit:
+                    sys.stderr.write(f"{PROGRAM}: {error}\n")
+                    failed = True
+                pids.remove(pid)
+                continue
+            snap["mesh_rate_per_s"] = live_top.mesh_rate(previous.get(pid), snap)
+            previous[pid] = snap
+            snapshots.append(snap)
+        return snapshots, failed
+
+    def table(snapshots: List[dict]) -> Table:
+        view = Table(box=box.SIMPLE_HEAD, show_edge=False,
+                     title=f"meshalloc top — {datetime.now().strftime('%H:%M:%S')}, every {args.interval:g} s")
+        view.add_column("")
+        for snap in snapshots:
+            view.add_column(Text(f"{snap['pid']} {snap['name']}" + (" (stale)" if snap["stale"] else "")),
+                            justify="right")
+        for row in live_top.table_rows(snapshots):
+            view.add_row(*(Text(cell) for cell in row))
+        return view
+
+    def emit_json(snapshots: List[dict]) -> None:
+        sys.stdout.write(json.dumps({"processes": snapshots}) + "\n")
+        sys.stdout.flush()
+
+    previous: dict = {}
+    snapshots, failed = read_all(previous)
+    if failed:
+        return EXIT_FAILURE
+    if not snapshots:
+        raise MeshallocError("no running process publishes meshalloc live statistics (start one with "
+                             f"{live_top.OPTION_VARIABLE}={live_top.SUGGESTED_MS})", EXIT_FAILURE)
+    if args.once:
+        if args.json:
+            emit_json(snapshots)
+        else:
+            out_console.print(table(snapshots))
+        return EXIT_OK
+    try:
+        if args.json:
+            while snapshots:
+                emit_json(snapshots)
+                time.sleep(args.interval)
+                snapshots, _ = read_all(previous)
+        else:
+            with Live(table(snapshots), console=out_console, auto_refresh=False) as view:
+                while snapshots:
+                    time.sleep(args.interval)
+                    snapshots, _ = read_all(previous)
+                    if snapshots:
+                        view.update(table(snapshots), refresh=True)
+    except KeyboardInterrupt:
+        return EXIT_OK
+    return EXIT_OK
+
+
 def _console(stderr: bool) -> Console:
     """Rich wraps at 80 columns when it is not writing to a terminal; tables in logs and
     captured output read better unwrapped, unless COLUMNS says otherwise."""
@@ -432,6 +535,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if command:
                 raise MeshallocError("`meshalloc bench` takes no command")
             return cmd_bench(args, out_console)
+        if args.subcommand == "top":
+            if command:
+                raise MeshallocError("`meshalloc top` takes no command")
+            return cmd_top(args, out_console)
         command = _command_or_error(command, args.command)
         if args.subcommand == "run":
             return cmd_run(args, command, err)

@@ -9,6 +9,7 @@
 #include "api/ctl.h"
 #include "api/entry_points.h"
 #include "api/libc_buffers.h"
+#include "api/live_stats.h"
 #include "api/stats.h"
 #include "heap/config.h"
 #include "heap/heap.h"
@@ -116,12 +117,14 @@ int gSavedStderr = -1;
 __attribute__((constructor)) void initializeAtLoad() {
   api::findLibcBufferCallers();
   if (heap::ensureInitialized()) MeshPolicy::init();
+  api::startLiveStats();
   if (gHeapConfig.statsAtExit != StatsFormat::kNone && !gHeapConfig.statsFile) {
     gSavedStderr = fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, kLowestSavedFd);
   }
 }
 
 __attribute__((destructor)) void printStatsAtExit() {
+  api::stopLiveStats();
   if (gHeapConfig.statsAtExit == StatsFormat::kNone) return;
   int fd = gSavedStderr >= 0 ? gSavedStderr : STDERR_FILENO;
   if (gHeapConfig.statsFile) {

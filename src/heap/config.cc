@@ -31,6 +31,7 @@ const OptionView kOptions[] = {
     {"mesh_min_gain", OptionView::kSize, &gHeapConfig.meshMinGainBytes},
     {"stats", OptionView::kStatsFormat, &gHeapConfig.statsAtExit},
     {"stats_file", OptionView::kString, &gHeapConfig.statsFile},
+    {"live_stats_ms", OptionView::kUnsigned, &gHeapConfig.liveStatsMs},
     {"show_options", OptionView::kBool, &gHeapConfig.showOptions},
 };
 

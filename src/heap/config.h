@@ -69,6 +69,9 @@ struct HeapConfig {
   size_t meshMinGainBytes = size_t{1} << 20;
   StatsFormat statsAtExit = StatsFormat::kNone;
   const char* statsFile = nullptr;  // a copy of the variable's value
+  // Publish the statistics for `meshalloc top` every this many milliseconds (0: never), from
+  // the background thread (api/live_stats.h).
+  uint64_t liveStatsMs = 0;
   bool showOptions = false;
 };
 

@@ -50,6 +50,7 @@ uint64_t earliestBudgetClock(uint64_t nowNs) {
 std::atomic<uint32_t> gWakeups{0};
 std::atomic<uint32_t> gExitWakeups{0};
 std::atomic<bool> gRestoreWakeup{false};
+std::atomic<MeshPolicy::TickHook> gTickHook{nullptr};
 // A woken thread waits until no thread has exited for this long (at most a period) before its
 // pass, so that a burst of thread exits (a pool shutting down) is meshed in one pass: a pass
 // started after the first exit would order the classes by that thread's spans alone, and the
@@ -245,8 +246,13 @@ void* MeshPolicy::backgroundMain(void*) {
         os::monotonicNanos() >= gNextPassNs.load(std::memory_order_relaxed)) {
       runPassWithinBudget();
     }
+    if (TickHook hook = gTickHook.load(std::memory_order_acquire)) hook(os::monotonicNanos());
   }
   return nullptr;
+}
+
+void MeshPolicy::setTickHook(TickHook hook) {
+  gTickHook.store(hook, std::memory_order_release);
 }
 
 void MeshPolicy::startBackgroundThread() {
@@ -275,7 +281,8 @@ void MeshPolicy::onRefill() {
   if (!gHeapChanged.load(std::memory_order_relaxed)) endIdleBackoff();
   if (gHeapConfig.meshBackgroundThread && !gThreadFailed.load(std::memory_order_relaxed)) {
     if (gThreadStarted.load(std::memory_order_relaxed)) return;
-    if (gRefills.fetch_add(1, std::memory_order_relaxed) + 1 < kRefillsBeforeThread) return;
+    unsigned before = gHeapConfig.liveStatsMs ? 1 : kRefillsBeforeThread;
+    if (gRefills.fetch_add(1, std::memory_order_relaxed) + 1 < before) return;
     startBackgroundThread();
     return;
   }

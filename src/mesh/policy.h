@@ -31,6 +31,11 @@ class MeshPolicy {
   // and the bytes of spans and large objects in use: mesh_budget_permille below a fragmentation
   // band, mesh_budget_max_permille above it, linear in between (docs/meshing.md).
   static uint64_t budgetPermille(uint64_t gainBytes, uint64_t activeBytes);
+  // Called by the background thread on every tick with the monotonic time (live statistics,
+  // api/live_stats.h). Set once, before the thread starts. With live_stats_ms set the thread
+  // starts at the first refill, so that a small program is observable too.
+  using TickHook = void (*)(uint64_t nowNs);
+  static void setTickHook(TickHook hook);
 
  private:
   static void onRefill();
