@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/auxv.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/resource.h>
@@ -36,10 +37,227 @@ void computePageSize() {
   gPageShift = static_cast<size_t>(__builtin_ctzl(gPageSize));
 }
 
+// Fault injection (os.h). Armed only by tests; gFaultsArmed is the one load a wrapper pays
+// when nothing is armed.
+constinit std::atomic<bool> gFaultsArmed{false};
+struct FaultState {
+  std::atomic<uint8_t> mode{0};
+  std::atomic<uint32_t> perMillion{0};
+  std::atomic<uint64_t> n{0};
+  std::atomic<uint64_t> calls{0};
+  std::atomic<uint64_t> injected{0};
+};
+constexpr size_t kFaultPoints = static_cast<size_t>(FaultPoint::kCount);
+constinit FaultState gFaults[kFaultPoints];
+constinit std::atomic<uint64_t> gFaultRandom{0x853c49e6748fea9bull};
+constexpr uint64_t kMillion = 1000000;
+
+constexpr const char* kFaultPointNames[kFaultPoints] = {
+    "reserve",   "metadata", "unmap",  "decommit", "remap", "protect",
+    "unprotect", "memfd",    "resize", "punch",    "write", "thread"};
+constexpr int kFaultErrnos[kFaultPoints] = {ENOMEM, ENOMEM, ENOMEM, ENOMEM, ENOMEM, ENOMEM,
+                                            ENOMEM, EMFILE, ENOSPC, ENOMEM, ENOSPC, EAGAIN};
+
+uint64_t nextFaultRandom() {
+  // splitmix64 over a shared counter: the same seed gives the same sequence of draws.
+  uint64_t z = gFaultRandom.fetch_add(0x9e3779b97f4a7c15ull, std::memory_order_relaxed) +
+               0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+[[gnu::noinline]] bool faultFires(FaultPoint point) {
+  FaultState& state = gFaults[static_cast<size_t>(point)];
+  uint64_t call = state.calls.fetch_add(1, std::memory_order_relaxed) + 1;
+  uint64_t n = state.n.load(std::memory_order_relaxed);
+  bool fire = false;
+  switch (static_cast<FaultMode>(state.mode.load(std::memory_order_relaxed))) {
+    case FaultMode::kOff:
+      break;
+    case FaultMode::kNth:
+      fire = call == n;
+      break;
+    case FaultMode::kEvery:
+      fire = n != 0 && call % n == 0;
+      break;
+    case FaultMode::kProbability:
+      fire = nextFaultRandom() % kMillion < state.perMillion.load(std::memory_order_relaxed);
+      break;
+  }
+  if (!fire) return false;
+  state.injected.fetch_add(1, std::memory_order_relaxed);
+  errno = kFaultErrnos[static_cast<size_t>(point)];
+  return true;
+}
+
+// True (errno set) if this call of `point` is to fail without reaching the kernel.
+inline bool injected(FaultPoint point) {
+  if (__builtin_expect(!gFaultsArmed.load(std::memory_order_relaxed), 1)) return false;
+  return faultFires(point);
+}
+
+void configureFaultsFromEnvironment() {
+  // A test switch, honoured in every build, but never in a set-user-ID or otherwise privileged
+  // program (glibc's secure mode): there it would let a user steer a privileged process into
+  // its error paths.
+  if (getauxval(AT_SECURE)) return;
+  const char* spec = getenv("MESHALLOC_FAULTS");
+  if (!spec || !*spec) return;
+  if (!configureFaults(spec)) {
+    static const char kMessage[] = "meshalloc: MESHALLOC_FAULTS: cannot parse; no fault armed\n";
+    writeStderr(kMessage, sizeof(kMessage) - 1);
+  }
+}
+
 }  // namespace
 
 void initPlatform() {
   if (gPageSize == 0) computePageSize();
+  static bool faultsRead = false;
+  if (!faultsRead) {
+    faultsRead = true;
+    configureFaultsFromEnvironment();
+  }
+}
+
+const char* faultPointName(FaultPoint point) {
+  size_t index = static_cast<size_t>(point);
+  return index < kFaultPoints ? kFaultPointNames[index] : "?";
+}
+
+int faultErrno(FaultPoint point) {
+  size_t index = static_cast<size_t>(point);
+  return index < kFaultPoints ? kFaultErrnos[index] : ENOMEM;
+}
+
+void setFault(FaultPoint point, FaultRule rule) {
+  FaultState& state = gFaults[static_cast<size_t>(point)];
+  state.mode.store(static_cast<uint8_t>(FaultMode::kOff), std::memory_order_relaxed);
+  state.n.store(rule.n, std::memory_order_relaxed);
+  state.perMillion.store(rule.perMillion, std::memory_order_relaxed);
+  state.calls.store(0, std::memory_order_relaxed);
+  state.injected.store(0, std::memory_order_relaxed);
+  state.mode.store(static_cast<uint8_t>(rule.mode), std::memory_order_release);
+  bool armed = false;
+  for (const FaultState& each : gFaults)
+    armed |= each.mode.load(std::memory_order_relaxed) != static_cast<uint8_t>(FaultMode::kOff);
+  gFaultsArmed.store(armed, std::memory_order_release);
+}
+
+void clearFaults() {
+  gFaultsArmed.store(false, std::memory_order_release);
+  for (FaultState& each : gFaults)
+    each.mode.store(static_cast<uint8_t>(FaultMode::kOff), std::memory_order_relaxed);
+}
+
+void seedFaults(uint64_t seed) {
+  gFaultRandom.store(seed, std::memory_order_relaxed);
+}
+
+uint64_t faultCalls(FaultPoint point) {
+  return gFaults[static_cast<size_t>(point)].calls.load(std::memory_order_relaxed);
+}
+
+uint64_t faultsInjected(FaultPoint point) {
+  return gFaults[static_cast<size_t>(point)].injected.load(std::memory_order_relaxed);
+}
+
+namespace {
+bool parseUnsigned(const char*& cursor, uint64_t* value) {
+  if (*cursor < '0' || *cursor > '9') return false;
+  uint64_t result = 0;
+  for (; *cursor >= '0' && *cursor <= '9'; cursor++) {
+    uint64_t digit = static_cast<uint64_t>(*cursor - '0');
+    if (result > (UINT64_MAX - digit) / 10) return false;
+    result = result * 10 + digit;
+  }
+  *value = result;
+  return true;
+}
+
+// "0.25", "1", ".5" -> parts per million (at most a million).
+bool parseProbability(const char*& cursor, uint32_t* perMillion) {
+  uint64_t whole = 0;
+  if (*cursor >= '0' && *cursor <= '9' && !parseUnsigned(cursor, &whole)) return false;
+  uint64_t fraction = 0;
+  uint64_t scale = kMillion;
+  if (*cursor == '.') {
+    cursor++;
+    if (*cursor < '0' || *cursor > '9') return false;
+    for (; *cursor >= '0' && *cursor <= '9'; cursor++) {
+      scale /= 10;
+      fraction += static_cast<uint64_t>(*cursor - '0') * scale;
+    }
+  }
+  if (whole > 1 || (whole == 1 && fraction > 0)) return false;
+  *perMillion = static_cast<uint32_t>(whole * kMillion + fraction);
+  return true;
+}
+
+bool matchWord(const char*& cursor, const char* word) {
+  size_t length = strlen(word);
+  if (strncmp(cursor, word, length) != 0) return false;
+  cursor += length;
+  return true;
+}
+}  // namespace
+
+bool configureFaults(const char* spec) {
+  FaultRule rules[kFaultPoints] = {};
+  bool given[kFaultPoints] = {};
+  uint64_t seed = 0;
+  bool seeded = false;
+  const char* cursor = spec;
+  while (*cursor) {
+    if (matchWord(cursor, "seed=")) {
+      if (!parseUnsigned(cursor, &seed)) return false;
+      seeded = true;
+    } else {
+      // point:mode=value
+      size_t first = 0, last = 0;
+      if (matchWord(cursor, "all:")) {
+        last = kFaultPoints;
+      } else {
+        size_t index = 0;
+        for (; index < kFaultPoints; index++) {
+          size_t length = strlen(kFaultPointNames[index]);
+          if (strncmp(cursor, kFaultPointNames[index], length) == 0 && cursor[length] == ':') break;
+        }
+        if (index == kFaultPoints) return false;
+        cursor += strlen(kFaultPointNames[index]) + 1;
+        first = index;
+        last = index + 1;
+      }
+      FaultRule rule;
+      if (matchWord(cursor, "nth=")) {
+        rule.mode = FaultMode::kNth;
+        if (!parseUnsigned(cursor, &rule.n) || rule.n == 0) return false;
+      } else if (matchWord(cursor, "every=")) {
+        rule.mode = FaultMode::kEvery;
+        if (!parseUnsigned(cursor, &rule.n) || rule.n == 0) return false;
+      } else if (matchWord(cursor, "p=")) {
+        rule.mode = FaultMode::kProbability;
+        if (!parseProbability(cursor, &rule.perMillion)) return false;
+      } else {
+        return false;
+      }
+      for (size_t i = first; i < last; i++) {
+        rules[i] = rule;
+        given[i] = true;
+      }
+    }
+    if (*cursor == ',') {
+      if (!*++cursor) return false;
+    } else if (*cursor) {
+      return false;
+    }
+  }
+  if (seeded) seedFaults(seed);
+  for (size_t i = 0; i < kFaultPoints; i++) {
+    if (given[i]) setFault(static_cast<FaultPoint>(i), rules[i]);
+  }
+  return true;
 }
 
 size_t pageSize() {
@@ -56,6 +274,7 @@ void* reserveAligned(size_t bytes, size_t alignment) {
   // Over-reserve and trim so that the result is aligned without relying on mmap hints.
   size_t padded = bytes + alignment;
   if (padded < bytes) return nullptr;
+  if (injected(FaultPoint::kReserve)) return nullptr;
   void* raw = mmap(nullptr, padded, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (raw == MAP_FAILED) return nullptr;
@@ -69,34 +288,45 @@ void* reserveAligned(size_t bytes, size_t alignment) {
 }
 
 void unmap(void* addr, size_t bytes) {
+  if (injected(FaultPoint::kUnmap)) return;  // as munmap refused: the range stays mapped
   munmap(addr, bytes);
 }
 
 void decommit(void* addr, size_t bytes) {
   // MADV_DONTNEED drops the pages at once (unlike MADV_FREE), so PSS and the cgroup charge
   // fall immediately, which is what users measuring us will see.
-  madvise(addr, bytes, MADV_DONTNEED);
+  if (!injected(FaultPoint::kDecommit) && madvise(addr, bytes, MADV_DONTNEED) == 0) return;
+  // The range must read as zeros all the same: the arena hands it out again as fresh pages
+  // (calloc skips its memset for them). Fresh pages mapped over it drop the old ones too;
+  // failing that, the pages stay and are cleared.
+  if (mapAnonymousFixed(addr, bytes)) return;
+  memset(addr, 0, bytes);
 }
 
 void* mapMetadata(size_t bytes) {
+  if (injected(FaultPoint::kMetadata)) return nullptr;
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   return p == MAP_FAILED ? nullptr : p;
 }
 
 int createSharedFile(const char* name) {
+  if (injected(FaultPoint::kMemfd)) return -1;
   return static_cast<int>(syscall(SYS_memfd_create, name, MFD_CLOEXEC));
 }
 
 bool resizeFile(int fd, size_t bytes) {
+  if (injected(FaultPoint::kResize)) return false;
   return ftruncate(fd, static_cast<off_t>(bytes)) == 0;
 }
 
 bool punchHole(int fd, size_t offset, size_t bytes) {
+  if (injected(FaultPoint::kPunchHole)) return false;
   return fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset),
                    static_cast<off_t>(bytes)) == 0;
 }
 
 bool writeToFile(int fd, size_t offset, const void* source, size_t bytes) {
+  if (injected(FaultPoint::kWrite)) return false;
   const char* cursor = static_cast<const char*>(source);
   while (bytes > 0) {
     ssize_t n = pwrite(fd, cursor, bytes, static_cast<off_t>(offset));
@@ -111,21 +341,25 @@ bool writeToFile(int fd, size_t offset, const void* source, size_t bytes) {
 
 bool mapFileFixed(void* addr, size_t bytes, int fd, size_t offset, bool writable) {
   // No MAP_POPULATE: on a shared memory file it would allocate a page for every hole.
+  if (injected(FaultPoint::kRemap)) return false;
   void* p = mmap(addr, bytes, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED | MAP_FIXED,
                  fd, static_cast<off_t>(offset));
   return p == addr;
 }
 
 bool mapAnonymousFixed(void* addr, size_t bytes) {
+  if (injected(FaultPoint::kRemap)) return false;
   void* p = mmap(addr, bytes, PROT_READ | PROT_WRITE,
                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
   return p == addr;
 }
 
 bool protectReadOnly(void* addr, size_t bytes) {
+  if (injected(FaultPoint::kProtect)) return false;
   return mprotect(addr, bytes, PROT_READ) == 0;
 }
 bool protectReadWrite(void* addr, size_t bytes) {
+  if (injected(FaultPoint::kUnprotect)) return false;
   return mprotect(addr, bytes, PROT_READ | PROT_WRITE) == 0;
 }
 
@@ -322,6 +556,7 @@ bool setCurrentThreadNice(int nice) {
 }
 
 bool startDetachedThread(void* (*main)(void*)) {
+  if (injected(FaultPoint::kThread)) return false;
   sigset_t all, saved;
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, &saved);

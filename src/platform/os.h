@@ -103,6 +103,55 @@ void writeFd(int fd, const char* text, size_t length);
 // Reads an environment variable before and during libc initialisation (no allocation).
 const char* getEnv(const char* name);
 
+// --- Fault injection (tests only; docs/testing.md) ---
+// Each wrapper above that can fail for lack of a resource is a fault point. A rule armed on a
+// point makes some of its calls fail without reaching the kernel, with the errno the real call
+// gives (faultErrno), exactly as the caller would see a refusal. Off (the default), a wrapper
+// pays one relaxed load of a global flag; nothing on malloc's fast paths calls a wrapper.
+enum class FaultPoint : uint8_t {
+  kReserve,    // reserveAligned: mmap of arena segments, page maps, top tables (ENOMEM)
+  kMetadata,   // mapMetadata: mmap for the internal heap (ENOMEM)
+  kUnmap,      // unmap: munmap (ENOMEM); the range stays mapped
+  kDecommit,   // decommit: madvise(MADV_DONTNEED) (ENOMEM)
+  kRemap,      // mapFileFixed, mapAnonymousFixed: mmap MAP_FIXED (ENOMEM)
+  kProtect,    // protectReadOnly: mprotect(PROT_READ) (ENOMEM)
+  kUnprotect,  // protectReadWrite: mprotect(PROT_READ|PROT_WRITE) (ENOMEM)
+  kMemfd,      // createSharedFile: memfd_create (EMFILE)
+  kResize,     // resizeFile: ftruncate (ENOSPC)
+  kPunchHole,  // punchHole: fallocate(FALLOC_FL_PUNCH_HOLE) (ENOMEM)
+  kWrite,      // writeToFile: pwrite (ENOSPC)
+  kThread,     // startDetachedThread: pthread_create (EAGAIN)
+  kCount
+};
+enum class FaultMode : uint8_t {
+  kOff,
+  kNth,          // only the n-th call from now fails (n >= 1)
+  kEvery,        // every n-th call fails (n = 1: all of them)
+  kProbability,  // each call fails with probability perMillion / 1e6, from a seeded generator
+};
+struct FaultRule {
+  FaultMode mode = FaultMode::kOff;
+  uint64_t n = 0;
+  uint32_t perMillion = 0;
+};
+const char* faultPointName(FaultPoint point);
+int faultErrno(FaultPoint point);
+// Arms `rule` on `point` and zeroes its counters (a kOff rule disarms it).
+void setFault(FaultPoint point, FaultRule rule);
+// Disarms every point (counters keep their values).
+void clearFaults();
+// Seeds the generator of kProbability rules (the same seed gives the same failures for the
+// same sequence of calls).
+void seedFaults(uint64_t seed);
+// Calls of `point` since its rule was set (counted only while some rule is armed), and how
+// many of them were made to fail.
+uint64_t faultCalls(FaultPoint point);
+uint64_t faultsInjected(FaultPoint point);
+// Arms rules from a specification, the syntax of MESHALLOC_FAULTS: comma-separated
+// `point:nth=N`, `point:every=N`, `point:p=0.25` (point is a faultPointName, or `all`) and
+// `seed=N`. Nothing is armed and false is returned if any part is malformed.
+bool configureFaults(const char* spec);
+
 }  // namespace meshalloc::os
 
 namespace meshalloc::os {
