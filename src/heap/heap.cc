@@ -8,10 +8,9 @@
 
 #include "heap/config.h"
 #include "heap/errors.h"
+#include "heap/fork.h"
 #include "heap/global_heap.h"
-#include "heap/internal_heap.h"
 #include "heap/operation_guard.h"
-#include "heap/span_backing.h"
 #include "platform/os.h"
 
 extern "C" {
@@ -28,7 +27,6 @@ enum InitState : int { kUninitialized = 0, kInitializing = 1, kReady = 2, kFaile
 std::atomic<int> gInitState{kUninitialized};
 pthread_key_t gThreadExitKey;
 
-ForkHooks gForkHooks = {};
 void (*gRefillHook)() = nullptr;
 void (*gThreadExitHook)() = nullptr;
 
@@ -44,39 +42,20 @@ void onThreadExit(void* value) {
   if (gThreadExitHook) gThreadExitHook();
 }
 
+// The fork protocol is the list of participants in heap/fork.h.
 void prepareFork() {
-  if (gForkHooks.prepareFirst) gForkHooks.prepareFirst();
-  ThreadHeap::lockReclaimForFork();
-  ThreadHeap::lockRegistry();
-  GlobalHeap::lockForFork();
-  SpanBacking::lock();
-  Arena::lockForFork();
-  InternalHeap::lockForFork();
-  if (gForkHooks.prepare) gForkHooks.prepare();
+  forkParticipants().prepare();
 }
 
 void parentAfterFork() {
-  if (gForkHooks.parent) gForkHooks.parent();
-  InternalHeap::unlockAfterFork();
-  Arena::unlockAfterFork();
-  SpanBacking::unlock();
-  GlobalHeap::unlockAfterFork();
-  ThreadHeap::unlockRegistry();
-  ThreadHeap::unlockReclaimAfterFork();
+  forkParticipants().parent();
 }
 
 void childAfterFork() {
   // The child has only the forking thread. Other threads' heaps stay attached to their spans
   // (their slots are simply never reused in the child): touching them could race with a
   // half-finished fast-path operation captured by the fork.
-  if (gForkHooks.child) gForkHooks.child();
-  InternalHeap::resetAfterFork();
-  Arena::resetAfterFork();
-  SpanBacking::resetLockAfterFork();
-  GlobalHeap::resetAfterFork();
-  ThreadHeap::resetRegistryAfterFork();
-  ThreadHeap::resetReclaimAfterFork();
-  OperationGuard::resetAfterFork();
+  forkParticipants().child();
 }
 
 bool initializeOnce() {
@@ -89,6 +68,7 @@ bool initializeOnce() {
   if (!Arena::init()) return false;
   OperationGuard::init();
   if (pthread_key_create(&gThreadExitKey, onThreadExit) != 0) return false;
+  registerHeapForkParticipants();
   if (gHeapConfig.showOptions) printConfig(2);
   return true;
 }
@@ -118,9 +98,6 @@ void* failNoMemory() {
 
 }  // namespace
 
-void setForkHooks(const ForkHooks& hooks) {
-  gForkHooks = hooks;
-}
 ThreadHeap* currentThreadHeap() {
   return threadHeap();
 }

@@ -24,15 +24,6 @@ bool ensureInitialized();
 // The calling thread's heap, created on first use; nullptr only if memory is exhausted.
 ThreadHeap* currentThreadHeap();
 
-// Layers above the heap (meshing) hook into fork here: `prepareFirst` runs before any heap
-// lock is taken, `prepare` after all are, `parent`/`child` before they are released or reset.
-struct ForkHooks {
-  void (*prepareFirst)();
-  void (*prepare)();
-  void (*parent)();
-  void (*child)();
-};
-void setForkHooks(const ForkHooks& hooks);
 // Called (with no lock held) after a refill had to go to the global heap: the heap grew or
 // churned, a moment for the meshing policy to look at it.
 void setRefillHook(void (*hook)());

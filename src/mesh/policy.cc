@@ -6,6 +6,7 @@
 
 #include "heap/arena.h"
 #include "heap/config.h"
+#include "heap/fork.h"
 #include "heap/global_heap.h"
 #include "heap/heap.h"
 #include "heap/span_backing.h"
@@ -74,42 +75,9 @@ std::atomic<bool> gHeapChanged{false};
 std::atomic<uint64_t> gLastPassNs{0};
 int gForkPipe[2] = {-1, -1};
 
-void forkPrepareFirst() {
-  Mesher::lockForFork();
-}
-
-void forkPrepare() {
-  gForkPipe[0] = gForkPipe[1] = -1;
-  if (!SpanBacking::anyShared()) return;
-  // Meshed pages are shared memory: the child must copy them before the parent changes them.
-  if (!os::makePipe(gForkPipe)) gForkPipe[0] = gForkPipe[1] = -1;
-  WriteBarrier::begin();
-  SpanBacking::protectAllForFork();
-}
-
-void forkParent() {
-  if (SpanBacking::anyShared()) {
-    if (gForkPipe[1] >= 0) {
-      os::closeFd(gForkPipe[1]);
-      os::awaitByte(gForkPipe[0]);  // the child's copy is done (or the child is gone)
-      os::closeFd(gForkPipe[0]);
-    }
-    SpanBacking::unprotectAllAfterFork();
-    WriteBarrier::end();
-  }
-  Mesher::unlockAfterFork();
-}
-
-void forkChild() {
-  if (SpanBacking::anyShared()) {
-    SpanBacking::copyToPrivateFileInChild();
-    if (gForkPipe[1] >= 0) {
-      os::signalByte(gForkPipe[1]);
-      os::closeFd(gForkPipe[1]);
-      os::closeFd(gForkPipe[0]);
-    }
-    WriteBarrier::end();
-  }
+// The mesher's participant, before any heap lock: no batch is half done while the process is
+// copied (a pass in progress stops at its next batch boundary).
+void forkMesherChild() {
   Mesher::resetAfterFork();
   // The background and commit threads did not survive the fork; the child starts its own when
   // it needs them.
@@ -118,12 +86,52 @@ void forkChild() {
   gRefills.store(0, std::memory_order_relaxed);
 }
 
+// The snapshot's participant, with every heap lock held: meshed pages are shared memory, so
+// the child copies them before the parent may change them.
+void forkSnapshotPrepare() {
+  gForkPipe[0] = gForkPipe[1] = -1;
+  if (!SpanBacking::anyShared()) return;
+  if (!os::makePipe(gForkPipe)) gForkPipe[0] = gForkPipe[1] = -1;
+  WriteBarrier::begin();
+  SpanBacking::protectAllForFork();
+}
+
+void forkSnapshotParent() {
+  if (!SpanBacking::anyShared()) return;
+  if (gForkPipe[1] >= 0) {
+    os::closeFd(gForkPipe[1]);
+    os::awaitByte(gForkPipe[0]);  // the child's copy is done (or the child is gone)
+    os::closeFd(gForkPipe[0]);
+  }
+  SpanBacking::unprotectAllAfterFork();
+  WriteBarrier::end();
+}
+
+void forkSnapshotChild() {
+  if (!SpanBacking::anyShared()) return;
+  SpanBacking::copyToPrivateFileInChild();
+  if (gForkPipe[1] >= 0) {
+    os::signalByte(gForkPipe[1]);
+    os::closeFd(gForkPipe[1]);
+    os::closeFd(gForkPipe[0]);
+  }
+  WriteBarrier::end();
+}
+
+constexpr heap::ForkParticipant kForkMesher = {"mesher", heap::ForkRank::kBeforeHeapLocks,
+                                               Mesher::lockForFork, Mesher::unlockAfterFork,
+                                               forkMesherChild};
+constexpr heap::ForkParticipant kForkSnapshot = {
+    "meshed-span snapshot", heap::ForkRank::kAfterHeapLocks, forkSnapshotPrepare,
+    forkSnapshotParent, forkSnapshotChild};
+
 }  // namespace
 
 void MeshPolicy::init() {
   if (gInitialized.exchange(true)) return;
   gBudgetClockNs.store(earliestBudgetClock(os::monotonicNanos()), std::memory_order_relaxed);
-  heap::setForkHooks({forkPrepareFirst, forkPrepare, forkParent, forkChild});
+  heap::forkParticipants().add(kForkMesher);
+  heap::forkParticipants().add(kForkSnapshot);
   heap::setRefillHook(onRefill);
   heap::setThreadExitHook(onThreadExit);
   GlobalHeap::setRetiredSpansHook(onRetiredSpans);
