@@ -68,8 +68,7 @@ inline void deallocate(void* pointer) {
   if (__builtin_expect(heap != nullptr && PageClassEntry::isSmall(classEntry), 1)) {
     unsigned sizeClass = PageClassEntry::sizeClass(classEntry);
     uintptr_t spanStart = Arena::spanStartOfClassEntry(address, classEntry);
-    int64_t slot;
-    if (__builtin_expect((slot = SizeClasses::slotOf(sizeClass, address - spanStart)) >= 0, 1)) {
+    if (__builtin_expect(SizeClasses::isSlotStart(sizeClass, address - spanStart), 1)) {
       // A span this thread may hold: free now (its MiniHeap is usually in cache). Frees into
       // other spans are recycled (ShuffleVector), after every other kind of misuse has been
       // checked. A second free of a block some thread caches is caught by the cache tag: here

@@ -70,7 +70,7 @@ inline size_t usableSize(const void* pointer) {
   if (__builtin_expect(PageClassEntry::isSmall(classEntry), 1)) {
     unsigned sizeClass = PageClassEntry::sizeClass(classEntry);
     uintptr_t delta = address - Arena::spanStartOfClassEntry(address, classEntry);
-    if (__builtin_expect(SizeClasses::slotOf(sizeClass, delta) >= 0, 1))
+    if (__builtin_expect(SizeClasses::isSlotStart(sizeClass, delta), 1))
       return kSizeClassSizes[sizeClass];
   }
   return usableSizeSlow(pointer);

@@ -39,6 +39,8 @@ void SizeClasses::init(size_t pageSize) {
     p.pages = planPages(p.objectSize, pageSize);
     p.objectCount = static_cast<uint32_t>(p.pages * pageSize / p.objectSize);
     p.reciprocal = static_cast<uint32_t>(((1ull << 32) + p.objectSize - 1) / p.objectSize);
+    p.slotBytes = p.objectCount * p.objectSize;
+    p.divisibility = UINT64_MAX / p.objectSize + 1;
     if (p.objectCount > maxObjects_) maxObjects_ = p.objectCount;
   }
   unsigned c = 0;

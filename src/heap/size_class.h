@@ -48,6 +48,11 @@ struct SpanPlan {
   // of objectSize below 2^32, which is all a valid free needs; anything else is caught by the
   // multiply-back check.
   uint32_t reciprocal;
+  uint32_t slotBytes;  // objectCount * objectSize: where the last slot ends
+  // floor((2^64 - 1) / objectSize) + 1: a 32-bit delta is a multiple of objectSize exactly when
+  // delta * divisibility, modulo 2^64, is below divisibility (Lemire, Kaser and Kurz, "Faster
+  // remainder by direct computation", 2019). One multiply, no quotient.
+  uint64_t divisibility;
 };
 
 class SizeClasses {
@@ -64,6 +69,12 @@ class SizeClasses {
     uint64_t slot = (static_cast<uint64_t>(delta) * p.reciprocal) >> 32;
     if (slot * p.objectSize != delta || slot >= p.objectCount) return -1;
     return static_cast<int64_t>(slot);
+  }
+  // slotOf(sizeClass, delta) >= 0 for a delta within the span, without computing the slot: the
+  // free fast path needs only the answer (one multiply instead of two in a row).
+  static bool isSlotStart(unsigned sizeClass, uintptr_t delta) {
+    const SpanPlan& p = plans_[sizeClass];
+    return (delta < p.slotBytes) & (static_cast<uint64_t>(delta) * p.divisibility < p.divisibility);
   }
   static size_t maxObjectsPerSpan() { return maxObjects_; }
 

@@ -47,6 +47,20 @@ TEST_P(SizeClassesForPage, ReciprocalDividesEveryValidOffsetExactly) {
   }
 }
 
+// The free fast path's one-multiply test must agree with slotOf on every offset a span can
+// produce: slot starts, interior pointers, the unused tail and past the end.
+TEST_P(SizeClassesForPage, SlotStartTestAgreesWithSlotOfEverywhere) {
+  size_t page = GetParam();
+  for (unsigned c = 0; c < kNumSizeClasses; c++) {
+    const SpanPlan& plan = SizeClasses::plan(c);
+    uint64_t end = static_cast<uint64_t>(plan.pages) * page + 2 * plan.objectSize;
+    for (uint64_t delta = 0; delta < end; delta++) {
+      ASSERT_EQ(SizeClasses::isSlotStart(c, delta), SizeClasses::slotOf(c, delta) >= 0)
+          << "class " << plan.objectSize << " page " << page << " offset " << delta;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(PageSizes, SizeClassesForPage, ::testing::Values(4096, 16384, 65536));
 
 TEST(SizeClasses, ClassesGrowByAtMostAQuarterAbove128Bytes) {
