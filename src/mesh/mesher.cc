@@ -23,7 +23,16 @@ namespace {
 Mutex gPassLock;   // one pass at a time (background thread, meshalloc_compact)
 Mutex gBatchLock;  // held across each batch; fork takes it first
 std::atomic<bool> gForkPending{false};
+// Written by the mesh thread, the commit thread and meshalloc_compact's caller (restores run
+// outside the pass lock), read by statistics from any thread: every access under gStatsLock, a
+// leaf lock held for a few stores or one copy.
 MeshStats gStats = {};
+Mutex gStatsLock;
+template <typename Update>
+void updateStats(Update update) {
+  LockGuard guard(gStatsLock);
+  update(gStats);
+}
 Rng gRng;
 bool gRngSeeded = false;
 
@@ -151,12 +160,12 @@ bool Mesher::absorbMeshedSource(MiniHeap* destination, MiniHeap* source) {
     // differ.
     destination->liveCount.fetch_add(claimSourceSlots(destination, source),
                                      std::memory_order_acq_rel);
-    gStats.strandedSpans++;
+    updateStats([](MeshStats& s) { s.strandedSpans++; });
   }
   // Writable again: on the destination's pages if the move succeeded, else on its own.
   for (uint32_t i = 0; i < protectedCount; i++)
     os::protectReadWrite(reinterpret_cast<void*>(protectedStarts[i]), bytes);
-  if (!ok) gStats.failedMeshes++;
+  if (!ok) updateStats([](MeshStats& s) { s.failedMeshes++; });
   return ok;
 }
 
@@ -166,18 +175,18 @@ bool Mesher::meshGroup(MeshGroup& group, bool* merged) {
   size_t bytes = destination->spanBytes(pageSize);
   for (uint32_t i = 0; i < group.sourceCount; i++) merged[i] = false;
   if (spanBusyWithIo(destination, bytes)) {
-    gStats.skippedForIo++;
+    updateStats([](MeshStats& s) { s.skippedForIo++; });
     return false;
   }
   if (!destination->mesh) {
     void* start = reinterpret_cast<void*>(destination->spanStart);
     if (!os::protectReadOnly(start, bytes)) {
-      gStats.failedMeshes++;
+      updateStats([](MeshStats& s) { s.failedMeshes++; });
       return false;
     }
     if (!SpanBacking::share(destination)) {
       os::protectReadWrite(start, bytes);
-      gStats.failedMeshes++;
+      updateStats([](MeshStats& s) { s.failedMeshes++; });
       return false;
     }
   }
@@ -188,7 +197,7 @@ bool Mesher::meshGroup(MeshGroup& group, bool* merged) {
     // checked again because a mistake here would overwrite live objects.
     if (!SplitMesher::disjoint(destination, source)) continue;
     if (spanBusyWithIo(source, bytes)) {
-      gStats.skippedForIo++;
+      updateStats([](MeshStats& s) { s.skippedForIo++; });
       continue;
     }
     if (source->mesh) {
@@ -198,7 +207,7 @@ bool Mesher::meshGroup(MeshGroup& group, bool* merged) {
     }
     void* sourceStart = reinterpret_cast<void*>(source->spanStart);
     if (!os::protectReadOnly(sourceStart, bytes)) {
-      gStats.failedMeshes++;
+      updateStats([](MeshStats& s) { s.failedMeshes++; });
       continue;
     }
     // Objects freed from here on are copied for nothing; commitSource transfers only the slots
@@ -208,7 +217,7 @@ bool Mesher::meshGroup(MeshGroup& group, bool* merged) {
       // Undo: the source keeps its own pages and objects; what was copied lands in slots
       // the destination does not own, so it is never seen.
       os::protectReadWrite(sourceStart, bytes);
-      gStats.failedMeshes++;
+      updateStats([](MeshStats& s) { s.failedMeshes++; });
       continue;
     }
     // The source's virtual span now shows the destination's pages, holding the copies, but the
@@ -231,7 +240,7 @@ void Mesher::commitSource(MiniHeap* destination, MiniHeap* source) {
   SpanBacking::forEachVirtualSpan(
       source, [&](uintptr_t start) { Arena::assign(start, source->spanPages, destination, true); });
   source->state = SpanState::kMeshedAway;
-  gStats.meshedSpans++;
+  updateStats([](MeshStats& s) { s.meshedSpans++; });
 }
 
 void Mesher::commitBatch(void* argument) {
@@ -249,12 +258,14 @@ void Mesher::commitBatch(void* argument) {
   // Measured before the wake-up: a woken thread may preempt this one, but it is running.
   uint64_t pause = os::monotonicNanos() - pauseStart;
   OperationGuard::resume();
-  gStats.pauseCount++;
-  gStats.pauseTotalNs += pause;
-  if (pause > gStats.pauseMaxNs) {
-    gStats.pauseMaxNs = pause;
-    gStats.pauseWaitMaxNs = waited;
-  }
+  updateStats([&](MeshStats& s) {
+    s.pauseCount++;
+    s.pauseTotalNs += pause;
+    if (pause > s.pauseMaxNs) {
+      s.pauseMaxNs = pause;
+      s.pauseWaitMaxNs = waited;
+    }
+  });
 }
 
 static_assert(WriteBarrier::kMaxSpans >= 2 * Mesher::kSourcesPerBatch * kMaxVirtualSpans,
@@ -300,7 +311,9 @@ size_t Mesher::meshBatch(unsigned sizeClass, MeshGroup* groups, size_t count, bo
   }
   uint64_t barrier = os::monotonicNanos() - barrierStart;
   WriteBarrier::end();
-  if (barrier > gStats.barrierMaxNs) gStats.barrierMaxNs = barrier;
+  updateStats([&](MeshStats& s) {
+    if (barrier > s.barrierMaxNs) s.barrierMaxNs = barrier;
+  });
   return released;
 }
 
@@ -381,7 +394,8 @@ void Mesher::restoreRetiredSpans() {
   if (GlobalHeap::retiredSpans() == 0) return;
   uint64_t start = os::threadCpuNanos();
   GlobalHeap::restoreRetiredSpans();
-  gStats.restoreCpuNs += os::threadCpuNanos() - start;
+  uint64_t spent = os::threadCpuNanos() - start;
+  updateStats([&](MeshStats& s) { s.restoreCpuNs += spent; });
 }
 
 size_t Mesher::compact(size_t minGainBytes) {
@@ -392,7 +406,7 @@ size_t Mesher::compact(size_t minGainBytes) {
   if (!OperationGuard::barrierAvailable()) return 0;
   LockGuard pass(gPassLock);
   uint64_t cpuStart = os::threadCpuNanos();
-  uint64_t restoreStart = gStats.restoreCpuNs;
+  uint64_t restoreStart = stats().restoreCpuNs;
   // Classes with the most free memory in sparse spans first: the CPU budget and the mapping
   // budget go where they release the most. A class with less than one span's worth of free
   // slots cannot release a span. The same walk tells whether the pass is worth it at all.
@@ -414,7 +428,7 @@ size_t Mesher::compact(size_t minGainBytes) {
     }
     order[at] = c;
   }
-  gStats.lastGainBytes = totalGain;
+  updateStats([&](MeshStats& s) { s.lastGainBytes = totalGain; });
   if (totalGain < minGainBytes) return 0;
   if (!gRngSeeded) {
     gRng.reseed(os::entropy64());
@@ -430,13 +444,15 @@ size_t Mesher::compact(size_t minGainBytes) {
   // sparse heap ended 12 mappings past the limit). Count again, and keep a reserve for them.
   if (mappings >= 0 && limit - margin - mappings < kMappingRecountDistance)
     mappings = mappingCount(true);
-  gStats.lastMappingCount = mappings > 0 ? static_cast<uint64_t>(mappings) : 0;
-  gStats.mappingLimit = static_cast<uint64_t>(limit - margin > 0 ? limit - margin : 0);
+  updateStats([&](MeshStats& s) {
+    s.lastMappingCount = mappings > 0 ? static_cast<uint64_t>(mappings) : 0;
+    s.mappingLimit = static_cast<uint64_t>(limit - margin > 0 ? limit - margin : 0);
+  });
   long budget = mappings < 0 ? 0 : limit - margin - mappings - kMappingReserve;
   size_t released = 0;
   for (unsigned i = 0; i < classes && !gForkPending.load(std::memory_order_relaxed); i++) {
     if (budget < kMappingsPerMesh * 2) {
-      gStats.vmaLimitedPasses++;
+      updateStats([](MeshStats& s) { s.vmaLimitedPasses++; });
       break;
     }
     released += compactClass(order[i], &budget);
@@ -444,12 +460,16 @@ size_t Mesher::compact(size_t minGainBytes) {
     // only between passes).
     Arena::purge(false);
   }
-  gStats.passes++;
-  gStats.cpuNs += os::threadCpuNanos() - cpuStart - (gStats.restoreCpuNs - restoreStart);
+  uint64_t cpu = os::threadCpuNanos() - cpuStart - (stats().restoreCpuNs - restoreStart);
+  updateStats([&](MeshStats& s) {
+    s.passes++;
+    s.cpuNs += cpu;
+  });
   return released;
 }
 
 MeshStats Mesher::stats() {
+  LockGuard guard(gStatsLock);
   return gStats;
 }
 
@@ -467,6 +487,7 @@ void Mesher::unlockAfterFork() {
 }
 void Mesher::resetAfterFork() {
   gForkPending.store(false, std::memory_order_relaxed);
+  gStatsLock.resetAfterFork();
   gCountedMappings = -1;
   gBatchLock.resetAfterFork();
   gPassLock.resetAfterFork();

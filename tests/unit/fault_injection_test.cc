@@ -379,14 +379,6 @@ TEST_P(FaultSweep, EveryCallCanFail) {
     // split off, so it needs no memory and no new mapping), hence no recovery path.
     GTEST_SKIP() << "known failure: a failed protectReadWrite leaves a span read-only (SIGSEGV)";
   }
-#if defined(__SANITIZE_THREAD__)
-  if (point == FaultPoint::kThread) {
-    // Once its threads start, Mesher's statistics (gStats, mesher.cc) are written by the commit
-    // thread and read by the mesh thread without synchronization: a race TSan reports, not
-    // specific to fault injection (the other unit tests run without these threads).
-    GTEST_SKIP() << "known race in Mesher::stats() between the mesh and commit threads";
-  }
-#endif
   gStrandedLostWrite = false;
   bool thread = point == FaultPoint::kThread;
   // A rule that never fires counts the calls.
