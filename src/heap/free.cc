@@ -283,16 +283,9 @@ bool vectorHoldsFreeBlock(ThreadHeap* owner, unsigned sizeClass, uintptr_t block
   (void)block;
   return false;  // a deliberate racy peek: ThreadSanitizer would flag it
 #else
-  // The owner's length and entries change under us: read each once, single-copy atomic. An
-  // entry the owner popped meanwhile names a block whose tag it cleared before handing it out.
-  ShuffleVector& v = owner->vector(sizeClass);
-  uint32_t length = __atomic_load_n(&v.length, __ATOMIC_ACQUIRE);
-  if (length > v.capacity) return false;
-  for (uint32_t i = 0; i < length; i++) {
-    if (ShuffleVector::blockOf(__atomic_load_n(&v.entries[i], __ATOMIC_RELAXED)) == block)
-      return cacheTagOf(block) == vectorTag();
-  }
-  return false;
+  // An entry the owner popped meanwhile names a block whose tag it cleared before handing it
+  // out: the tag, read after the scan, must still say so.
+  return owner->vector(sizeClass).holds(block) && cacheTagOf(block) == vectorTag();
 #endif
 }
 

@@ -62,10 +62,14 @@ struct ShuffleVector {
 
   static uintptr_t blockOf(uintptr_t entry) { return entry & ~kTaggedEntry; }
   // Whether `block` is among the free slots: a scan, for the slow paths only (a block that
-  // carries the vector tag).
+  // carries the vector tag). Other threads peek too, to report a double free (best effort: the
+  // owner's length and entries change under them), so each is read once, single-copy atomic:
+  // the same code as plain loads for the owner.
   bool holds(uintptr_t block) const {
-    for (uint32_t i = 0; i < length; i++) {
-      if (blockOf(entries[i]) == block) return true;
+    uint32_t count = __atomic_load_n(&length, __ATOMIC_ACQUIRE);
+    if (count > capacity) return false;
+    for (uint32_t i = 0; i < count; i++) {
+      if (blockOf(__atomic_load_n(&entries[i], __ATOMIC_RELAXED)) == block) return true;
     }
     return false;
   }
