@@ -10,6 +10,7 @@
 #include "heap/arena.h"
 #include "heap/config.h"
 #include "heap/heap.h"
+#include "support/decimal.h"
 #include "support/lock.h"
 
 namespace meshalloc::api {
@@ -67,12 +68,9 @@ int breakdownValue(const char* component, void* oldp, size_t* oldlenp) {
 
 // Parses "<digits>." at *cursor, advancing past it.
 bool parseIndex(const char*& cursor, size_t* index) {
-  size_t value = 0;
-  const char* start = cursor;
-  while (*cursor >= '0' && *cursor <= '9')
-    value = value * 10 + static_cast<size_t>(*cursor++ - '0');
-  if (cursor == start) return false;
-  *index = value;
+  uint64_t value;
+  if (!parseDecimal(cursor, nullptr, &value)) return false;
+  *index = static_cast<size_t>(value);
   return true;
 }
 

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "platform/os.h"
+#include "support/decimal.h"
 #include "support/text_writer.h"
 
 namespace meshalloc {
@@ -58,15 +59,10 @@ bool equalsIgnoreCase(const char* a, size_t length, const char* b) {
 }
 
 bool parseUnsigned(const char* text, size_t length, uint64_t* out, bool allowSuffix) {
-  if (length == 0) return false;
-  uint64_t value = 0;
-  size_t i = 0;
-  for (; i < length && text[i] >= '0' && text[i] <= '9'; i++) {
-    uint64_t digit = static_cast<uint64_t>(text[i] - '0');
-    if (value > (UINT64_MAX - digit) / 10) return false;
-    value = value * 10 + digit;
-  }
-  if (i == 0) return false;
+  const char* cursor = text;
+  uint64_t value;
+  if (!parseDecimal(cursor, text + length, &value)) return false;
+  size_t i = static_cast<size_t>(cursor - text);
   if (i < length && allowSuffix) {
     unsigned shift = 0;
     switch (text[i]) {

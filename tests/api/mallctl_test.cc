@@ -151,6 +151,18 @@ TEST(Mallctl, VersionAndSizeClasses) {
   EXPECT_GE(previous, 16384u) << "small classes reach at least 16 KiB";
 }
 
+// An index that does not fit 64 bits names nothing: it must not wrap around to a real class
+// (2^64 + 3 read as class 3).
+TEST(Mallctl, AnIndexPastSixtyFourBitsNamesNothing) {
+  size_t size = 0, length = sizeof size;
+  ASSERT_EQ(meshalloc_mallctl("arenas.bin.3.size", &size, &length, nullptr, 0), 0);
+  EXPECT_EQ(meshalloc_mallctl("arenas.bin.18446744073709551619.size", &size, &length, nullptr, 0),
+            ENOENT);
+  EXPECT_EQ(
+      meshalloc_mallctl("stats.classes.18446744073709551619.size", &size, &length, nullptr, 0),
+      ENOENT);
+}
+
 // Per-class counters follow allocations of that class.
 TEST(Mallctl, PerClassObjectCounts) {
   const unsigned nbins = readCtl<unsigned>("arenas.nbins");
