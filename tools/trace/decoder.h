@@ -1,0 +1,160 @@
+// The trace reader (docs/trace.md): maps a trace file, validates its structure, and decodes it
+// either one thread at a time (ThreadCursor) or all threads merged in time order with object ids
+// assigned (MergedCursor, what a replayer wants). Never throws: every failure is an Error that
+// names the file offset where the data stopped making sense.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "format.h"
+
+namespace meshtrace {
+
+struct Error {
+  uint64_t offset = 0;
+  std::string message;  // empty: no error
+  bool failed() const { return !message.empty(); }
+};
+
+// One decoded event. Fields the kind does not have are 0 (format.h, kKinds).
+struct Event {
+  Kind kind = Kind::kMalloc;
+  uint8_t flags = 0;  // kFlagNothrow / kFlagSized / kFlagAligned / kFlagCallsite
+  uint32_t thread = 0;  // process-local thread index
+  uint64_t index = 0;  // position in its thread's event sequence (0, 1, ...)
+  uint64_t tick = 0;
+  uint64_t size = 0;
+  uint64_t count = 0;  // calloc, reallocarray
+  uint64_t align = 0;
+  uint64_t address = 0;  // free, delete, malloc_usable_size
+  uint64_t oldAddress = 0;  // realloc, reallocarray
+  uint64_t result = 0;  // the block an allocation returned (0: NULL)
+  uint64_t value = 0;  // posix_memalign's return code, malloc_usable_size's result, the OS
+                       // thread id (thread_start), the child's pid (fork)
+  uint64_t duration = 0;  // realloc, reallocarray: ticks spent in the call
+  uint32_t callsite = 0;  // valid with kFlagCallsite
+  // Set by MergedCursor only: the object an allocation created or a free/realloc ended (0:
+  // none, or a free of an address that was not live), and for realloc the object it replaced.
+  uint64_t id = 0;
+  uint64_t oldId = 0;
+};
+
+// Whether the event creates a block (result != 0 then) or releases one (address/oldAddress).
+bool allocates(const Event& event);
+bool releases(const Event& event);
+// The address the event releases (free/delete: address; realloc: oldAddress), or 0.
+uint64_t releasedAddress(const Event& event);
+
+struct ThreadInfo {
+  uint32_t thread = 0;
+  uint32_t osThreadId = 0;  // from the footer, else from the thread's thread_start event
+  uint64_t events = 0;
+  std::vector<IndexEntry> chunks;  // in sequence order
+};
+
+class Trace {
+ public:
+  Trace() = default;
+  ~Trace();
+  Trace(const Trace&) = delete;
+  Trace& operator=(const Trace&) = delete;
+
+  // Maps `path`, checks the header, then reads the footer's index (checking every entry against
+  // its chunk header) or, without a footer, walks the chunk headers. Event payloads are checked
+  // as they are decoded.
+  bool open(const std::string& path, Error* error);
+  // The same on bytes in memory (the caller keeps them alive): tests and the fuzzer.
+  bool openBytes(const uint8_t* data, size_t size, Error* error);
+
+  const FileHeader& header() const { return header_; }
+  bool complete() const { return complete_; }  // the footer is present
+  uint64_t dropped() const { return dropped_; }
+  uint64_t events() const { return events_; }
+  uint64_t fileSize() const { return size_; }
+  const std::vector<ThreadInfo>& threads() const { return threads_; }
+  const ThreadInfo* thread(uint32_t index) const;
+  // Nanoseconds since the header's calibration point.
+  uint64_t nanoseconds(uint64_t tick) const;
+  const uint8_t* data() const { return data_; }
+
+ private:
+  bool readFooter(Error* error);
+  bool scanChunks(Error* error);
+  bool addChunk(const IndexEntry& entry, Error* error);
+  bool finish(Error* error);
+
+  const uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+  void* mapping_ = nullptr;
+  FileHeader header_{};
+  bool complete_ = false;
+  uint64_t dropped_ = 0;
+  uint64_t events_ = 0;
+  Calibration last_{};
+  std::vector<ThreadInfo> threads_;
+  std::unordered_map<uint32_t, size_t> threadSlot_;
+  double nsPerTick_ = 1.0;
+};
+
+// One thread's events in program order.
+class ThreadCursor {
+ public:
+  ThreadCursor(const Trace& trace, uint32_t thread);
+  // The next event: true; the end: false with `error` untouched; corrupt data: false with
+  // `error` set.
+  bool next(Event* event, Error* error);
+  // The tick of the event next() would return, without consuming it (false at the end or on
+  // an error, which next() then reports).
+  bool peekTick(uint64_t* tick);
+
+ private:
+  bool loadChunk(Error* error);
+  bool decode(Event* event, Error* error);
+
+  const Trace& trace_;
+  const ThreadInfo* info_;
+  size_t chunk_ = 0;
+  const uint8_t* cursor_ = nullptr;
+  const uint8_t* end_ = nullptr;
+  uint32_t left_ = 0;  // events left in the current chunk
+  uint64_t tick_ = 0;
+  uint64_t previousAddress_ = 0;
+  uint64_t index_ = 0;
+  bool pending_ = false;
+  Event next_;
+  Error pendingError_;
+};
+
+// Every thread merged: at each step the thread whose next event has the smallest tick (a
+// release before an allocation on equal ticks, then the lower thread index), so a block freed on
+// one thread comes before its reuse on another. Assigns object ids through a map of the live
+// addresses only.
+class MergedCursor {
+ public:
+  explicit MergedCursor(const Trace& trace);
+  bool next(Event* event, Error* error);
+
+  struct Counts {
+    uint64_t unmatchedReleases = 0;  // a free of an address not live in the trace
+    uint64_t reusedLive = 0;  // an allocation returned an address still live
+    uint64_t live = 0;
+    uint64_t peakLive = 0;
+    uint64_t nextId = 1;
+  };
+  const Counts& counts() const { return counts_; }
+
+ private:
+  void assignIds(Event* event);
+
+  std::vector<ThreadCursor> cursors_;
+  std::unordered_map<uint64_t, uint64_t> live_;  // address -> object id
+  Counts counts_;
+};
+
+// One event as one line of `meshalloc trace dump` (time in ns since the trace started).
+std::string formatEvent(const Trace& trace, const Event& event);
+
+}  // namespace meshtrace
