@@ -22,20 +22,20 @@ struct Error {
 // One decoded event. Fields the kind does not have are 0 (format.h, kKinds).
 struct Event {
   Kind kind = Kind::kMalloc;
-  uint8_t flags = 0;  // kFlagNothrow / kFlagSized / kFlagAligned / kFlagCallsite
+  uint8_t flags = 0;    // kFlagNothrow / kFlagSized / kFlagAligned / kFlagCallsite
   uint32_t thread = 0;  // process-local thread index
-  uint64_t index = 0;  // position in its thread's event sequence (0, 1, ...)
+  uint64_t index = 0;   // position in its thread's event sequence (0, 1, ...)
   uint64_t tick = 0;
   uint64_t size = 0;
   uint64_t count = 0;  // calloc, reallocarray
   uint64_t align = 0;
-  uint64_t address = 0;  // free, delete, malloc_usable_size
+  uint64_t address = 0;     // free, delete, malloc_usable_size
   uint64_t oldAddress = 0;  // realloc, reallocarray
-  uint64_t result = 0;  // the block an allocation returned (0: NULL)
-  uint64_t value = 0;  // posix_memalign's return code, malloc_usable_size's result, the OS
-                       // thread id (thread_start), the child's pid (fork)
-  uint64_t duration = 0;  // realloc, reallocarray: ticks spent in the call
-  uint32_t callsite = 0;  // valid with kFlagCallsite
+  uint64_t result = 0;      // the block an allocation returned (0: NULL)
+  uint64_t value = 0;       // posix_memalign's return code, malloc_usable_size's result, the OS
+                            // thread id (thread_start), the child's pid (fork)
+  uint64_t duration = 0;    // realloc, reallocarray: ticks spent in the call
+  uint32_t callsite = 0;    // valid with kFlagCallsite
   // Set by MergedCursor only: the object an allocation created or a free/realloc ended (0:
   // none, or a free of an address that was not live), and for realloc the object it replaced.
   uint64_t id = 0;
@@ -47,6 +47,8 @@ bool allocates(const Event& event);
 bool releases(const Event& event);
 // The address the event releases (free/delete: address; realloc: oldAddress), or 0.
 uint64_t releasedAddress(const Event& event);
+// The bytes the event asked for (count × size for calloc and reallocarray, saturated).
+uint64_t requestedBytes(const Event& event);
 
 struct ThreadInfo {
   uint32_t thread = 0;
@@ -106,9 +108,9 @@ class ThreadCursor {
   // The next event: true; the end: false with `error` untouched; corrupt data: false with
   // `error` set.
   bool next(Event* event, Error* error);
-  // The tick of the event next() would return, without consuming it (false at the end or on
-  // an error, which next() then reports).
-  bool peekTick(uint64_t* tick);
+  // The event next() would return, without consuming it; null at the end or on an error
+  // (which next() then reports).
+  const Event* peek();
 
  private:
   bool loadChunk(Error* error);
@@ -139,9 +141,11 @@ class MergedCursor {
 
   struct Counts {
     uint64_t unmatchedReleases = 0;  // a free of an address not live in the trace
-    uint64_t reusedLive = 0;  // an allocation returned an address still live
-    uint64_t live = 0;
+    uint64_t reusedLive = 0;         // an allocation returned an address still live
+    uint64_t live = 0;               // objects
     uint64_t peakLive = 0;
+    uint64_t liveBytes = 0;  // requested bytes of the live objects
+    uint64_t peakLiveBytes = 0;
     uint64_t nextId = 1;
   };
   const Counts& counts() const { return counts_; }
@@ -149,8 +153,22 @@ class MergedCursor {
  private:
   void assignIds(Event* event);
 
+  struct Live {
+    uint64_t id;
+    uint64_t bytes;
+  };
+  struct Head {
+    uint64_t tick;
+    uint32_t rank;  // 0: the event releases a block, 1: anything else
+    uint32_t thread;
+    size_t cursor;
+    bool operator>(const Head& other) const;
+  };
+  bool push(size_t cursor, Error* error);
+
   std::vector<ThreadCursor> cursors_;
-  std::unordered_map<uint64_t, uint64_t> live_;  // address -> object id
+  std::vector<Head> heap_;                   // min-heap on (tick, rank, thread)
+  std::unordered_map<uint64_t, Live> live_;  // address -> object
   Counts counts_;
 };
 

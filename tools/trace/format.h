@@ -47,11 +47,11 @@ static_assert(sizeof(FileHeader) == 64);
 struct ChunkHeader {
   uint32_t magic;  // kChunkMagic
   uint32_t payloadBytes;
-  uint32_t thread;  // process-local thread index
+  uint32_t thread;    // process-local thread index
   uint32_t sequence;  // 0, 1, 2... per thread
   uint32_t events;
   uint32_t reserved;
-  uint64_t baseTick;  // the first event's timestamp delta is from this
+  uint64_t baseTick;    // the first event's timestamp delta is from this
   Calibration written;  // read when the chunk was written
 };
 static_assert(sizeof(ChunkHeader) == 48);
@@ -75,7 +75,7 @@ struct ThreadEntry {
 static_assert(sizeof(ThreadEntry) == 16);
 
 struct Trailer {
-  char magic[8];  // kTrailerMagic
+  char magic[8];         // kTrailerMagic
   uint64_t indexOffset;  // the first IndexEntry; the ThreadEntry table follows the index
   uint32_t indexEntries;
   uint32_t threadEntries;
@@ -108,13 +108,23 @@ enum class Kind : uint8_t {
   kLast = kFork,
 };
 inline constexpr uint8_t kKindMask = 0x1f;
-inline constexpr uint8_t kFlagNothrow = 0x20;  // new: the nothrow_t form
-inline constexpr uint8_t kFlagSized = 0x20;    // delete: the sized form (a size follows)
-inline constexpr uint8_t kFlagAligned = 0x40;  // new/delete: the align_val_t form
+inline constexpr uint8_t kFlagNothrow = 0x20;   // new: the nothrow_t form
+inline constexpr uint8_t kFlagSized = 0x20;     // delete: the sized form (a size follows)
+inline constexpr uint8_t kFlagAligned = 0x40;   // new/delete: the align_val_t form
 inline constexpr uint8_t kFlagCallsite = 0x80;  // a call-site hash follows the fields
 
 // The fields after the timestamp, in order, for each kind (docs/trace.md, Events).
-enum class Field : uint8_t { kNone, kSize, kCount, kAlign, kAddress, kOldAddress, kResult, kValue, kDuration };
+enum class Field : uint8_t {
+  kNone,
+  kSize,
+  kCount,
+  kAlign,
+  kAddress,
+  kOldAddress,
+  kResult,
+  kValue,
+  kDuration
+};
 struct KindInfo {
   const char* name;
   Field fields[6];
@@ -126,7 +136,8 @@ inline constexpr KindInfo kKinds[] = {
     {"calloc", {Field::kCount, Field::kSize, Field::kResult}},
     {"realloc", {Field::kOldAddress, Field::kSize, Field::kResult, Field::kDuration}},
     {"free", {Field::kAddress}},
-    {"reallocarray", {Field::kOldAddress, Field::kCount, Field::kSize, Field::kResult, Field::kDuration}},
+    {"reallocarray",
+     {Field::kOldAddress, Field::kCount, Field::kSize, Field::kResult, Field::kDuration}},
     {"memalign", {Field::kAlign, Field::kSize, Field::kResult}},
     {"posix_memalign", {Field::kAlign, Field::kSize, Field::kResult, Field::kValue}},
     {"aligned_alloc", {Field::kAlign, Field::kSize, Field::kResult}},
@@ -145,8 +156,12 @@ inline constexpr KindInfo kKinds[] = {
 };
 static_assert(sizeof(kKinds) / sizeof(kKinds[0]) == static_cast<size_t>(Kind::kLast) + 1);
 
-inline bool isNewKind(Kind kind) { return kind == Kind::kNew || kind == Kind::kNewArray; }
-inline bool isDeleteKind(Kind kind) { return kind == Kind::kDelete || kind == Kind::kDeleteArray; }
+inline bool isNewKind(Kind kind) {
+  return kind == Kind::kNew || kind == Kind::kNewArray;
+}
+inline bool isDeleteKind(Kind kind) {
+  return kind == Kind::kDelete || kind == Kind::kDeleteArray;
+}
 
 // Whether a field of the kind's list is in this event (the optional new/delete fields).
 inline bool fieldPresent(Kind kind, uint8_t flags, Field field) {
@@ -159,7 +174,9 @@ inline bool fieldPresent(Kind kind, uint8_t flags, Field field) {
 inline uint64_t zigzag(int64_t value) {
   return (static_cast<uint64_t>(value) << 1) ^ static_cast<uint64_t>(value >> 63);
 }
-inline int64_t unzigzag(uint64_t code) { return static_cast<int64_t>(code >> 1) ^ -static_cast<int64_t>(code & 1); }
+inline int64_t unzigzag(uint64_t code) {
+  return static_cast<int64_t>(code >> 1) ^ -static_cast<int64_t>(code & 1);
+}
 
 // LEB128. `out` must have room for 10 bytes.
 inline uint8_t* putVarint(uint8_t* out, uint64_t value) {
@@ -205,7 +222,8 @@ inline uint8_t* putAddress(uint8_t* out, uint64_t address, uint64_t* previous) {
   return putVarint(out, 2 + (code << 1));
 }
 
-inline bool getAddress(const uint8_t** cursor, const uint8_t* end, uint64_t* previous, uint64_t* address) {
+inline bool getAddress(const uint8_t** cursor, const uint8_t* end, uint64_t* previous,
+                       uint64_t* address) {
   uint64_t code;
   if (!getVarint(cursor, end, &code)) return false;
   if (code == 0) {
