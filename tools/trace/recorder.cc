@@ -110,6 +110,11 @@ struct Block;
 thread_local bool tlsInside = false;     // the recorder itself is running on this thread
 thread_local bool tlsResolving = false;  // this thread is inside dlsym
 thread_local Block* tlsBlock = nullptr;
+// After the thread-exit destructor handed this thread's block back, a late call (another key's
+// destructor freeing memory) continues the same thread index and chunk sequence in a new block.
+thread_local uint32_t tlsExitedThread = UINT32_MAX;
+thread_local uint32_t tlsNextSequence = 0;
+thread_local uint64_t tlsThreadEvents = 0;
 
 // dlsym may allocate (its error buffer); while this thread resolves, such calls are served
 // from here. Each block has a 16-byte prefix holding its size (for realloc/usable_size).
@@ -509,10 +514,16 @@ uint32_t osThreadId() {
 Block* attachThread() {
   Block* block = takeBlock();
   if (!block) return nullptr;
-  uint32_t tid = osThreadId();
-  resetBlock(block, newThreadIndex(tid));
   tlsBlock = block;
   pthread_setspecific(gThreadKey, block);
+  if (tlsExitedThread != UINT32_MAX) {
+    resetBlock(block, tlsExitedThread);
+    block->sequence = tlsNextSequence;
+    block->threadEvents = tlsThreadEvents;
+    return block;
+  }
+  uint32_t tid = osThreadId();
+  resetBlock(block, newThreadIndex(tid));
   record(block, makeEvent(Kind::kThreadStart, 0, ticks(), nullptr, tid));
   return block;
 }
@@ -524,11 +535,14 @@ void publishThreadEvents(const Block* block) {
 void onThreadExit(void* value) {
   auto* block = static_cast<Block*>(value);
   tlsInside = true;
-  record(block, makeEvent(Kind::kThreadExit, 0, ticks(), nullptr));
+  if (tlsExitedThread == UINT32_MAX) record(block, makeEvent(Kind::kThreadExit, 0, ticks(), nullptr));
   uint32_t idle = kIdle;
   if (block->state.compare_exchange_strong(idle, kBusy, std::memory_order_acquire)) {
     flush(block);
     publishThreadEvents(block);
+    tlsExitedThread = block->thread;
+    tlsNextSequence = block->sequence;
+    tlsThreadEvents = block->threadEvents;
     resetBlock(block, UINT32_MAX);
     tlsBlock = nullptr;
     returnBlock(block);
