@@ -362,6 +362,30 @@ TEST(TraceMalformed, MutationsAreRejectedCleanly) {
   EXPECT_TRUE(decodeAll(whole));
 }
 
+// A flipped bit anywhere in an event payload must be caught (by the chunk checksum when the
+// damaged bytes would still decode).
+TEST(TraceMalformed, EveryPayloadBitFlipIsRejected) {
+  const std::vector<uint8_t>& whole = recording().bytes;
+  Trace trace;
+  Error error;
+  ASSERT_TRUE(trace.openBytes(whole.data(), whole.size(), &error)) << error.message;
+  size_t flips = 0;
+  for (const ThreadInfo& info : trace.threads()) {
+    for (const IndexEntry& chunk : info.chunks) {
+      ChunkHeader header;
+      memcpy(&header, whole.data() + chunk.offset, sizeof(header));
+      for (uint32_t at = 0; at < header.payloadBytes; at += 7) {
+        std::vector<uint8_t> bytes = whole;
+        bytes[chunk.offset + sizeof(ChunkHeader) + at] ^= static_cast<uint8_t>(1u << (at % 8));
+        EXPECT_FALSE(decodeAll(bytes))
+            << "flip at payload byte " << at << " of the chunk at " << chunk.offset;
+        ++flips;
+      }
+    }
+  }
+  EXPECT_GT(flips, 100u);
+}
+
 TEST(TraceFormat, AddressCodesRoundTrip) {
   const uint64_t addresses[] = {0x1000,
                                 0x1010,
