@@ -939,6 +939,21 @@ TRACE_EXPORT size_t malloc_usable_size(void* pointer) {
   return result;
 }
 
+// _exit skips the library destructor; many programs leave that way (dash's `exit`, forked
+// children). Write the buffers and the footer first.
+using ExitFn = void (*)(int);
+TRACE_EXPORT __attribute__((noreturn)) void _exit(int status) {
+  finishTrace();
+  auto next = reinterpret_cast<ExitFn>(dlsym(RTLD_NEXT, "_exit"));
+  if (next) next(status);
+  syscall(SYS_exit_group, status);
+  __builtin_unreachable();
+}
+
+TRACE_EXPORT __attribute__((noreturn)) void _Exit(int status) {
+  _exit(status);
+}
+
 TRACE_EXPORT pid_t fork() {
   ensureResolved();
   Block* block = enter();
