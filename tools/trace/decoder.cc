@@ -307,10 +307,14 @@ bool ThreadCursor::loadChunk(Error* error) {
   ChunkHeader chunk = load<ChunkHeader>(trace_.data(), entry.offset);
   cursor_ = trace_.data() + entry.offset + sizeof(ChunkHeader);
   end_ = cursor_ + chunk.payloadBytes;
+  if (payloadChecksum(cursor_, chunk.payloadBytes) != chunk.checksum) {
+    return fail(
+        error, entry.offset,
+        format("corrupt chunk: checksum mismatch (thread %u, chunk %zu)", info_->thread, chunk_));
+  }
   left_ = chunk.events;
   tick_ = chunk.baseTick;
   previousAddress_ = 0;
-  (void)error;
   return true;
 }
 
@@ -438,10 +442,7 @@ bool MergedCursor::Head::operator>(const Head& other) const {
 MergedCursor::MergedCursor(const Trace& trace) {
   cursors_.reserve(trace.threads().size());
   for (const ThreadInfo& info : trace.threads()) cursors_.emplace_back(trace, info.thread);
-  for (size_t i = 0; i < cursors_.size(); ++i) {
-    Error ignored;  // reported by next() when the cursor's turn comes
-    push(i, &ignored);
-  }
+  for (size_t i = 0; i < cursors_.size() && !startError_.failed(); ++i) push(i, &startError_);
 }
 
 // Puts cursor `index` back on the heap keyed by its next event; false at its end or error.
@@ -458,6 +459,10 @@ bool MergedCursor::push(size_t index, Error* error) {
 }
 
 bool MergedCursor::next(Event* event, Error* error) {
+  if (startError_.failed()) {
+    *error = startError_;
+    return false;
+  }
   if (heap_.empty()) return false;
   std::pop_heap(heap_.begin(), heap_.end(), std::greater<Head>());
   size_t index = heap_.back().cursor;

@@ -168,6 +168,7 @@ class MergedCursor {
 
   std::vector<ThreadCursor> cursors_;
   std::vector<Head> heap_;                   // min-heap on (tick, rank, thread)
+  Error startError_;                         // a thread whose first event does not decode
   std::unordered_map<uint64_t, Live> live_;  // address -> object
   Counts counts_;
 };

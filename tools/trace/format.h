@@ -50,7 +50,7 @@ struct ChunkHeader {
   uint32_t thread;    // process-local thread index
   uint32_t sequence;  // 0, 1, 2... per thread
   uint32_t events;
-  uint32_t reserved;
+  uint32_t checksum;    // payloadChecksum() of the payload
   uint64_t baseTick;    // the first event's timestamp delta is from this
   Calibration written;  // read when the chunk was written
 };
@@ -205,6 +205,22 @@ inline bool getVarint(const uint8_t** cursor, const uint8_t* end, uint64_t* valu
     }
   }
   return false;
+}
+
+// A chunk payload's checksum: catches a damaged payload that would still decode into wrong
+// events. Eight bytes a step (a multiply and a shift), so a 64 KiB chunk costs microseconds.
+inline uint32_t payloadChecksum(const uint8_t* data, size_t size) {
+  uint64_t hash = 0x243f6a8885a308d3ull ^ size;
+  size_t i = 0;
+  for (; i + 8 <= size; i += 8) {
+    uint64_t word;
+    memcpy(&word, data + i, 8);
+    hash = (hash ^ word) * 0x9e3779b97f4a7c15ull;
+    hash ^= hash >> 29;
+  }
+  for (; i < size; ++i) hash = (hash ^ data[i]) * 0x100000001b3ull;
+  hash ^= hash >> 32;
+  return static_cast<uint32_t>(hash);
 }
 
 // Address codes (docs/trace.md, Addresses): 0 is NULL; multiples of 16 away from the previous

@@ -110,6 +110,11 @@ struct Block;
 thread_local bool tlsInside = false;     // the recorder itself is running on this thread
 thread_local bool tlsResolving = false;  // this thread is inside dlsym
 thread_local Block* tlsBlock = nullptr;
+// After the thread-exit destructor handed this thread's block back, a late call (another key's
+// destructor freeing memory) continues the same thread index and chunk sequence in a new block.
+thread_local uint32_t tlsExitedThread = UINT32_MAX;
+thread_local uint32_t tlsNextSequence = 0;
+thread_local uint64_t tlsThreadEvents = 0;
 
 // dlsym may allocate (its error buffer); while this thread resolves, such calls are served
 // from here. Each block has a 16-byte prefix holding its size (for realloc/usable_size).
@@ -335,6 +340,7 @@ void flush(Block* block) {
   header.sequence = block->sequence;
   header.events = block->events;
   header.baseTick = block->baseTick;
+  header.checksum = payloadChecksum(block->chunk + sizeof(ChunkHeader), block->used);
   header.written = calibrate();
   memcpy(block->chunk, &header, sizeof(header));
   size_t total = sizeof(ChunkHeader) + block->used;
@@ -509,10 +515,16 @@ uint32_t osThreadId() {
 Block* attachThread() {
   Block* block = takeBlock();
   if (!block) return nullptr;
-  uint32_t tid = osThreadId();
-  resetBlock(block, newThreadIndex(tid));
   tlsBlock = block;
   pthread_setspecific(gThreadKey, block);
+  if (tlsExitedThread != UINT32_MAX) {
+    resetBlock(block, tlsExitedThread);
+    block->sequence = tlsNextSequence;
+    block->threadEvents = tlsThreadEvents;
+    return block;
+  }
+  uint32_t tid = osThreadId();
+  resetBlock(block, newThreadIndex(tid));
   record(block, makeEvent(Kind::kThreadStart, 0, ticks(), nullptr, tid));
   return block;
 }
@@ -524,11 +536,15 @@ void publishThreadEvents(const Block* block) {
 void onThreadExit(void* value) {
   auto* block = static_cast<Block*>(value);
   tlsInside = true;
-  record(block, makeEvent(Kind::kThreadExit, 0, ticks(), nullptr));
+  if (tlsExitedThread == UINT32_MAX)
+    record(block, makeEvent(Kind::kThreadExit, 0, ticks(), nullptr));
   uint32_t idle = kIdle;
   if (block->state.compare_exchange_strong(idle, kBusy, std::memory_order_acquire)) {
     flush(block);
     publishThreadEvents(block);
+    tlsExitedThread = block->thread;
+    tlsNextSequence = block->sequence;
+    tlsThreadEvents = block->threadEvents;
     resetBlock(block, UINT32_MAX);
     tlsBlock = nullptr;
     returnBlock(block);
@@ -668,11 +684,22 @@ __attribute__((destructor)) void atProgramExit() {
 
 #define CALLER __builtin_return_address(0)
 
+// Calls the function underneath with tlsInside set, so that what it calls through our symbols
+// (glibc's reallocarray calls realloc) is not recorded a second time.
+template <typename Call>
+auto forward(Call call) {
+  bool outer = !tlsInside;
+  tlsInside = true;
+  auto result = call();
+  if (outer) tlsInside = false;
+  return result;
+}
+
 template <typename Allocate>
 void* recordAllocation(Kind kind, uint8_t flags, const void* caller, uint64_t a, uint64_t b,
                        uint64_t c, Allocate allocate) {
   Block* block = enter();
-  void* result = allocate();
+  void* result = forward(allocate);
   if (block) {
     uint64_t fields[3] = {a, b, c};
     // The fields before the result, as the kind lists them; the result goes in its slot.
@@ -808,7 +835,10 @@ TRACE_EXPORT void free(void* pointer) {
   if (tlsResolving) return;  // nothing but bootstrap blocks can be freed before resolution
   ensureResolved();
   recordRelease(Kind::kFree, 0, CALLER, pointer, 0, 0);
+  bool outer = !tlsInside;
+  tlsInside = true;
   gNext.free(pointer);
+  if (outer) tlsInside = false;
 }
 
 // A bootstrap block is moved into a real one (recorded as a malloc: its old address was never
@@ -833,7 +863,7 @@ TRACE_EXPORT void* realloc(void* pointer, size_t size) {
   ensureResolved();
   Block* block = enter();
   uint64_t start = block ? ticks() : 0;
-  void* result = gNext.realloc(pointer, size);
+  void* result = forward([&] { return gNext.realloc(pointer, size); });
   if (block) {
     record(block, makeEvent(Kind::kRealloc, 0, start, CALLER, reinterpret_cast<uintptr_t>(pointer),
                             size, reinterpret_cast<uintptr_t>(result), ticks() - start));
@@ -853,7 +883,7 @@ TRACE_EXPORT void* reallocarray(void* pointer, size_t count, size_t size) {
   ensureResolved();
   Block* block = enter();
   uint64_t start = block ? ticks() : 0;
-  void* result = gNext.reallocarray(pointer, count, size);
+  void* result = forward([&] { return gNext.reallocarray(pointer, count, size); });
   if (block) {
     record(block,
            makeEvent(Kind::kReallocArray, 0, start, CALLER, reinterpret_cast<uintptr_t>(pointer),
@@ -888,7 +918,7 @@ TRACE_EXPORT void* pvalloc(size_t size) {
 TRACE_EXPORT int posix_memalign(void** out, size_t align, size_t size) {
   ensureResolved();
   Block* block = enter();
-  int rc = gNext.posixMemalign(out, align, size);
+  int rc = forward([&] { return gNext.posixMemalign(out, align, size); });
   if (block) {
     uint64_t result = rc == 0 ? reinterpret_cast<uintptr_t>(*out) : 0;
     record(block, makeEvent(Kind::kPosixMemalign, 0, ticks(), CALLER, align, size, result,
@@ -901,12 +931,27 @@ TRACE_EXPORT size_t malloc_usable_size(void* pointer) {
   if (isBootstrap(pointer)) return bootstrapSize(pointer);
   ensureResolved();
   Block* block = enter();
-  size_t result = gNext.usableSize(pointer);
+  size_t result = forward([&] { return gNext.usableSize(pointer); });
   if (block) {
     record(block, makeEvent(Kind::kUsableSize, 0, ticks(), CALLER,
                             reinterpret_cast<uintptr_t>(pointer), result));
   }
   return result;
+}
+
+// _exit skips the library destructor; many programs leave that way (dash's `exit`, forked
+// children). Write the buffers and the footer first.
+using ExitFn = void (*)(int);
+TRACE_EXPORT __attribute__((noreturn)) void _exit(int status) {
+  finishTrace();
+  auto next = reinterpret_cast<ExitFn>(dlsym(RTLD_NEXT, "_exit"));
+  if (next) next(status);
+  syscall(SYS_exit_group, status);
+  __builtin_unreachable();
+}
+
+TRACE_EXPORT __attribute__((noreturn)) void _Exit(int status) {
+  _exit(status);
 }
 
 TRACE_EXPORT pid_t fork() {
