@@ -2,7 +2,9 @@
 // preloaded, timing every call (docs/trace.md, Replay).
 //
 //   meshalloc-replay OPS [--timing fast|recorded] [--speed X] [--touch none|page|block]
-//                        [--stats FILE]
+//                        [--stats FILE|-]
+//   meshalloc-replay --size-classes     (the preloaded allocator's small size classes, through
+//                                        jemalloc's mallctl names, which meshalloc also answers)
 //
 // One replay thread per recorded thread, started in the order the trace saw them start. A call
 // that needs a block another thread allocates (a free, a realloc) waits until that allocation has
@@ -13,6 +15,7 @@
 //
 // Exit status: 0; 1 for an unreadable or malformed ops file; 2 for a bad invocation; 3 when a
 // block lost its contents or came back misaligned (the address is printed on stderr).
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <malloc.h>
 #include <pthread.h>
@@ -530,8 +533,12 @@ int loadOps() {
   return 0;
 }
 
+// The line `meshalloc trace replay` looks for in a run's output when the stats go to stdout.
+constexpr const char* kStatsPrefix = "meshalloc-replay-stats: ";
+
 void writeStats(ThreadState* states, uint64_t wallNs, uint64_t tickSpan) {
-  FILE* out = fopen(replay.options.stats, "w");
+  bool toStdout = strcmp(replay.options.stats, "-") == 0;
+  FILE* out = toStdout ? stdout : fopen(replay.options.stats, "w");
   if (!out) {
     fprintf(stderr, "meshalloc-replay: cannot write %s: %s\n", replay.options.stats,
             strerror(errno));
@@ -545,6 +552,7 @@ void writeStats(ThreadState* states, uint64_t wallNs, uint64_t tickSpan) {
     failed += states[i].failed;
     ops += states[i].done;
   }
+  if (toStdout) fputs(kStatsPrefix, out);
   fprintf(out,
           "{\"wall_ns\": %" PRIu64 ", \"ops\": %" PRIu64 ", \"threads\": %u, \"waits\": %" PRIu64
           ", \"failed_allocations\": %" PRIu64
@@ -579,7 +587,7 @@ void writeStats(ThreadState* states, uint64_t wallNs, uint64_t tickSpan) {
     separator = ", ";
   }
   fprintf(out, "}}\n");
-  if (fclose(out) != 0) _exit(kExitInput);
+  if ((toStdout ? fflush(out) : fclose(out)) != 0) _exit(kExitInput);
 }
 
 int usage(const char* message) {
@@ -590,9 +598,32 @@ int usage(const char* message) {
   return kExitUsage;
 }
 
+// Prints arenas.bin.<i>.size for every bin of the preloaded allocator's mallctl.
+int printSizeClasses() {
+  using Mallctl = int (*)(const char*, void*, size_t*, void*, size_t);
+  auto mallctl = reinterpret_cast<Mallctl>(dlsym(RTLD_DEFAULT, "mallctl"));
+  unsigned bins = 0;
+  size_t length = sizeof(bins);
+  if (!mallctl || mallctl("arenas.nbins", &bins, &length, nullptr, 0) != 0) {
+    fprintf(stderr, "meshalloc-replay: the preloaded allocator has no mallctl arenas.nbins\n");
+    return kExitInput;
+  }
+  for (unsigned bin = 0; bin < bins; ++bin) {
+    char name[64];
+    snprintf(name, sizeof(name), "arenas.bin.%u.size", bin);
+    size_t size = 0;
+    length = sizeof(size);
+    if (mallctl(name, &size, &length, nullptr, 0) != 0) return kExitInput;
+    printf("%zu\n", size);
+  }
+  return 0;
+}
+
 int parse(int argc, char** argv, Options* options) {
   for (int i = 1; i < argc; ++i) {
     std::string argument = argv[i];
+    if (argument == "--size-classes")
+      _exit(printSizeClasses() == 0 && fflush(stdout) == 0 ? 0 : kExitInput);
     const char* value = i + 1 < argc ? argv[i + 1] : nullptr;
     if (argument == "--timing" || argument == "--touch" || argument == "--speed" ||
         argument == "--stats") {

@@ -1,0 +1,119 @@
+"""The command lines of `meshalloc trace replay` and `meshalloc trace analyze`: arguments and
+printing only; the work is in trace_replay.py and trace_analyze.py. cli.py hooks these into
+`meshalloc trace` (add_parsers, and the handler each parser sets)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import List, Optional, Tuple
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from . import trace_replay
+from .compare import DEFAULT_REPEAT
+from .errors import EXIT_FAILURE, EXIT_OK, MeshallocError
+
+REPLAY_EXIT = ("exit status: 0; 1 for a missing or corrupt trace; 2 for bad usage; else the first failed run's "
+               "status (3: a block lost its contents or came back misaligned; its log names the address).")
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
+    return value
+
+
+def add_parsers(actions) -> None:
+    from .cli import _positive_int, _positive_ms  # the parsers `compare` uses
+    from .measure import DEFAULT_INTERVAL_S
+
+    replay = actions.add_parser(
+        "replay", help="replay a trace under several allocators, side by side",
+        description="Replay TRACE with the native replayer under each allocator (LD_PRELOAD), interleaved and "
+        "repeated like `meshalloc compare`: PSS over time, mean and peak memory, and the time of every call "
+        "(percentiles per call kind). Every block is written and checked before it is freed. "
+        "See docs/trace.md.", epilog=REPLAY_EXIT)
+    replay.add_argument("trace", type=Path, metavar="TRACE")
+    replay.add_argument("--allocators", metavar="A,B,...",
+                        help="comma-separated allocators (default: those of `meshalloc compare`'s default "
+                        "list that are present)")
+    replay.add_argument("--repeat", type=_positive_int, default=DEFAULT_REPEAT, metavar="N",
+                        help="runs per allocator (default %(default)s)")
+    replay.add_argument("--baseline", metavar="NAME", help="allocator the ratios are against (default: the first)")
+    replay.add_argument("--timing", choices=trace_replay.TIMINGS, default="fast",
+                        help="fast: every call as soon as the previous one returned; recorded: keep the "
+                        "recorded gaps, so timers and background threads see the program's pace (default %(default)s)")
+    replay.add_argument("--speed", type=_positive_float, default=1.0, metavar="X",
+                        help="with --timing recorded: replay X times faster than recorded (default 1)")
+    replay.add_argument("--touch", choices=trace_replay.TOUCHES, default="page",
+                        help="what of each block is written and checked: one byte per page, the whole "
+                        "block, or nothing (default %(default)s)")
+    replay.add_argument("--interval", type=_positive_ms, default=DEFAULT_INTERVAL_S * 1000.0, metavar="MS",
+                        help="PSS sampling interval in milliseconds (default %(default)g)")
+    replay.add_argument("--out", type=Path, metavar="DIR", help="results directory (default out/replay-<time>)")
+    replay.add_argument("--no-cgroup", action="store_true", help="do not put each run in a memory cgroup")
+    replay.add_argument("--no-figure", action="store_true", help="skip the PNG/SVG figures")
+    replay.set_defaults(trace_handler=cmd_replay)
+
+
+def _table(headers: List[str], rows: List[List[str]], title: str) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, title=Text(title), title_justify="left")
+    for index, header in enumerate(headers):
+        table.add_column(header, justify="left" if index < 2 else "right")
+    for cells in rows:
+        table.add_row(*(Text(cell) for cell in cells))
+    return table
+
+
+def markdown(headers: List[str], rows: List[List[str]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |",
+             "|" + "|".join("---" if index < 2 else "---:" for index in range(len(headers))) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def cmd_replay(args, out_console: Console, err: Console) -> int:
+    from .cli import SIGINT_EXIT, _compare_allocators, _default_out, _Progress, print_comparison
+    from .output import FIGURE_STEM, prepare_output_directory, write_comparison
+
+    chosen = _compare_allocators(args.allocators)
+    if args.baseline is not None and args.baseline not in [allocator.name for allocator in chosen]:
+        raise MeshallocError(f"baseline '{args.baseline}' is not one of the compared allocators")
+    if not args.trace.is_file():
+        raise MeshallocError(f"no such trace file: {args.trace}", EXIT_FAILURE)
+    out = prepare_output_directory(args.out or _default_out("replay"))
+    with _Progress(err) as progress:
+        result = trace_replay.replay(args.trace, chosen, out, args.repeat, args.baseline, args.timing, args.touch,
+                                     args.speed, args.interval / 1000.0, not args.no_cgroup,
+                                     on_start=progress.start, on_finish=progress.finish)
+    comparison = result.comparison
+    files = list(write_comparison(comparison, out).values()) + list(trace_replay.write_times(result, out).values())
+    headers, rows = trace_replay.time_table(result)
+    (out / "op-times.md").write_text(markdown(headers, rows))
+    figure = None
+    if not args.no_figure and any(run.result.samples for run in comparison.runs):
+        from .plotting import plot_comparison
+
+        figures = plot_comparison(comparison, out / FIGURE_STEM)
+        figure = figures[0]
+        files += figures
+        if result.times:
+            files += trace_replay.plot_times(result, out / "op-times")
+    print_comparison(comparison, files, figure, out_console)
+    out_console.print(_table(headers, rows, "time per call"))
+    for run in comparison.failed_runs:
+        line = trace_replay.failure_line(run)
+        if line:
+            err.print(f"{run.allocator} #{run.repetition}: {line}", highlight=False, markup=False, soft_wrap=True)
+    if comparison.interrupted:
+        return SIGINT_EXIT
+    failed = comparison.failed_runs
+    return failed[0].result.exit_code if failed else EXIT_OK
