@@ -63,19 +63,36 @@ def add_parsers(actions) -> None:
     replay.add_argument("--no-figure", action="store_true", help="skip the PNG/SVG figures")
     replay.set_defaults(trace_handler=cmd_replay)
 
+    analyze = actions.add_parser(
+        "analyze", help="what a trace allocates and how long it keeps it; allocators ranked on replays",
+        description="Live bytes and blocks over time, lifetime histograms (operations, bytes, seconds; whole and "
+        "zoomed like the STEVE thesis's figures 5.1-5.3), size histograms and the size classes they fall into, "
+        "who frees what across threads; with --replay (results of `meshalloc trace replay`, one per trace): "
+        "PSS over live bytes, and the thesis's ranking tables (§8.3.3). Text tables, TSV, analysis.md, PNG "
+        "and SVG. See docs/trace.md.",
+        epilog="exit status: 0; 1 for a missing or corrupt trace or replay directory; 2 for bad usage.")
+    analyze.add_argument("trace", type=Path, metavar="TRACE")
+    analyze.add_argument("--replay", type=Path, action="append", default=[], metavar="DIR",
+                         help="a `meshalloc trace replay --out DIR` results directory; repeat it to rank the "
+                         "allocators over several traces (the lifetime and size tables are TRACE's)")
+    analyze.add_argument("--out", type=Path, metavar="DIR", help="results directory (default out/analyze-<time>)")
+    analyze.add_argument("--no-figure", action="store_true", help="skip the PNG/SVG figures")
+    analyze.set_defaults(trace_handler=cmd_analyze)
 
-def _table(headers: List[str], rows: List[List[str]], title: str) -> Table:
+
+def _table(headers: List[str], rows: List[List[str]], title: str, left: int = 2) -> Table:
+    """`left`: the leading columns that hold names (left-justified); numbers follow."""
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, title=Text(title), title_justify="left")
     for index, header in enumerate(headers):
-        table.add_column(header, justify="left" if index < 2 else "right")
+        table.add_column(header, justify="left" if index < left else "right")
     for cells in rows:
         table.add_row(*(Text(cell) for cell in cells))
     return table
 
 
-def markdown(headers: List[str], rows: List[List[str]]) -> str:
+def markdown(headers: List[str], rows: List[List[str]], left: int = 2) -> str:
     lines = ["| " + " | ".join(headers) + " |",
-             "|" + "|".join("---" if index < 2 else "---:" for index in range(len(headers))) + "|"]
+             "|" + "|".join("---" if index < left else "---:" for index in range(len(headers))) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines) + "\n"
 
@@ -117,3 +134,22 @@ def cmd_replay(args, out_console: Console, err: Console) -> int:
         return SIGINT_EXIT
     failed = comparison.failed_runs
     return failed[0].result.exit_code if failed else EXIT_OK
+
+
+def cmd_analyze(args, out_console: Console, err: Console) -> int:
+    from . import trace_analyze
+    from .cli import _default_out
+    from .output import prepare_output_directory
+
+    if not args.trace.is_file():
+        raise MeshallocError(f"no such trace file: {args.trace}", EXIT_FAILURE)
+    for directory in args.replay:
+        if not directory.is_dir():
+            raise MeshallocError(f"no such replay results directory: {directory}", EXIT_FAILURE)
+    out = prepare_output_directory(args.out or _default_out("analyze"))
+    tables, files = trace_analyze.analyze(args.trace, out, args.replay, figures=not args.no_figure)
+    for table in tables:
+        out_console.print(_table(table.headers, table.rows, table.title, table.left))
+    out_console.print("files: " + " ".join(str(path) for path in files), highlight=False, markup=False,
+                      soft_wrap=True)
+    return EXIT_OK
