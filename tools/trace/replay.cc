@@ -142,12 +142,10 @@ struct ThreadState {
   uint64_t done;
 };
 
-[[noreturn]] void lostContents(const void* block, uint64_t offset, const ThreadState& state,
-                               const char* what) {
-  fprintf(stderr,
-          "meshalloc-replay: block %p %s at offset %" PRIu64 " (op %" PRIu64
-          " of recorded thread %u)\n",
-          block, what, offset, state.done, state.info->thread);
+[[noreturn]] void fail(const void* block, const ThreadState& state, const char* what,
+                       const char* detail) {
+  fprintf(stderr, "meshalloc-replay: block %p %s%s (op %" PRIu64 " of recorded thread %u)\n", block,
+          what, detail, state.done, state.info->thread);
   _exit(kExitContents);
 }
 
@@ -194,9 +192,10 @@ void check(const void* block, uint64_t bytes, uint8_t pattern, const ThreadState
            const char* what) {
   uint64_t bad = firstMismatch(block, bytes, pattern);
   if (bad == UINT64_MAX) return;
-  fprintf(stderr, "meshalloc-replay: byte %" PRIu64 " of %" PRIu64 " holds 0x%02x, not 0x%02x\n",
-          bad, bytes, static_cast<const uint8_t*>(block)[bad], pattern);
-  lostContents(block, bad, state, what);
+  char detail[96];
+  snprintf(detail, sizeof(detail), ": byte %" PRIu64 " of %" PRIu64 " holds 0x%02x, not 0x%02x",
+           bad, bytes, static_cast<const uint8_t*>(block)[bad], pattern);
+  fail(block, state, what, detail);
 }
 
 inline void pause() {
@@ -237,7 +236,7 @@ uintptr_t waitTurn(const Op& op, ThreadState& state) {
 // Ends the op's turn: the slot now holds `block` (0: none), for the next op on it.
 void publish(const Op& op, uintptr_t block, const ThreadState& state) {
   if ((block & ~kBlockMask) != 0)
-    lostContents(reinterpret_cast<void*>(block), 0, state, "lies above the 48-bit address space");
+    fail(reinterpret_cast<void*>(block), state, "lies above the 48-bit address space", "");
   replay.slots[op.slot].store(versionBits(op.version + 1) | block, std::memory_order_release);
 }
 
@@ -371,7 +370,7 @@ void replayAllocation(ThreadState& state, const Op& op) {
                        ? op.arg
                        : 0;
   if (align > 1 && reinterpret_cast<uintptr_t>(block) % align != 0)
-    lostContents(block, 0, state, "is not aligned as asked");
+    fail(block, state, "is not aligned as asked", "");
   uint64_t bytes = requested(op);
   if (op.kind == static_cast<uint8_t>(Kind::kCalloc))
     check(block, bytes, 0, state, "from calloc is not zeroed");
@@ -438,8 +437,7 @@ void replayOne(ThreadState& state, const Op& op) {
         size_t usable = malloc_usable_size(reinterpret_cast<void*>(value));
         timed(state, op, begin);
         if (usable < op.oldBytes)
-          lostContents(reinterpret_cast<void*>(value), usable, state,
-                       "has a usable size below its request");
+          fail(reinterpret_cast<void*>(value), state, "has a usable size below its request", "");
       }
       publish(op, value, state);
       return;
