@@ -117,3 +117,17 @@ def test_thread_not_in_trace(recorded):
     completed = run_meshalloc("trace", "dump", "--thread", "99", str(trace))
     assert completed.returncode == EXIT_USAGE
     assert len(stderr_lines(completed)) == 1
+
+
+def test_exec_completes_the_trace_and_the_new_image_gets_its_own(built, tmp_path):
+    trace = tmp_path / "t"
+    completed = run_meshalloc("trace", "record", "--out", str(trace), "--", "sh", "-c", "echo a; exec /bin/echo b")
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout == "a\nb\n"
+    shell = _stats(trace)
+    assert shell["complete"] is True  # written before the exec, which never returns
+    assert shell["events"] > 0
+    images = list(tmp_path.glob("t.*"))
+    assert len(images) == 1  # the exec'd echo: same pid, so t.<pid>
+    echo = _stats(images[0])
+    assert echo["pid"] == shell["pid"] and echo["complete"] is True and echo["events"] > 0

@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
@@ -70,6 +71,9 @@ using AlignedFn = void* (*)(size_t, size_t);
 using PosixMemalignFn = int (*)(void**, size_t, size_t);
 using UsableSizeFn = size_t (*)(void*);
 using ForkFn = pid_t (*)();
+using ExecveFn = int (*)(const char*, char* const[], char* const[]);
+using ExecvFn = int (*)(const char*, char* const[]);
+using FexecveFn = int (*)(int, char* const[], char* const[]);
 using NewFn = void* (*)(size_t);
 using NewNothrowFn = void* (*)(size_t, const std::nothrow_t&);
 using NewAlignedFn = void* (*)(size_t, std::align_val_t);
@@ -92,6 +96,11 @@ struct Next {
   MallocFn pvalloc;
   UsableSizeFn usableSize;
   ForkFn fork;
+  ExecveFn execve;
+  ExecvFn execv;
+  ExecvFn execvp;
+  ExecveFn execvpe;
+  FexecveFn fexecve;
   // C++ operators: [0] scalar, [1] array. May be null (a C program has no libstdc++).
   NewFn newPlain[2];
   NewNothrowFn newNothrow[2];
@@ -162,6 +171,11 @@ void resolve() {
   lookUp(&next.pvalloc, "pvalloc");
   lookUp(&next.usableSize, "malloc_usable_size");
   lookUp(&next.fork, "fork");
+  lookUp(&next.execve, "execve");
+  lookUp(&next.execv, "execv");
+  lookUp(&next.execvp, "execvp");
+  lookUp(&next.execvpe, "execvpe");
+  lookUp(&next.fexecve, "fexecve");
   lookUp(&next.newPlain[0], "_Znwm");
   lookUp(&next.newPlain[1], "_Znam");
   lookUp(&next.newNothrow[0], "_ZnwmRKSt9nothrow_t");
@@ -196,6 +210,7 @@ inline void ensureResolved() {
 enum : int { kUninitialized, kInitializing, kRecording, kOff };
 std::atomic<int> gState{kUninitialized};
 int gFd = -1;
+uint32_t gPid = 0;  // the process the open trace file belongs to
 char gPath[4096];
 std::atomic<uint64_t> gFileEnd{0};
 uint32_t gCallsiteEvery = 0;
@@ -279,7 +294,8 @@ bool startFile(uint32_t parentPid) {
   memcpy(header.magic, kFileMagic, sizeof(kFileMagic));
   header.version = kFormatVersion;
   header.headerSize = sizeof(FileHeader);
-  header.pid = static_cast<uint32_t>(getpid());
+  gPid = static_cast<uint32_t>(getpid());
+  header.pid = gPid;
   header.parentPid = parentPid;
   header.tickShift = kTickShift;
   header.start = calibrate();
@@ -600,8 +616,17 @@ inline Block* enter() {
 }
 
 // Program exit: claim every block, flush it, write the footer.
-void finishTrace() {
-  if (gState.load() != kRecording) return;
+// Whether this is the process the trace file belongs to, not a vfork child sharing its memory
+// (which must not close the parent's buffers when it execs or exits).
+bool inOwnProcess() {
+  return static_cast<uint32_t>(getpid()) == gPid;
+}
+
+// Claims every block, flushes it and writes the footer; false if the trace was not recording.
+// At exit the file is closed; before an exec it stays open (close-on-exec), so that a failed
+// exec can resume (resumeAfterFailedExec).
+bool finishTrace(bool closeFile) {
+  if (gState.load() != kRecording || !inOwnProcess()) return false;
   tlsInside = true;
   for (Block* block = gAllBlocks.load(std::memory_order_acquire); block; block = block->nextAll) {
     for (int attempt = 0;; ++attempt) {
@@ -618,18 +643,19 @@ void finishTrace() {
   uint64_t chunks = gIndexCount.load();
   uint32_t threads = gThreadCount.load();
   if (chunks > kMaxIndexEntries || threads > kMaxThreads || gWriteFailed.load()) {
-    return;  // no footer: the decoder walks the chunks (docs/trace.md)
+    tlsInside = false;
+    return true;  // no footer: the decoder walks the chunks (docs/trace.md)
   }
   // Keep only entries whose chunk is completely written; count the events.
   uint32_t kept = 0;
   uint64_t events = 0;
   for (uint64_t i = 0; i < chunks; ++i) {
     if (__atomic_load_n(&gIndex[i].reserved, __ATOMIC_ACQUIRE) != 1) continue;
-    gIndex[kept] = gIndex[i];
-    gIndex[kept].reserved = 0;
+    gIndex[kept] = gIndex[i];  // still marked written, should recording resume
     events += gIndex[kept].events;
     ++kept;
   }
+  gIndexCount.store(kept);
   uint64_t offset = gFileEnd.load();
   Trailer trailer{};
   memcpy(trailer.magic, kTrailerMagic, sizeof(kTrailerMagic));
@@ -645,7 +671,19 @@ void finishTrace() {
       writeAll(gThreads, threadBytes, offset + indexBytes)) {
     writeAll(&trailer, sizeof(trailer), offset + indexBytes + threadBytes);
   }
-  close(gFd);
+  if (closeFile) close(gFd);
+  tlsInside = false;
+  return true;
+}
+
+// The exec failed: reopen every block. The footer just written is overwritten by the next
+// chunks (they start where it starts), and the program's exit writes a longer one.
+void resumeAfterFailedExec() {
+  for (Block* block = gAllBlocks.load(std::memory_order_acquire); block; block = block->nextAll) {
+    uint32_t closed = kClosed;
+    block->state.compare_exchange_strong(closed, kIdle, std::memory_order_release);
+  }
+  gState.store(kRecording, std::memory_order_release);
 }
 
 // In a forked child: a file of its own, the parent's buffers dropped, only this thread left.
@@ -679,7 +717,43 @@ void startChild(uint32_t parentPid) {
 }
 
 __attribute__((destructor)) void atProgramExit() {
-  finishTrace();
+  finishTrace(true);
+}
+
+// Runs an exec function with the trace completed first (an exec'd process never returns to
+// write it); if it returns, it failed, and recording goes on.
+template <typename Exec>
+int execWithTrace(Exec exec) {
+  ensureResolved();
+  int savedErrno = errno;
+  bool finished = finishTrace(false);
+  errno = savedErrno;
+  int rc = exec();
+  if (finished) {
+    savedErrno = errno;
+    resumeAfterFailedExec();
+    errno = savedErrno;
+  }
+  return rc;
+}
+
+// execl and friends: their arguments as an argv array on the stack (4096 at most), then the
+// environment for execle, handed to the argv form.
+constexpr int kMaxExecArguments = 4096;
+template <typename Exec>
+int execList(const char* first, va_list arguments, bool withEnvironment, Exec exec) {
+  const char* argv[kMaxExecArguments];
+  int n = 0;
+  argv[n++] = first;
+  while (argv[n - 1] != nullptr) {
+    if (n == kMaxExecArguments) {
+      errno = E2BIG;
+      return -1;
+    }
+    argv[n++] = va_arg(arguments, const char*);
+  }
+  char* const* envp = withEnvironment ? va_arg(arguments, char* const*) : nullptr;
+  return exec(const_cast<char* const*>(argv), envp);
 }
 
 #define CALLER __builtin_return_address(0)
@@ -943,7 +1017,7 @@ TRACE_EXPORT size_t malloc_usable_size(void* pointer) {
 // children). Write the buffers and the footer first.
 using ExitFn = void (*)(int);
 TRACE_EXPORT __attribute__((noreturn)) void _exit(int status) {
-  finishTrace();
+  finishTrace(true);
   auto next = reinterpret_cast<ExitFn>(dlsym(RTLD_NEXT, "_exit"));
   if (next) next(status);
   syscall(SYS_exit_group, status);
@@ -952,6 +1026,53 @@ TRACE_EXPORT __attribute__((noreturn)) void _exit(int status) {
 
 TRACE_EXPORT __attribute__((noreturn)) void _Exit(int status) {
   _exit(status);
+}
+
+TRACE_EXPORT int execve(const char* path, char* const argv[], char* const envp[]) {
+  return execWithTrace([&] { return gNext.execve(path, argv, envp); });
+}
+
+TRACE_EXPORT int execv(const char* path, char* const argv[]) {
+  return execWithTrace([&] { return gNext.execv(path, argv); });
+}
+
+TRACE_EXPORT int execvp(const char* file, char* const argv[]) {
+  return execWithTrace([&] { return gNext.execvp(file, argv); });
+}
+
+TRACE_EXPORT int execvpe(const char* file, char* const argv[], char* const envp[]) {
+  return execWithTrace([&] { return gNext.execvpe(file, argv, envp); });
+}
+
+TRACE_EXPORT int fexecve(int fd, char* const argv[], char* const envp[]) {
+  return execWithTrace([&] { return gNext.fexecve(fd, argv, envp); });
+}
+
+TRACE_EXPORT int execl(const char* path, const char* first, ...) {
+  va_list arguments;
+  va_start(arguments, first);
+  int rc = execList(first, arguments, false,
+                    [&](char* const* argv, char* const*) { return execv(path, argv); });
+  va_end(arguments);
+  return rc;
+}
+
+TRACE_EXPORT int execlp(const char* file, const char* first, ...) {
+  va_list arguments;
+  va_start(arguments, first);
+  int rc = execList(first, arguments, false,
+                    [&](char* const* argv, char* const*) { return execvp(file, argv); });
+  va_end(arguments);
+  return rc;
+}
+
+TRACE_EXPORT int execle(const char* path, const char* first, ...) {
+  va_list arguments;
+  va_start(arguments, first);
+  int rc = execList(first, arguments, true,
+                    [&](char* const* argv, char* const* envp) { return execve(path, argv, envp); });
+  va_end(arguments);
+  return rc;
 }
 
 TRACE_EXPORT pid_t fork() {
