@@ -467,6 +467,6 @@ def analyze(trace: Path, out: Path, replays: Sequence[Path] = (), figures: bool 
 
 
 def _markdown(table: Table) -> str:
-    from .trace_cli import markdown
+    from .bench.common import markdown_table
 
-    return markdown(table.headers, table.rows, table.left)
+    return markdown_table(table.headers, table.rows, table.left)

@@ -14,6 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from . import trace_replay
+from .bench.common import markdown_table
 from .compare import DEFAULT_REPEAT
 from .errors import EXIT_FAILURE, EXIT_OK, MeshallocError
 
@@ -90,13 +91,6 @@ def _table(headers: List[str], rows: List[List[str]], title: str, left: int = 2)
     return table
 
 
-def markdown(headers: List[str], rows: List[List[str]], left: int = 2) -> str:
-    lines = ["| " + " | ".join(headers) + " |",
-             "|" + "|".join("---" if index < left else "---:" for index in range(len(headers))) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines) + "\n"
-
-
 def cmd_replay(args, out_console: Console, err: Console) -> int:
     from .cli import SIGINT_EXIT, _compare_allocators, _default_out, _Progress, print_comparison
     from .output import FIGURE_STEM, prepare_output_directory, write_comparison
@@ -114,7 +108,7 @@ def cmd_replay(args, out_console: Console, err: Console) -> int:
     comparison = result.comparison
     files = list(write_comparison(comparison, out).values()) + list(trace_replay.write_times(result, out).values())
     headers, rows = trace_replay.time_table(result)
-    (out / "op-times.md").write_text(markdown(headers, rows))
+    (out / "op-times.md").write_text(markdown_table(headers, rows, left=2))
     figure = None
     if not args.no_figure and any(run.result.samples for run in comparison.runs):
         from .plotting import plot_comparison

@@ -247,9 +247,11 @@ def test_analyze_with_replays(lifetimes, cross_thread, tmp_path):
         pytest.skip("needs glibc and meshalloc")
     directories = []
     for trace in (lifetimes, cross_thread):
+        # Stretched 100 times (to 20-30 ms), so that every run has PSS samples at 1 ms.
         out = tmp_path / trace.stem
         completed = run_meshalloc("trace", "replay", str(trace), "--allocators", ",".join(names), "--repeat", "1",
-                                  "--no-figure", "--no-cgroup", "--interval", "1", "--out", str(out))
+                                  "--timing", "recorded", "--speed", "0.01", "--no-figure", "--no-cgroup",
+                                  "--interval", "1", "--out", str(out))
         assert completed.returncode == 0, completed.stderr
         directories.append(out)
     out = tmp_path / "analysis"
