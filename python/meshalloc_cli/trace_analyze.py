@@ -387,9 +387,10 @@ def plot_live(blocks: Blocks, fragmentation_runs: Sequence[ReplayRuns], stem: Pa
     return _save(figure, stem)
 
 
-def analyze(trace: Path, out: Path, replays: Sequence[Path] = (), figures: bool = True) -> Tuple[List[Table], List[Path]]:
+def analyze(trace: Path, out: Path, replays: Sequence[Path] = (),
+            figures: bool = True) -> Tuple[List[Table], List[Path], Blocks]:
     """Writes every table as TSV (raw numbers) and analysis.md, and the figures; returns the
-    human tables for the console and the files written."""
+    human tables for the console, the files written and the blocks."""
     blocks = load(trace, out / trace_replay.PREPARED_DIRECTORY)
     all_runs = [load_replay(directory) for directory in replays]
     files: List[Path] = []
@@ -463,7 +464,7 @@ def analyze(trace: Path, out: Path, replays: Sequence[Path] = (), figures: bool 
     report = out / FILES["report"]
     report.write_text("".join(f"### {table.title}\n\n" + _markdown(table) + "\n" for table in tables))
     files.append(report)
-    return tables, files
+    return tables, files, blocks
 
 
 def _markdown(table: Table) -> str:

@@ -14,7 +14,6 @@ from rich.table import Table
 from rich.text import Text
 
 from . import trace_replay
-from .bench.common import markdown_table
 from .compare import DEFAULT_REPEAT
 from .errors import EXIT_FAILURE, EXIT_OK, MeshallocError
 
@@ -93,7 +92,7 @@ def _table(headers: List[str], rows: List[List[str]], title: str, left: int = 2)
 
 def cmd_replay(args, out_console: Console, err: Console) -> int:
     from .cli import SIGINT_EXIT, _compare_allocators, _default_out, _Progress, print_comparison
-    from .output import FIGURE_STEM, prepare_output_directory, write_comparison
+    from .output import prepare_output_directory
 
     chosen = _compare_allocators(args.allocators)
     if args.baseline is not None and args.baseline not in [allocator.name for allocator in chosen]:
@@ -106,18 +105,8 @@ def cmd_replay(args, out_console: Console, err: Console) -> int:
                                      args.speed, args.interval / 1000.0, not args.no_cgroup,
                                      on_start=progress.start, on_finish=progress.finish)
     comparison = result.comparison
-    files = list(write_comparison(comparison, out).values()) + list(trace_replay.write_times(result, out).values())
+    files, figure = trace_replay.write_results(result, out, figures=not args.no_figure)
     headers, rows = trace_replay.time_table(result)
-    (out / "op-times.md").write_text(markdown_table(headers, rows, left=2))
-    figure = None
-    if not args.no_figure and any(run.result.samples for run in comparison.runs):
-        from .plotting import plot_comparison
-
-        figures = plot_comparison(comparison, out / FIGURE_STEM)
-        figure = figures[0]
-        files += figures
-        if result.times:
-            files += trace_replay.plot_times(result, out / "op-times")
     print_comparison(comparison, files, figure, out_console)
     out_console.print(_table(headers, rows, "time per call"))
     for run in comparison.failed_runs:
@@ -141,7 +130,7 @@ def cmd_analyze(args, out_console: Console, err: Console) -> int:
         if not directory.is_dir():
             raise MeshallocError(f"no such replay results directory: {directory}", EXIT_FAILURE)
     out = prepare_output_directory(args.out or _default_out("analyze"))
-    tables, files = trace_analyze.analyze(args.trace, out, args.replay, figures=not args.no_figure)
+    tables, files, _ = trace_analyze.analyze(args.trace, out, args.replay, figures=not args.no_figure)
     for table in tables:
         out_console.print(_table(table.headers, table.rows, table.title, table.left))
     out_console.print("files: " + " ".join(str(path) for path in files), highlight=False, markup=False,

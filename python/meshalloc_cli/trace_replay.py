@@ -274,3 +274,27 @@ def plot_times(result: Replay, stem: Path) -> List[Path]:
     axes.grid(True, alpha=0.3)
     axes.legend()
     return _save(figure, stem)
+
+
+def write_results(result: Replay, out: Path, figures: bool = True) -> Tuple[List[Path], Optional[Path]]:
+    """Everything a replay leaves in its directory: compare's files (table, samples, runs, the
+    memory figure) and the call times (TSV, Markdown, figure). Returns the files and the memory
+    figure (None when none was drawn)."""
+    from .bench.common import markdown_table
+    from .output import FIGURE_STEM, write_comparison
+
+    comparison = result.comparison
+    files = list(write_comparison(comparison, out).values()) + list(write_times(result, out).values())
+    headers, rows = time_table(result)
+    files.append(out / "op-times.md")
+    files[-1].write_text(markdown_table(headers, rows, left=2))
+    figure = None
+    if figures and any(run.result.samples for run in comparison.runs):
+        from .plotting import plot_comparison
+
+        drawn = plot_comparison(comparison, out / FIGURE_STEM)
+        figure = drawn[0]
+        files += drawn
+        if result.times:
+            files += plot_times(result, out / "op-times")
+    return files, figure
