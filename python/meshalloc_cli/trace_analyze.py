@@ -216,6 +216,7 @@ class ReplayRuns:
     trace_name: str
     allocators: List[str]
     samples: Dict[str, numpy.ndarray]  # allocator -> (time_s, pss_bytes) of its median run
+    repetition: Dict[str, str]  # allocator -> which run that is
     wall: Dict[str, float]
     times: Dict[str, trace_replay.Histogram]  # allocator -> every call of every run
 
@@ -237,11 +238,13 @@ def load_replay(directory: Path) -> ReplayRuns:
         if row["allocator"] not in allocators:
             allocators.append(row["allocator"])
     chosen: Dict[str, numpy.ndarray] = {}
+    chosen_repetition: Dict[str, str] = {}
     wall: Dict[str, float] = {}
     for allocator in allocators:
         mine = sorted((float(row["mean_pss_bytes"] or 0), row["repetition"], float(row["wall_time_s"]))
                       for row in runs if row["allocator"] == allocator)
         _, repetition, wall[allocator] = mine[len(mine) // 2]  # the median run by mean PSS
+        chosen_repetition[allocator] = repetition
         chosen[allocator] = numpy.array([(float(row["time_s"]), float(row["pss_bytes"])) for row in samples
                                          if row["allocator"] == allocator and row["repetition"] == repetition])
     times: Dict[str, trace_replay.Histogram] = {}
@@ -255,7 +258,7 @@ def load_replay(directory: Path) -> ReplayRuns:
         ordered = sorted((low, high, count) for (low, high), count in buckets.items())
         mean = sum((low + high) / 2 * count for low, high, count in ordered) / calls if calls else 0.0
         times[allocator] = trace_replay.Histogram(calls, mean * calls, ordered[-1][1] if ordered else 0.0, ordered)
-    return ReplayRuns(directory, directory.name, allocators, chosen, wall, times)
+    return ReplayRuns(directory, directory.name, allocators, chosen, chosen_repetition, wall, times)
 
 
 def live_at(blocks: Blocks, fractions: numpy.ndarray) -> numpy.ndarray:
@@ -315,21 +318,27 @@ def speed_values(runs: ReplayRuns, names: List[str]) -> numpy.ndarray:
 
 
 def rankings(all_runs: Sequence[ReplayRuns]) -> Dict[str, Dict[str, Dict[str, float]]]:
-    """{"space"|"speed": {allocator: scores averaged over the traces}} over the allocators every
-    replay has, with the mean and median call time added to the speed table."""
-    names = [name for name in all_runs[0].allocators
-             if all(name in runs.allocators and len(runs.samples.get(name, [])) for runs in all_runs)]
-    if len(names) < 2:
-        return {}
-    tables: Dict[str, Dict[str, Dict[str, float]]] = {"space": {}, "speed": {}}
-    for table, values_of in (("space", space_values), ("speed", speed_values)):
+    """{"space"|"speed": {allocator: scores averaged over the traces}}, each table over the
+    allocators every replay has data for (PSS samples; call times), with the mean and median
+    call time added to the speed table. A table of fewer than two allocators is left out."""
+    def ranked(names, values_of):
         per_trace = [ranking(names, values_of(runs, names)) for runs in all_runs]
-        for name in names:
-            tables[table][name] = {key: statistics.mean(scores[name][key] for scores in per_trace)
-                                   for key in per_trace[0][name]}
-    for name in names:
-        tables["speed"][name]["mean_ns"] = statistics.mean(runs.times[name].mean_ns for runs in all_runs)
-        tables["speed"][name]["median_ns"] = statistics.mean(runs.times[name].percentile(50.0) for runs in all_runs)
+        return {name: {key: statistics.mean(scores[name][key] for scores in per_trace) for key in per_trace[0][name]}
+                for name in names}
+
+    def having(present) -> List[str]:
+        return [name for name in all_runs[0].allocators if all(present(runs, name) for runs in all_runs)]
+
+    tables: Dict[str, Dict[str, Dict[str, float]]] = {}
+    space = having(lambda runs, name: len(runs.samples.get(name, [])) > 0)
+    if len(space) >= 2:
+        tables["space"] = ranked(space, space_values)
+    speed = having(lambda runs, name: name in runs.times and runs.times[name].calls > 0)
+    if len(speed) >= 2:
+        tables["speed"] = ranked(speed, speed_values)
+        for name in speed:
+            tables["speed"][name]["mean_ns"] = statistics.mean(runs.times[name].mean_ns for runs in all_runs)
+            tables["speed"][name]["median_ns"] = statistics.mean(runs.times[name].percentile(50.0) for runs in all_runs)
     for table in tables.values():  # sorted by penalty (c), as the thesis's tables
         ordered = sorted(table.items(), key=lambda item: (item[1]["penalty_c"], item[1]["penalty_w"]))
         table.clear()
@@ -384,6 +393,42 @@ def plot_live(blocks: Blocks, fragmentation_runs: Sequence[ReplayRuns], stem: Pa
     axis.set_title(f"{blocks.prepared.trace.name}: live bytes over time")
     axis.grid(True, alpha=0.3)
     axis.legend(fontsize=8)
+    return _save(figure, stem)
+
+
+def plot_heap_map(runs: ReplayRuns, stem: Path) -> List[Path]:
+    """meshalloc's breakdown of its heap over the time of each meshalloc run of the replay
+    (`trace replay --heap-map`), stacked, with the run's PSS over it."""
+    from .breakdown import COLUMNS as BREAKDOWN_COLUMNS
+    from .plotting import FIGURE_SIZE_IN, _pyplot, _save
+
+    path = runs.directory / trace_replay.HEAP_MAP_FILE
+    if not path.is_file():
+        return []
+    rows = _read_tsv(path)
+    allocators = sorted({row["allocator"] for row in rows})
+    pyplot = _pyplot()
+    figure, axes = pyplot.subplots(len(allocators), 1, figsize=FIGURE_SIZE_IN, squeeze=False)
+    for axis, allocator in zip(axes[:, 0], allocators):
+        repetition = runs.repetition.get(allocator)  # the median run, whose PSS is drawn over it
+        mine = [row for row in rows if row["allocator"] == allocator and row["repetition"] == repetition]
+        if not mine:
+            continue
+        times = [float(row["time_s"]) for row in mine]
+        stacks = [[int(row[f"{group}_bytes"]) / MIB for row in mine] for group, _ in BREAKDOWN_COLUMNS
+                  if group != "mesh_saving"]  # memory not used: not part of the heap
+        labels = [label for group, label in BREAKDOWN_COLUMNS if group != "mesh_saving"]
+        axis.stackplot(times, stacks, labels=labels)
+        series = runs.samples.get(allocator)
+        if series is not None and len(series):
+            axis.plot(series[:, 0], series[:, 1] / MIB, color="black", linewidth=1.0, label="PSS")
+        axis.set_title(f"{allocator} ({runs.trace_name}, run {repetition})", fontsize=9)
+        axis.set_ylabel("MiB")
+        axis.legend(fontsize=7, loc="upper right")
+    axes[-1][0].set_xlabel("replay time (s)")
+    figure.suptitle("meshalloc's heap over the replay (its statistics every "
+                    f"{trace_replay.HEAP_MAP_MS} ms)")
+    figure.tight_layout()
     return _save(figure, stem)
 
 
@@ -461,6 +506,8 @@ def analyze(trace: Path, out: Path, replays: Sequence[Path] = (),
     if figures:
         files += plot_lifetimes(blocks, lifetime_rows, out / "lifetimes")
         files += plot_live(blocks, all_runs, out / "live")
+        for index, runs in enumerate(all_runs):
+            files += plot_heap_map(runs, out / ("heap-map" if len(all_runs) == 1 else f"heap-map-{index + 1}"))
     report = out / FILES["report"]
     report.write_text("".join(f"### {table.title}\n\n" + _markdown(table) + "\n" for table in tables))
     files.append(report)

@@ -58,6 +58,10 @@ def add_parsers(actions) -> None:
                         "block, or nothing (default %(default)s)")
     replay.add_argument("--interval", type=_positive_ms, default=DEFAULT_INTERVAL_S * 1000.0, metavar="MS",
                         help="PSS sampling interval in milliseconds (default %(default)g)")
+    replay.add_argument("--heap-map", action="store_true",
+                        help="under meshalloc: read its heap breakdown every "
+                        f"{trace_replay.HEAP_MAP_MS} ms during the replay (heap-map.tsv; `trace analyze "
+                        "--replay` draws it)")
     replay.add_argument("--out", type=Path, metavar="DIR", help="results directory (default out/replay-<time>)")
     replay.add_argument("--no-cgroup", action="store_true", help="do not put each run in a memory cgroup")
     replay.add_argument("--no-figure", action="store_true", help="skip the PNG/SVG figures")
@@ -103,7 +107,7 @@ def cmd_replay(args, out_console: Console, err: Console) -> int:
     with _Progress(err) as progress:
         result = trace_replay.replay(args.trace, chosen, out, args.repeat, args.baseline, args.timing, args.touch,
                                      args.speed, args.interval / 1000.0, not args.no_cgroup,
-                                     on_start=progress.start, on_finish=progress.finish)
+                                     on_start=progress.start, on_finish=progress.finish, heap_map=args.heap_map)
     comparison = result.comparison
     files, figure = trace_replay.write_results(result, out, figures=not args.no_figure)
     headers, rows = trace_replay.time_table(result)

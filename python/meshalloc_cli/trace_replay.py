@@ -10,15 +10,19 @@ them back and summarises them (percentiles per call kind, interleaved medians).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 import subprocess
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from . import paths
+from . import paths, top
 from .allocators import Allocator
+from .breakdown import COLUMNS as BREAKDOWN_COLUMNS, is_meshalloc, parse_report
 from .compare import Comparison, RunRecord, compare
 from .errors import EXIT_FAILURE, MeshallocError
 from .measure import DEFAULT_INTERVAL_S
@@ -35,6 +39,11 @@ PREPARED_FILES = {"ops": "trace.ops", "blocks": "blocks.bin", "timeline": "timel
 ALL_KINDS = "all"
 PERCENTILES = (50.0, 90.0, 99.0, 99.9)
 OP_TIME_FILES = {"times": "op-times.tsv", "histogram": "op-histogram.tsv"}
+# --heap-map: meshalloc publishes its statistics this often during the replay (live_stats_ms),
+# and they are read as often, into this file.
+HEAP_MAP_MS = 100
+HEAP_MAP_FILE = "heap-map.tsv"
+REPLAYER_NAME = "meshalloc-replay"
 
 
 def replayer() -> Path:
@@ -188,10 +197,65 @@ class Replay:
         return total
 
 
+class HeapMap:
+    """meshalloc's own breakdown of its heap (docs/memory.md) over the time of each meshalloc
+    run: the replayer's meshalloc publishes its statistics report every HEAP_MAP_MS (the file
+    `meshalloc top` reads) and a thread here reads it as often."""
+
+    def __init__(self) -> None:
+        self.rows: List[List[str]] = []
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    @staticmethod
+    def allocator(allocator: Allocator) -> Allocator:
+        if not is_meshalloc(allocator):
+            return allocator
+        return dataclasses.replace(allocator, set_env={**allocator.set_env, top.OPTION_VARIABLE: str(HEAP_MAP_MS)})
+
+    def start(self, allocator: str, repetition: int, meshalloc: bool) -> None:
+        if meshalloc:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._poll, args=(allocator, repetition, time.monotonic()),
+                                            daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+
+    def _poll(self, allocator: str, repetition: int, started: float) -> None:
+        while not self._stop.wait(HEAP_MAP_MS / 1000.0):
+            for pid in top.publishing_pids():
+                try:
+                    if REPLAYER_NAME not in Path(f"/proc/{pid}/cmdline").read_text(errors="replace"):
+                        continue
+                    live = json.loads(top.live_path(pid).read_text())
+                except (OSError, ValueError):
+                    continue
+                report = parse_report(json.dumps(live.get("report")))
+                if report is not None:
+                    groups = report.groups()
+                    self.rows.append([allocator, str(repetition), f"{time.monotonic() - started:.3f}"] +
+                                     [str(groups.get(group, 0)) for group, _ in BREAKDOWN_COLUMNS])
+
+    def write(self, directory: Path) -> Optional[Path]:
+        if not self.rows:
+            return None
+        from .output import _write_tsv
+
+        path = directory / HEAP_MAP_FILE
+        _write_tsv(path, ["allocator", "repetition", "time_s"] + [f"{group}_bytes" for group, _ in BREAKDOWN_COLUMNS],
+                   self.rows)
+        return path
+
+
 def replay(trace: Path, allocators: Sequence[Allocator], out: Path, repeat: int, baseline: Optional[str] = None,
            timing: str = "fast", touch: str = "page", speed: float = 1.0, interval: float = DEFAULT_INTERVAL_S,
            use_cgroup: bool = True, on_start: Optional[Callable] = None,
-           on_finish: Optional[Callable] = None) -> Replay:
+           on_finish: Optional[Callable] = None, heap_map: bool = False) -> Replay:
     if timing not in TIMINGS:
         raise MeshallocError(f"--timing must be one of {', '.join(TIMINGS)}")
     if touch not in TOUCHES:
@@ -199,9 +263,28 @@ def replay(trace: Path, allocators: Sequence[Allocator], out: Path, repeat: int,
     if not speed > 0:
         raise MeshallocError("--speed must be positive")
     prepared = prepare(trace, out / PREPARED_DIRECTORY)
+    mapper = HeapMap() if heap_map else None
+    if mapper:
+        allocators = [HeapMap.allocator(allocator) for allocator in allocators]
+    meshalloc_names = {allocator.name for allocator in allocators if is_meshalloc(allocator)}
+
+    def started(order: int, total: int, allocator: str, repetition: int) -> None:
+        if mapper:
+            mapper.start(allocator, repetition, allocator in meshalloc_names)
+        if on_start:
+            on_start(order, total, allocator, repetition)
+
+    def finished(record: RunRecord, total: int) -> None:
+        if mapper:
+            mapper.stop()
+        if on_finish:
+            on_finish(record, total)
+
     comparison = compare(replay_command(prepared, timing, touch, speed), allocators, repeat=repeat,
                          baseline=baseline, interval=interval, use_cgroup=use_cgroup, log_dir=out / "logs",
-                         on_start=on_start, on_finish=on_finish)
+                         on_start=started, on_finish=finished)
+    if mapper:
+        mapper.write(out)
     result = Replay(prepared, comparison, timing, touch)
     for run in comparison.runs:
         times = read_run_times(run.log) if run.result.succeeded else None

@@ -42,8 +42,9 @@ def test_smoke_run(tmp_path):
     assert outcome["status"] == "ran", outcome.get("reason")
     assert outcome["failures"] == []
     _, rows = read_tsv(directory / "rankings.tsv")
-    assert sorted((row["table"], row["allocator"]) for row in rows) == sorted(
-        (table, name) for table in ("space", "speed") for name in ("glibc", "meshalloc"))
+    # Speed always; space only when every run lasted long enough for a PSS sample (a few ms).
+    assert sorted(row["allocator"] for row in rows if row["table"] == "speed") == ["glibc", "meshalloc"]
+    assert sorted(row["allocator"] for row in rows if row["table"] == "space") in ([], ["glibc", "meshalloc"])
     for name in ("ls", "tar"):
         _, lifetimes = read_tsv(directory / name / "analysis" / "lifetimes.tsv")
         assert sum(int(row["blocks"]) for row in lifetimes if row["measure"] == "ops" and row["panel"] == "all") > 0

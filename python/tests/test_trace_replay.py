@@ -67,13 +67,14 @@ def _tsv(path):
         return list(csv.DictReader(handle, delimiter="\t"))
 
 
-def test_cross_thread_replay_under_every_allocator(cross_thread, tmp_path):
+@pytest.mark.parametrize("touch", ["page", "block"])
+def test_cross_thread_replay_under_every_allocator(cross_thread, tmp_path, touch):
     names = _available()
     if not names:
         pytest.skip("no allocator available")
     out = tmp_path / "replay"
     completed = run_meshalloc("trace", "replay", str(cross_thread), "--allocators", ",".join(names), "--repeat", "1",
-                              "--touch", "block", "--no-figure", "--no-cgroup", "--out", str(out))
+                              "--touch", touch, "--no-figure", "--no-cgroup", "--out", str(out))
     assert completed.returncode == 0, completed.stderr + completed.stdout
     runs = _tsv(out / "runs.tsv")
     assert [row["allocator"] for row in runs] == names
@@ -264,3 +265,23 @@ def test_analyze_with_replays(lifetimes, cross_thread, tmp_path):
     assert sorted((row["table"], row["allocator"]) for row in rankings) == sorted(
         (table, name) for table in ("space", "speed") for name in names)
     assert (out / "lifetimes.png").is_file() and (out / "live.svg").is_file()
+
+
+def test_heap_map_under_meshalloc(lifetimes, tmp_path):
+    if "meshalloc" not in _available():
+        pytest.skip("libmeshalloc.so is not built")
+    out = tmp_path / "replay"
+    # Stretched to about 0.45 s: a few readings of meshalloc's statistics, every 100 ms.
+    completed = run_meshalloc("trace", "replay", str(lifetimes), "--allocators", "glibc,meshalloc", "--repeat", "1",
+                              "--timing", "recorded", "--speed", "0.0005", "--heap-map", "--no-figure", "--no-cgroup",
+                              "--out", str(out))
+    assert completed.returncode == 0, completed.stderr
+    rows = _tsv(out / "heap-map.tsv")
+    assert rows and {row["allocator"] for row in rows} == {"meshalloc"}  # glibc publishes nothing
+    # The 1 MiB block, allocated last, is a large object from then on; before it, the heap holds
+    # at most ten 4096-byte blocks.
+    assert all(int(row["live_bytes"]) + int(row["large_bytes"]) <= MIB + 10 * 4096 for row in rows)
+    analysis = tmp_path / "analysis"
+    completed = run_meshalloc("trace", "analyze", str(lifetimes), "--replay", str(out), "--out", str(analysis))
+    assert completed.returncode == 0, completed.stderr
+    assert (analysis / "heap-map.png").is_file()

@@ -120,8 +120,9 @@ class Writer {
 constexpr uint64_t kBase = 0x10000000;
 constexpr uint64_t kMiB = 1 << 20;
 
-// Blocks allocated on threads 0 and 3, freed on threads 1 and 2 (some realloc'd first on the
-// other one), each address reused by a later block: replaying it needs the cross-thread order.
+// Blocks allocated on threads 0 and 3, freed on threads 1 and 2 (some realloc'd, larger or
+// smaller, first on the other one), each address reused by a later block: replaying it needs the
+// cross-thread order.
 std::vector<PlannedEvent> crossThread() {
   std::vector<PlannedEvent> events;
   for (uint32_t thread = 0; thread < 4; ++thread)
@@ -153,8 +154,8 @@ std::vector<PlannedEvent> crossThread() {
           events.push_back({tick, allocator, Kind::kAlignedAlloc, 0, {256, size, address}});
         }
         uint64_t moved = address + kMiB / 2;
-        events.push_back(
-            {tick + 30, 3 - freer, Kind::kRealloc, 0, {address, 2 * size + 1, moved, 10}});
+        uint64_t resized = b % 8 == 1 ? 2 * size + 1 : size / 3 + 1;  // grown, or shrunk
+        events.push_back({tick + 30, 3 - freer, Kind::kRealloc, 0, {address, resized, moved, 10}});
         events.push_back({freeTick, freer, Kind::kFree, 0, {moved}});
         break;
       }

@@ -172,15 +172,17 @@ void fill(void* block, uint64_t bytes, uint8_t pattern) {
 }
 
 // The first offset below `bytes` that does not hold `pattern`, or UINT64_MAX.
-uint64_t firstMismatch(const void* block, uint64_t bytes, uint8_t pattern) {
+// The first offset that fill(block, bytes, pattern) wrote and that no longer holds the pattern,
+// among the offsets below `limit` (what a shrinking realloc keeps), or UINT64_MAX.
+uint64_t firstMismatch(const void* block, uint64_t bytes, uint8_t pattern, uint64_t limit) {
   const auto* bytesOf = static_cast<const uint8_t*>(block);
   uint64_t bad = UINT64_MAX;
   if (replay.options.touch == Touch::kBlock) {
-    for (uint64_t offset = 0; offset < bytes; ++offset)
+    for (uint64_t offset = 0; offset < bytes && offset < limit; ++offset)
       if (bytesOf[offset] != pattern) return offset;
   } else if (replay.options.touch == Touch::kPage) {
     touchOffsets(bytes, [&](uint64_t offset) {
-      if (bytesOf[offset] == pattern) return true;
+      if (offset >= limit || bytesOf[offset] == pattern) return true;
       bad = offset;
       return false;
     });
@@ -188,9 +190,10 @@ uint64_t firstMismatch(const void* block, uint64_t bytes, uint8_t pattern) {
   return bad;
 }
 
+// Checks the bytes fill(block, bytes, pattern) wrote, below `limit`.
 void check(const void* block, uint64_t bytes, uint8_t pattern, const ThreadState& state,
-           const char* what) {
-  uint64_t bad = firstMismatch(block, bytes, pattern);
+           const char* what, uint64_t limit = UINT64_MAX) {
+  uint64_t bad = firstMismatch(block, bytes, pattern, limit);
   if (bad == UINT64_MAX) return;
   char detail[96];
   snprintf(detail, sizeof(detail), ": byte %" PRIu64 " of %" PRIu64 " holds 0x%02x, not 0x%02x",
@@ -414,8 +417,9 @@ void replayRealloc(ThreadState& state, const Op& op) {
     return;
   }
   if (old) {
-    uint64_t kept = op.oldBytes < bytes ? op.oldBytes : bytes;
-    check(block, kept, op.pattern, state, "lost its contents in realloc");
+    // What the old block was written with, as far as the new one keeps it (a shrinking realloc
+    // keeps the first `bytes`; in page mode the old last byte may be beyond them).
+    check(block, op.oldBytes, op.pattern, state, "lost its contents in realloc", bytes);
   }
   fill(block, bytes, op.pattern);
   publish(op, reinterpret_cast<uintptr_t>(block), state);

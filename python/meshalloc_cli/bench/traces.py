@@ -117,6 +117,7 @@ def fidelity(context: Context, allocators, repetitions: int) -> Tuple[List[Claim
     live = compare([str(program)], allocators, repeat=repetitions, log_dir=out / "live-logs")
     replayed = trace_replay.replay(trace, allocators, out / "replay", repetitions, timing="recorded")
     trace_replay.write_results(replayed, out / "replay")
+    (out / "live").mkdir(exist_ok=True)
     write_comparison(live, out / "live")
     rows, claims = [], []
     live_rows = {row.allocator: row for row in live.rows}
@@ -182,9 +183,13 @@ class Traces(ExperimentBase):
             context.log(f"recording {name}: {' '.join(prepared.command)}")
             item.problem = record(prepared, item.trace)
             if not item.problem:
-                children = tracing.child_traces(item.trace)
-                if children:
-                    notes.append(f"{name}: {len(children)} forked/exec'd child trace(s) not replayed")
+                # A program started by a script (git_history.sh) does its work in exec'd children:
+                # the largest of the files is the program's trace.
+                files = [item.trace, *tracing.child_traces(item.trace)]
+                item.trace = max(files, key=lambda path: path.stat().st_size)
+                if len(files) > 1:
+                    notes.append(f"{name}: {len(files)} processes recorded; replayed the largest trace, "
+                                 f"{item.trace.name}")
                 context.log(f"replaying {name} under {', '.join(a.name for a in allocators)}")
                 try:
                     item.replay = trace_replay.replay(item.trace, allocators, context.out / name / "replay",
@@ -226,9 +231,10 @@ class Traces(ExperimentBase):
         share_table = markdown_table(["trace", "blocks", f"short-lived (< {trace_analyze.SHORT_LIVED_PERCENT:g} % "
                                       "of the calls)"], [[name, f"{count:,}", f"{share:.1f} %"]
                                                          for name, share, count in shares])
+        ranking_md = markdown_table(headers, rows, left=2) if rows else \
+            "No ranking: fewer than two allocators replayed every trace.\n"
         table_md = (f"Rankings over {len(replayed)} traces ({', '.join(item.name for item in replayed)}), "
-                    f"{repetitions} replay(s) per allocator, fast timing:\n\n" + markdown_table(headers, rows, left=2)
-                    + "\n" + share_table)
+                    f"{repetitions} replay(s) per allocator, fast timing:\n\n" + ranking_md + "\n" + share_table)
         if fidelity_table:
             table_md += f"\nFidelity ({FIDELITY}, live vs replay at the recorded pace, medians):\n\n" + fidelity_table
         (context.out / "table.md").write_text(table_md + "\n" + claims_table(claims, "thesis / issue"))
