@@ -100,7 +100,8 @@ class GlobalHeap {
   static void debugDump(unsigned sizeClass);
   static size_t largeBytes();
   static size_t largeCount();
-  // Pins `heap` (attached to the calling thread) against meshing: see MiniHeap::pinned.
+  // Pins `heap` against meshing, for good: a span attached to the calling thread, or a mesh
+  // candidate the mesher holds. See MiniHeap::pinned.
   static void pin(MiniHeap* heap);
   // Spans that are pinned now.
   static size_t pinnedSpans() { return pinnedSpans_.load(std::memory_order_relaxed); }

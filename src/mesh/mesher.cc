@@ -160,6 +160,13 @@ bool Mesher::absorbMeshedSource(MiniHeap* destination, MiniHeap* source) {
     // differ.
     destination->liveCount.fetch_add(claimSourceSlots(destination, source),
                                      std::memory_order_acq_rel);
+    // Neither may ever be meshed again: copying source's pages would miss the writes made
+    // through the stranded span, and giving the destination's file range back would leave that
+    // span showing whatever reuses it. And source hands out no more slots: if the stranded
+    // span is its own, a new block there would be one of the destination's live objects.
+    GlobalHeap::pin(destination);
+    GlobalHeap::pin(source);
+    source->allocationClosed = true;
     updateStats([](MeshStats& s) { s.strandedSpans++; });
   }
   // Writable again: on the destination's pages if the move succeeded, else on its own.
