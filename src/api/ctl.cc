@@ -19,7 +19,7 @@ namespace {
 
 constexpr char kVersionString[] = "0.1.0";
 
-Mutex gSnapshotLock;
+Mutex gSnapshotLock(LockRank::kStatsSnapshot);
 HeapStats gSnapshot;
 bool gHaveSnapshot = false;
 uint64_t gEpoch = 0;

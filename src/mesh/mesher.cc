@@ -20,14 +20,14 @@ namespace meshalloc {
 
 namespace {
 
-Mutex gPassLock;   // one pass at a time (background thread, meshalloc_compact)
-Mutex gBatchLock;  // held across each batch; fork takes it first
+Mutex gPassLock(LockRank::kMeshPass);  // one pass at a time (background thread, meshalloc_compact)
+Mutex gBatchLock(LockRank::kMeshBatch);  // held across each batch; fork takes it first
 std::atomic<bool> gForkPending{false};
 // Written by the mesh thread, the commit thread and meshalloc_compact's caller (restores run
 // outside the pass lock), read by statistics from any thread: every access under gStatsLock, a
 // leaf lock held for a few stores or one copy.
 MeshStats gStats = {};
-Mutex gStatsLock;
+Mutex gStatsLock(LockRank::kMeshStats);
 template <typename Update>
 void updateStats(Update update) {
   LockGuard guard(gStatsLock);
