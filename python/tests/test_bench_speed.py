@@ -101,7 +101,7 @@ def made_up(times):
 
 
 def workload(name, kind):
-    return speed.Workload(name, kind, ["true"], None, {}, "pattern", "true")
+    return programs.Workload(name, kind, ["true"], None, {}, "pattern", "true")
 
 
 def test_ratios_geomeans_and_target_claims():

@@ -13,11 +13,12 @@ import subprocess
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import List, Mapping, Optional, Sequence
 
-from ..allocators import Allocator, configuration_problem, resolve, split_list
+from ..allocators import SYSTEM_ALLOCATORS, Allocator, configuration_problem, resolve, split_list
 from ..errors import MeshallocError
 from .framework import SMOKE, Context, ExperimentUnavailable
+from .schedule import load_average
 
 # The `key=value` fields of the one result line each benchmark program prints (bench/*.cc,
 # bench/thread_scaling, bench/ruby/strings.rb).
@@ -159,6 +160,24 @@ def private_meshalloc_copy(context: Context) -> Optional[Path]:
     return copy
 
 
-def machine_json() -> Dict[str, object]:
-    """The machine, as every experiment's summary.json records it."""
-    return {"kernel": platform.release(), "machine": platform.machine(), "cpus": os.cpu_count()}
+def machine_notes(allocators: Sequence[Allocator], threads: Optional[int], load_start: str) -> List[str]:
+    cpu = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.partition(":")[2].strip()
+                break
+    except OSError:
+        pass
+    versions = []
+    for allocator in allocators:
+        package = SYSTEM_ALLOCATORS.get(allocator.name, (None, None))[1]
+        version = quiet(["dpkg-query", "-W", "-f", "${Version}", package]) if package else ""
+        if version:
+            versions.append(f"{allocator.name} {version}")
+    text = f"Machine: {cpu or platform.machine()}, {os.cpu_count()} CPUs, Linux {platform.release()}. "
+    if threads is not None:
+        text += (f"{threads} threads for the multi-threaded microbenchmarks "
+                 f"(prodcons: {max(2, threads // 2 * 2)}). ")
+    text += f"Load average at the start {load_start}, at the end {load_average()}."
+    return [text + (f" Packages: {', '.join(versions)}." if versions else "")]

@@ -16,8 +16,6 @@ See docs/large-heap.md.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import math
 import statistics
 from dataclasses import dataclass, field
@@ -28,11 +26,10 @@ from ..allocators import MESH_DEFAULT
 from ..measure import KIB, MIB
 from . import schedule
 from .claims import Claims, claims_table
-from .common import KEY_VALUE, ExperimentBase, checked_repetitions, choose_allocators, machine_json
+from .common import KEY_VALUE, ExperimentBase, checked_repetitions, choose_allocators, machine_notes
 from .framework import FULL, QUICK, SMOKE, Claim, Context, ExperimentUnavailable, Outcome
 from .programs import timed_run
-from .report import TIMES, markdown_table, number, stat_text, write_tsv
-from .speed import machine_notes
+from .report import TIMES, allocator_json, markdown_table, number, stat_text, write_summary_json, write_tsv
 from .stats import Stat
 
 NAME = "large-heap"
@@ -702,15 +699,11 @@ class LargeHeap(ExperimentBase):
         files.append(report)
         if any(run.ok for run in runs):
             files += plot(out, runs, heaps, names, limit)
-        summary = out / "summary.json"
-        summary.write_text(json.dumps({
-            "experiment": NAME, "mode": context.mode, "repetitions": repetitions, "machine": machine_json(),
-            "max_map_count": limit, "mapping_threshold": mapping_threshold(limit) if limit else None,
-            "heaps": heaps, "not_run": {str(heap): why for heap, why in not_run.items()},
-            "allocators": [{"name": allocator.name, "library": str(allocator.library or ""),
-                            "environment": dict(allocator.set_env)} for allocator in allocators],
-            "claims": [dataclasses.asdict(claim) for claim in found],
-        }, indent=2, ensure_ascii=False) + "\n")
+        summary = write_summary_json(
+            out, NAME, context.mode, repetitions, found, max_map_count=limit,
+            mapping_threshold=mapping_threshold(limit) if limit else None, heaps=heaps,
+            not_run={str(heap): why for heap, why in not_run.items()},
+            allocators=[allocator_json(allocator) for allocator in allocators])
         files.append(summary)
         return Outcome(repetitions=repetitions, claims=found, table_md=heading + "\n\n" + main, files=files,
                        failures=failures, notes=notes)

@@ -13,23 +13,20 @@ does meshalloc 3y use less memory than the reference allocator? See docs/real-ap
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from ..allocators import MESH_DEFAULT, MESH_OFF
+from ..allocators import MESH_DEFAULT, MESH_OFF, Allocator
 from ..measure import MIB
 from . import schedule
 from .claims import Claims, claims_table
-from .common import ExperimentBase, checked_repetitions, choose_allocators, machine_json, names_from
+from .common import ExperimentBase, checked_repetitions, choose_allocators, machine_notes, names_from
 from .framework import FULL, QUICK, SMOKE, Claim, Context, ExperimentUnavailable, Outcome
-from .programs import available_programs
+from .programs import MemoryRecord, Workload, available_programs, memory_pass, program_workloads
 from .report import NO_VALUE, BarPanel, geomean_claim_text, geomean_text, markdown_table, number, ratio_bar_chart
-from .report import range_text, stat_text, write_tsv
-from .speed import MemoryRecord, Workload, machine_notes, memory_pass, program_workloads
+from .report import allocator_json, range_text, stat_text, write_summary_json, write_tsv
 from .stats import Geomean, Stat, geomean_of, paired_ratios, ratio
 
 NAME = "real-apps"
@@ -246,20 +243,12 @@ def figure(out: Path, programs: Sequence[str], names: Sequence[str], table: Tabl
     return ratio_bar_chart(panels, f"÷ {baseline}", title, out / "memory")
 
 
-def write_summary(out: Path, context: Context, workloads: Sequence[Workload], allocator_rows: Sequence[dict],
+def write_summary(out: Path, context: Context, workloads: Sequence[Workload], allocators: Sequence[Allocator],
                   repetitions: int, found: Sequence[Claim]) -> Path:
-    path = out / "summary.json"
-    path.write_text(json.dumps({
-        "experiment": NAME,
-        "mode": context.mode,
-        "repetitions": repetitions,
-        "machine": machine_json(),
-        "allocators": list(allocator_rows),
-        "programs": [{"name": workload.name, "command": workload.command, "models": workload.pattern,
-                      "reference_output": workload.reference} for workload in workloads],
-        "claims": [dataclasses.asdict(claim) for claim in found],
-    }, indent=2, ensure_ascii=False) + "\n")
-    return path
+    return write_summary_json(
+        out, NAME, context.mode, repetitions, found, allocators=[allocator_json(allocator) for allocator in allocators],
+        programs=[{"name": workload.name, "command": workload.command, "models": workload.pattern,
+                   "reference_output": workload.reference} for workload in workloads])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -341,10 +330,7 @@ class RealApps(ExperimentBase):
         table_md.write_text(markdown)
         files.append(table_md)
         files += figure(out, rows, allocator_names, table, repetitions, baseline)
-        files.append(write_summary(out, context, workloads,
-                                   [{"name": allocator.name, "library": str(allocator.library or ""),
-                                     "environment": dict(allocator.set_env)} for allocator in allocators],
-                                   repetitions, found))
+        files.append(write_summary(out, context, workloads, allocators, repetitions, found))
         files.append(out / "memory")
         return Outcome(repetitions=repetitions, claims=found, table_md=caption + "\n\n" + main, files=files,
                        failures=failures, notes=notes)

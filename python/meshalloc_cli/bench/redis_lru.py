@@ -15,7 +15,6 @@ the schedule, and writes the tables, the figure and the claims.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -26,8 +25,8 @@ from ..errors import MeshallocError
 from ..measure import DEFAULT_INTERVAL_S, KIB, MIB
 from . import schedule
 from .claims import Claims
-from .common import ExperimentBase, checked_repetitions, machine_json, names_from, with_private_meshalloc
-from .report import markdown_table, number, stat_text, write_tsv
+from .common import ExperimentBase, checked_repetitions, names_from, with_private_meshalloc
+from .report import markdown_table, number, stat_text, write_summary_json, write_tsv
 from .stats import Stat
 from .framework import FULL, QUICK, SMOKE, Claim, Context, ExperimentUnavailable, Outcome
 from .redis_support import (ACTIVEDEFRAG_OPTIONS, BUILD_SCRIPT, SERVER_OPTIONS, Config, Insertion, RedisInstall,
@@ -527,32 +526,23 @@ def write_timing(out: Path, insertions: Sequence[Insertion], runs: Sequence[Run]
 
 def write_summary(out: Path, context: Context, load: Workload, install: RedisInstall, configs: Sequence[Config],
                   runs: Sequence[Run], repetitions: int, found: Sequence[Claim]) -> Path:
-    path = out / "summary.json"
-    path.write_text(json.dumps({
-        "experiment": NAME,
-        "mode": context.mode,
-        "repetitions": repetitions,
-        "redis": {"version": install.version(), "from_source": install.from_source,
-                  "jemalloc_server": str(install.jemalloc_server),
-                  "libc_server": str(install.libc_server) if install.libc_server else None},
-        "workload": {"maxmemory": load.maxmemory, "hold_s": load.hold_s, "idle_after_s": load.idle_after_s,
-                     "interval_s": load.interval_s, "pipeline": load.pipeline, "seed": load.seed,
-                     "phases": [{"keys": keys, "value_bytes": size} for keys, size in load.phases]},
-        "server_options": SERVER_OPTIONS, "activedefrag_options": ACTIVEDEFRAG_OPTIONS,
-        "machine": machine_json(),
-        "configs": [{"name": config.name, "server": str(config.server),
-                     "preload": str(config.allocator.library or ""), "environment": dict(config.allocator.set_env),
-                     "extra_args": config.extra_args} for config in configs],
-        "runs": [{"order": run.order, "config": run.config.name, "repetition": run.repetition, "ok": run.ok,
-                  "problems": run.problems, "client": run.client, "timed_client": run.timed_client,
-                  "client_start_s": run.client_start_s,
-                  "client_end_s": run.client_end_s,
-                  "metrics": {metric: run.metric(metric) for metric in RUN_METRICS},
-                  "directory": str(run.directory.relative_to(out))} for run in runs],
-        "claims": [{"claim": claim.claim, "paper": claim.paper, "ours": claim.ours, "holds": claim.holds,
-                    "note": claim.note} for claim in found],
-    }, indent=2) + "\n")
-    return path
+    return write_summary_json(
+        out, NAME, context.mode, repetitions, found,
+        redis={"version": install.version(), "from_source": install.from_source,
+               "jemalloc_server": str(install.jemalloc_server),
+               "libc_server": str(install.libc_server) if install.libc_server else None},
+        workload={"maxmemory": load.maxmemory, "hold_s": load.hold_s, "idle_after_s": load.idle_after_s,
+                  "interval_s": load.interval_s, "pipeline": load.pipeline, "seed": load.seed,
+                  "phases": [{"keys": keys, "value_bytes": size} for keys, size in load.phases]},
+        server_options=SERVER_OPTIONS, activedefrag_options=ACTIVEDEFRAG_OPTIONS,
+        configs=[{"name": config.name, "server": str(config.server), "preload": str(config.allocator.library or ""),
+                  "environment": dict(config.allocator.set_env), "extra_args": config.extra_args}
+                 for config in configs],
+        runs=[{"order": run.order, "config": run.config.name, "repetition": run.repetition, "ok": run.ok,
+               "problems": run.problems, "client": run.client, "timed_client": run.timed_client,
+               "client_start_s": run.client_start_s, "client_end_s": run.client_end_s,
+               "metrics": {metric: run.metric(metric) for metric in RUN_METRICS},
+               "directory": str(run.directory.relative_to(out))} for run in runs])
 
 
 def plot(out: Path, runs: Sequence[Run], configs: Sequence[Config], maxmemory_mib: Optional[float]) -> List[Path]:

@@ -5,11 +5,17 @@ every table and figure of `meshalloc bench` reads the same way."""
 from __future__ import annotations
 
 import csv
+import dataclasses
+import json
+import os
+import platform
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Optional, Sequence
 
+from ..allocators import Allocator
 from ..measure import KIB
+from .framework import Claim
 from .stats import Geomean, Stat
 
 NO_VALUE = "—"
@@ -186,3 +192,22 @@ def geomean_claim_text(value: Geomean, rows: int) -> str:
     if rows > 1:
         details.append(f"geomean over {value.rows} of {rows} programs")
     return f"{value.value:.3f}×" + (f" ({'; '.join(details)})" if details else "")
+
+
+def allocator_json(allocator: Allocator) -> Dict[str, Any]:
+    """An allocator as summary.json records it: its label, what was preloaded, its settings."""
+    return {"name": allocator.name, "library": str(allocator.library or ""), "environment": dict(allocator.set_env)}
+
+
+def write_summary_json(out: Path, experiment: str, mode: str, repetitions: int, claims: Sequence[Claim],
+                       **details: Any) -> Path:
+    """summary.json: what every experiment records (its name, mode, repetitions, the machine and
+    its claims) and its own details (allocators, workloads, ...)."""
+    path = out / "summary.json"
+    path.write_text(json.dumps({
+        "experiment": experiment, "mode": mode, "repetitions": repetitions,
+        "machine": {"kernel": platform.release(), "machine": platform.machine(), "cpus": os.cpu_count()},
+        **details,
+        "claims": [dataclasses.asdict(claim) for claim in claims],
+    }, indent=2, ensure_ascii=False) + "\n")
+    return path

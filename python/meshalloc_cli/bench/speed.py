@@ -18,35 +18,28 @@ one scheduler (schedule.py), interleaved.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
-import platform
-import re
-import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .. import allocators as allocator_registry
 from ..allocators import Allocator
 from ..allocators import MESH_DEFAULT
-from ..errors import MeshallocError
-from ..measure import MIB, RunResult
-from ..output import write_run
+from ..measure import MIB
 from . import schedule
 from .claims import Claims, claims_table
 from .common import (KEY_VALUE, ExperimentBase, check_configurations, checked_repetitions, choose_allocators,
-                     machine_json, names_from, quiet)
+                     machine_notes, names_from)
 from .framework import FULL, QUICK, SMOKE, Claim, Context, ExperimentUnavailable, Outcome
-from .report import (NO_VALUE, BarPanel, geomean_claim_text, geomean_text, markdown_table, number, ratio_bar_chart,
-                     stat_text, write_tsv)
+from .report import (NO_VALUE, BarPanel, allocator_json, geomean_claim_text, geomean_text, markdown_table, number,
+                     ratio_bar_chart, stat_text, write_summary_json, write_tsv)
 from .stats import Geomean, Stat, geomean_of, paired_ratios, ratio
-from .programs import PRELOAD_FAILURE, Program, available_programs, memory_run, timed_run
+from .programs import (MICRO_INTERVAL_S, PROGRAM, PROGRAM_INTERVAL_S, MemoryRecord, Workload, available_programs,
+                       memory_pass, program_workloads, shown_command, timed_run)
 
 NAME = "speed"
-ST, MT, PROGRAM = "st", "mt", "program"
+ST, MT = "st", "mt"  # the microbenchmarks' kinds; programs.PROGRAM is the real programs'
 KIND_TITLES = {ST: "single-threaded microbenchmarks", MT: "multi-threaded microbenchmarks", PROGRAM: "real programs"}
 
 BASELINE = "mimalloc"
@@ -74,10 +67,6 @@ TIME_REPETITIONS = {SMOKE: 1, QUICK: 5, FULL: 7}
 # The memory pass: peak memory of a deterministic workload varies far less between runs
 # than its time does, so fewer runs suffice.
 MEMORY_REPETITIONS = {SMOKE: 1, QUICK: 1, FULL: 2}
-# Microbenchmarks last 0.05-0.5 s: sample fast enough to see their peak. Programs last
-# 0.5-2 s: the paper's 100 Hz (mstat) is enough.
-MICRO_INTERVAL_S = 0.002
-PROGRAM_INTERVAL_S = 0.010
 TIMEOUT_S = {SMOKE: 60.0, QUICK: 300.0, FULL: 300.0}
 
 # Issue 2's targets for meshalloc 1n against mimalloc.
@@ -153,25 +142,6 @@ MICROBENCHMARKS: Tuple[Microbenchmark, ...] = (
 
 
 @dataclass
-class Workload:
-    """One row of the table, ready to run under any allocator."""
-
-    name: str
-    kind: str  # ST, MT or PROGRAM
-    command: List[str]
-    cwd: Optional[Path]
-    env: Dict[str, str]
-    pattern: str
-    shown: str  # the command as the docs and tables show it: paths relative to the checkout
-    reference: Optional[str] = None  # a program's output without LD_PRELOAD, which every run must match
-
-    @property
-    def reports_time(self) -> bool:
-        """Microbenchmarks print the wall time of their measured work (start-up excluded)."""
-        return self.kind != PROGRAM
-
-
-@dataclass
 class TimeRecord:
     workload: str
     allocator: str
@@ -186,33 +156,6 @@ class TimeRecord:
     @property
     def ok(self) -> bool:
         return self.status == "ok"
-
-
-@dataclass
-class MemoryRecord:
-    workload: str
-    allocator: str
-    repetition: int
-    order: int
-    status: str
-    directory: Path
-    result: Optional[RunResult] = None
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok"
-
-    def metric(self, name: str) -> Optional[float]:
-        if self.result is None:
-            return None
-        if name == "cgroup_peak":
-            return float(self.result.cgroup_kernel_peak) if self.result.cgroup_kernel_peak is not None else None
-        if name == "hz":
-            return self.result.achieved_rate
-        summary = self.result.summary("pss")
-        if summary is None:
-            return None
-        return {"peak_pss": float(summary.peak), "mean_pss": summary.mean}.get(name)
 
 
 @dataclass
@@ -272,40 +215,6 @@ def microbenchmark_workloads(context: Context, threads: int) -> List[Workload]:
     return workloads
 
 
-def shown_command(command: Sequence[str], root: Path, work: Optional[Path]) -> str:
-    """The command with the checkout's path left out and the scratch directory called WORK."""
-    text = " ".join(command)
-    if work is not None:
-        text = text.replace(str(work), "WORK")
-    return text.replace(str(root) + os.sep, "")
-
-
-def program_workloads(context: Context, programs: Sequence[Program], scratch: Path, timeout: float) -> Tuple[
-        List[Workload], List[str]]:
-    """The programs with their inputs built, each with the output of a run without any
-    preload (also a warm-up: binaries and inputs are in the page cache before the first timed
-    run). A program that fails even then is left out, with a failure line."""
-    system = allocator_registry.resolve("system")
-    workloads, failures = [], []
-    for program in programs:
-        work = scratch / program.name
-        work.mkdir()
-        context.log(f"preparing {program.name} (scale {program.scale(context)})")
-        try:
-            prepared = program.prepare(context.root, work, program.scale(context))
-        except (OSError, subprocess.CalledProcessError) as error:
-            failures.append(f"{program.name}: preparing its inputs failed: {error}")
-            continue
-        reference = timed_run(prepared.command, system, prepared.cwd, prepared.env, timeout)
-        if not reference.ok:
-            failures.append(f"{program.name}: fails without any preload ({reference.status}): {reference.stderr_tail}")
-            continue
-        workloads.append(Workload(program.name, PROGRAM, prepared.command, prepared.cwd, prepared.env, program.models,
-                                  shown_command(prepared.command, context.root, work),
-                                  reference=reference.stdout.strip()))
-    return workloads, failures
-
-
 # ---------------------------------------------------------------------------------------------
 # The two passes
 
@@ -351,52 +260,11 @@ def time_pass(context: Context, workloads: Sequence[Workload], allocators: Seque
     return [finished.result for finished in done]
 
 
-def memory_pass(context: Context, workloads: Sequence[Workload], allocators: Sequence[Allocator], repetitions: int,
-                timeout: float) -> List[MemoryRecord]:
-    def execute(slot: schedule.Slot) -> MemoryRecord:
-        workload, allocator = slot.workload, slot.allocator
-        interval = PROGRAM_INTERVAL_S if workload.kind == PROGRAM else MICRO_INTERVAL_S
-        directory = context.out / "memory" / workload.name / f"{_slug(allocator.name)}-r{slot.repetition}"
-        directory.mkdir(parents=True)
-        record = MemoryRecord(workload.name, allocator.name, slot.repetition, slot.order, "ok", directory)
-        try:
-            record.result = memory_run(workload.command, allocator, workload.cwd, workload.env, interval,
-                                       timeout, directory / "stdout.txt", directory / "stderr.txt")
-        except MeshallocError as error:
-            record.status = f"cannot start: {error}"
-            return record
-        write_run(record.result, directory)
-        if record.result.interrupted:  # Ctrl-C reached the command: stop here, as compare does
-            raise KeyboardInterrupt
-        output = (directory / "stdout.txt").read_text(errors="replace").strip()
-        if not record.result.succeeded:
-            record.status = record.result.describe_exit()
-        elif PRELOAD_FAILURE in (directory / "stderr.txt").read_text(errors="replace"):
-            record.status = "the allocator was not preloaded"
-        elif workload.reference is not None and output != workload.reference:
-            record.status = "output differs from a run without preload"
-        return record
-
-    def describe(done: schedule.Done[MemoryRecord]) -> str:
-        record = done.result
-        peak = record.metric("peak_pss")
-        return (f"{record.allocator}={peak / MIB:.1f}MiB" if record.ok and peak else
-                f"{record.allocator}={record.status if not record.ok else 'no sample'}")
-
-    done = schedule.run(schedule.plan(workloads, allocators, repetitions), execute, context.log, describe,
-                        group=lambda slot: f"memory {slot.workload.name} [{slot.repetition}/{repetitions}]")
-    return [finished.result for finished in done]
-
-
 def _float(text: Optional[str]) -> Optional[float]:
     try:
         return float(text) if text is not None else None
     except ValueError:
         return None
-
-
-def _slug(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -657,29 +525,6 @@ def figure(out: Path, workloads: Sequence[Workload], names: Sequence[str], basel
     return ratio_bar_chart(panels, f"time ÷ {baseline}", title, out / "speed")
 
 
-def machine_notes(allocators: Sequence[Allocator], threads: Optional[int], load_start: str) -> List[str]:
-    cpu = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.partition(":")[2].strip()
-                break
-    except OSError:
-        pass
-    versions = []
-    for allocator in allocators:
-        package = allocator_registry.SYSTEM_ALLOCATORS.get(allocator.name, (None, None))[1]
-        version = quiet(["dpkg-query", "-W", "-f", "${Version}", package]) if package else ""
-        if version:
-            versions.append(f"{allocator.name} {version}")
-    text = f"Machine: {cpu or platform.machine()}, {os.cpu_count()} CPUs, Linux {platform.release()}. "
-    if threads is not None:
-        text += (f"{threads} threads for the multi-threaded microbenchmarks "
-                 f"(prodcons: {max(2, threads // 2 * 2)}). ")
-    text += f"Load average at the start {load_start}, at the end {schedule.load_average()}."
-    return [text + (f" Packages: {', '.join(versions)}." if versions else "")]
-
-
 # ---------------------------------------------------------------------------------------------
 # The experiment
 
@@ -779,21 +624,11 @@ class Speed(ExperimentBase):
 
 def write_summary(out: Path, context: Context, workloads: Sequence[Workload], allocators: Sequence[Allocator],
                   repetitions: int, memory_repetitions: int, threads: int, found: Sequence[Claim]) -> Path:
-    path = out / "summary.json"
-    path.write_text(json.dumps({
-        "experiment": NAME,
-        "mode": context.mode,
-        "repetitions": repetitions,
-        "memory_repetitions": memory_repetitions,
-        "threads": threads,
-        "machine": machine_json(),
-        "allocators": [{"name": allocator.name, "library": str(allocator.library or ""),
-                        "environment": dict(allocator.set_env)} for allocator in allocators],
-        "workloads": [{"name": workload.name, "kind": workload.kind, "command": workload.command,
-                       "pattern": workload.pattern, "reference_output": workload.reference} for workload in workloads],
-        "claims": [dataclasses.asdict(claim) for claim in found],
-    }, indent=2, ensure_ascii=False) + "\n")
-    return path
+    return write_summary_json(
+        out, NAME, context.mode, repetitions, found, memory_repetitions=memory_repetitions, threads=threads,
+        allocators=[allocator_json(allocator) for allocator in allocators],
+        workloads=[{"name": workload.name, "kind": workload.kind, "command": workload.command,
+                    "pattern": workload.pattern, "reference_output": workload.reference} for workload in workloads])
 
 
 EXPERIMENT = Speed(name=NAME, title="Allocator speed: microbenchmarks and real programs",
