@@ -29,7 +29,8 @@ from .claims import Claims, claims_table
 from .common import KEY_VALUE, ExperimentBase, checked_repetitions, choose_allocators, machine_notes
 from .framework import FULL, QUICK, SMOKE, Claim, Context, ExperimentUnavailable, Outcome
 from .programs import timed_run
-from .report import TIMES, allocator_json, markdown_table, number, stat_text, write_summary_json, write_tsv
+from .report import (TIMES, allocator_json, markdown_table, notes_section, number, stat_text, write_summary_json,
+                     write_tsv)
 from .stats import Stat
 
 NAME = "large-heap"
@@ -694,8 +695,7 @@ class LargeHeap(ExperimentBase):
         report = out / "table.md"
         report.write_text("\n".join([
             f"# Large fragmented heap ({context.mode} mode)", "", heading, "", main, "## Claims", "",
-            claims_table(found), "## Notes", "", *[f"- {note}" for note in notes + [f"failed: {line}"
-                                                                                   for line in failures]], ""]))
+            claims_table(found), *notes_section(notes, failures)]))
         files.append(report)
         if any(run.ok for run in runs):
             files += plot(out, runs, heaps, names, limit)

@@ -26,7 +26,7 @@ from .common import ExperimentBase, checked_repetitions, choose_allocators, mach
 from .framework import FULL, QUICK, SMOKE, Claim, Context, ExperimentUnavailable, Outcome
 from .programs import MemoryRecord, Workload, available_programs, memory_pass, program_workloads
 from .report import NO_VALUE, BarPanel, geomean_claim_text, geomean_text, markdown_table, number, ratio_bar_chart
-from .report import allocator_json, range_text, stat_text, write_summary_json, write_tsv
+from .report import allocator_json, notes_section, range_text, stat_text, write_summary_json, write_tsv
 from .stats import Geomean, Stat, geomean_of, paired_ratios, ratio
 
 NAME = "real-apps"
@@ -324,7 +324,7 @@ class RealApps(ExperimentBase):
             markdown_table(["program", "models", "command"],
                            ([workload.name, workload.pattern, f"`{workload.shown}`"] for workload in workloads),
                            left=3),
-            "## Notes", "", *[f"- {note}" for note in notes + [f"failed: {line}" for line in failures]], "",
+            *notes_section(notes, failures),
         ])
         table_md = out / "table.md"
         table_md.write_text(markdown)

@@ -51,6 +51,11 @@ def geomean_text(value: Geomean, decimals: int = 2) -> str:
     return range_text(value.value, value.low, value.high, decimals)
 
 
+def notes_section(notes: Sequence[str], failures: Sequence[str] = ()) -> List[str]:
+    """A table.md's "## Notes" lines: the caveats, then one "failed:" line per failed run."""
+    return ["## Notes", "", *[f"- {note}" for note in list(notes) + [f"failed: {line}" for line in failures]], ""]
+
+
 def number(value: Optional[float]) -> str:
     """A TSV cell: integers as integers, others with 6 significant digits, missing as empty."""
     if value is None:

@@ -32,8 +32,8 @@ from .claims import Claims, claims_table
 from .common import (KEY_VALUE, ExperimentBase, check_configurations, checked_repetitions, choose_allocators,
                      machine_notes, names_from)
 from .framework import FULL, QUICK, SMOKE, Claim, Context, ExperimentUnavailable, Outcome
-from .report import (NO_VALUE, BarPanel, allocator_json, geomean_claim_text, geomean_text, markdown_table, number,
-                     ratio_bar_chart, stat_text, write_summary_json, write_tsv)
+from .report import (NO_VALUE, BarPanel, allocator_json, geomean_claim_text, geomean_text, markdown_table,
+                     notes_section, number, ratio_bar_chart, stat_text, write_summary_json, write_tsv)
 from .stats import Geomean, Stat, geomean_of, paired_ratios, ratio
 from .programs import (MICRO_INTERVAL_S, PROGRAM, PROGRAM_INTERVAL_S, MemoryRecord, Workload, available_programs,
                        memory_pass, program_workloads, shown_command, timed_run)
@@ -609,7 +609,7 @@ class Speed(ExperimentBase):
             "## Claims", "",
             claims_table(found, "paper / target"),
             "## Workloads", "", workloads_table(workloads),
-            "## Notes", "", *[f"- {note}" for note in notes + [f"failed: {line}" for line in failures]], "",
+            *notes_section(notes, failures),
         ])
         table_md = out / "table.md"
         table_md.write_text(markdown)

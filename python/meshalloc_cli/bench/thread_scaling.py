@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import subprocess
 import tempfile
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -30,7 +30,8 @@ from ..allocators import MESH_DEFAULT, MESH_OFF, Allocator
 from ..measure import KIB, MIB, RunResult, measure
 from . import schedule
 from .common import KEY_VALUE, ExperimentBase, check_configurations, choose_allocators
-from .report import size_text, write_tsv
+from .claims import summary_claims_table
+from .report import markdown_table, size_text, write_tsv
 from .stats import Stat
 from .framework import FULL, QUICK, SMOKE, Claim, Context, ExperimentUnavailable, Outcome
 
@@ -415,12 +416,10 @@ def _runs_text(analysis: Analysis) -> str:
 def wide_table(analysis: Analysis) -> List[str]:
     """PSS per allocator, moment and thread count: median MiB, (PSS/live), [min–max]. The two
     moments of an allocator are adjacent rows, so each column compares them directly."""
-    lines = ["| allocator | moment | " + " | ".join(f"T={count}" for count in analysis.threads) + " |",
-             "|---|---|" + "---:|" * len(analysis.threads),
-             f"| {LIVE_ROW} | | " + " | ".join(_mib(analysis.live.get(count)) for count in analysis.threads) + " |"]
+    rows = [[LIVE_ROW, ""] + [_mib(analysis.live.get(count)) for count in analysis.threads]]
     for name in analysis.allocators:
         for moment in MOMENTS:
-            cells = []
+            cells = [name, moment]
             for count in analysis.threads:
                 cell = analysis.cells[(name, count)]
                 stat = cell.pss_at(moment)
@@ -436,62 +435,59 @@ def wide_table(analysis: Analysis) -> List[str]:
                 if cell.failed:
                     text += f" ({cell.failed} failed)"
                 cells.append(text)
-            lines.append(f"| {name} | {moment} | " + " | ".join(cells) + " |")
-    return lines
+            rows.append(cells)
+    header = ["allocator", "moment"] + [f"T={count}" for count in analysis.threads]
+    return markdown_table(header, rows, left=2).splitlines()
 
 
 def fit_table(analysis: Analysis) -> List[str]:
-    lines = ["| allocator | slope MiB/thread | spread over repetitions | intercept MiB | R² | "
-             "overhead MiB/thread | slope ÷ live slope |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+    rows = []
     if analysis.live_fit:
         fit = analysis.live_fit
-        lines.append(f"| {LIVE_ROW} | {fit.slope:.3f} | — | {fit.intercept:.2f} | {fit.r2:.4f} | — | 1.00 |")
+        rows.append([LIVE_ROW, f"{fit.slope:.3f}", "—", f"{fit.intercept:.2f}", f"{fit.r2:.4f}", "—", "1.00"])
     for name in analysis.allocators:
         result = analysis.fits[name]
         if result.fit is None:
-            lines.append(f"| {name} | — | — | — | — | — | — |")
+            rows.append([name] + ["—"] * 6)
             continue
         spread = result.slope_spread()
-        spread_text = _range(spread[0], spread[1], 3) if spread else "—"
-        overhead = f"{result.overhead:.3f}" if result.overhead is not None else "—"
-        growth = f"{result.growth:.2f}" if result.growth is not None else "—"
-        lines.append(f"| {name} | {result.fit.slope:.3f} | {spread_text} | {result.fit.intercept:.2f} | "
-                     f"{result.fit.r2:.4f} | {overhead} | {growth} |")
-    return lines
+        rows.append([name, f"{result.fit.slope:.3f}", _range(spread[0], spread[1], 3) if spread else "—",
+                     f"{result.fit.intercept:.2f}", f"{result.fit.r2:.4f}",
+                     f"{result.overhead:.3f}" if result.overhead is not None else "—",
+                     f"{result.growth:.2f}" if result.growth is not None else "—"])
+    header = ["allocator", "slope MiB/thread", "spread over repetitions", "intercept MiB", "R²",
+              "overhead MiB/thread", "slope ÷ live slope"]
+    return markdown_table(header, rows).splitlines()
 
 
 def detail_table(analysis: Analysis) -> List[str]:
-    lines = ["| allocator | T | runs | live MiB | alive PSS MiB | min–max | alive PSS/live | PSS after exit MiB | "
-             "min–max | PSS/live after exit | peak PSS MiB | cgroup peak MiB | page tables KiB alive / after exit | "
-             "mappings | seconds |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-
     def kib(stat: Optional[Stat]) -> str:
         return "—" if stat is None else f"{stat.median / KIB:.0f}"
 
+    rows = []
     for name in analysis.allocators:
         for count in analysis.threads:
             cell = analysis.cells[(name, count)]
-            runs = f"{cell.runs - cell.failed}/{cell.runs}"
+            row = [name, str(count), f"{cell.runs - cell.failed}/{cell.runs}", _mib(analysis.live.get(count))]
             if cell.pss is None:
-                lines.append(f"| {name} | {count} | {runs} | {_mib(analysis.live.get(count))} |" + " — |" * 11)
+                rows.append(row + ["—"] * 11)
                 continue
-            moments = []
             for moment in MOMENTS:
                 stat = cell.pss_at(moment)
                 ratio = analysis.ratio(name, count, moment)
-                moments.append(f"{_mib(stat.median if stat else None)} | "
-                               f"{_range(stat.low / MIB, stat.high / MIB, 1) if stat else '—'} | "
-                               f"{'—' if ratio is None else f'{ratio:.2f}'}")
-            lines.append(
-                f"| {name} | {count} | {runs} | {_mib(analysis.live.get(count))} | {' | '.join(moments)} | "
-                f"{_mib(cell.peak_pss.median if cell.peak_pss else None)} | "
-                f"{_mib(cell.peak_cgroup.median if cell.peak_cgroup else None)} | "
-                f"{kib(cell.alive_pte)} / {kib(cell.pte)} | "
-                f"{'—' if cell.mappings is None else f'{cell.mappings.median:.0f}'} | "
-                f"{'—' if cell.seconds is None else f'{cell.seconds.median:.3f}'} |")
-    return lines
+                row += [_mib(stat.median if stat else None),
+                        _range(stat.low / MIB, stat.high / MIB, 1) if stat else "—",
+                        "—" if ratio is None else f"{ratio:.2f}"]
+            rows.append(row + [
+                _mib(cell.peak_pss.median if cell.peak_pss else None),
+                _mib(cell.peak_cgroup.median if cell.peak_cgroup else None),
+                f"{kib(cell.alive_pte)} / {kib(cell.pte)}",
+                "—" if cell.mappings is None else f"{cell.mappings.median:.0f}",
+                "—" if cell.seconds is None else f"{cell.seconds.median:.3f}"])
+    header = ["allocator", "T", "runs", "live MiB", "alive PSS MiB", "min–max", "alive PSS/live",
+              "PSS after exit MiB", "min–max", "PSS/live after exit", "peak PSS MiB", "cgroup peak MiB",
+              "page tables KiB alive / after exit", "mappings", "seconds"]
+    return markdown_table(header, rows).splitlines()
 
 
 def table_md(analysis: Analysis) -> str:
@@ -795,11 +791,7 @@ def write_markdown(analysis: Analysis, claims: Sequence[Claim], workload: Worklo
               "from outside over the whole run, page tables as the program read them at each moment, mappings "
               "after exit):", ""]
     lines += detail_table(analysis)
-    lines += ["", "| claim | paper | this machine | holds |", "|---|---|---|:---:|"]
-    for claim in claims:
-        mark = {True: "✓", False: "✗"}.get(claim.holds, "—")
-        verdict = f"{mark} {claim.note}".strip()
-        lines.append(f"| {claim.claim} | {claim.paper} | {claim.ours} | {verdict} |")
+    lines += [""] + summary_claims_table([asdict(claim) for claim in claims])
     lines += ["", "## Environment", ""] + [f"- {line}" for line in environment]
     path = out / "table.md"
     path.write_text("\n".join(lines) + "\n")
