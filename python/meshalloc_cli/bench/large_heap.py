@@ -573,9 +573,9 @@ def plot(out: Path, runs: Sequence[HeapRun], heaps: Sequence[int], names: Sequen
     """One column per heap size: PSS ÷ live against the seconds since the frees (top, with the
     2× target) and the mapping count (bottom, with the safety margin and the limit); one colour
     per allocator, one line per repetition."""
-    from ..plotting import _pyplot, _save
+    from ..plotting import load_pyplot, save_figure
 
-    pyplot = _pyplot()
+    pyplot = load_pyplot()
     figure, axes = pyplot.subplots(2, len(heaps), figsize=(PANEL_SIZE_IN[0] * len(heaps), PANEL_SIZE_IN[1] * 2),
                                    squeeze=False)
     for column, heap in enumerate(heaps):
@@ -613,7 +613,7 @@ def plot(out: Path, runs: Sequence[HeapRun], heaps: Sequence[int], names: Sequen
             axis.legend(fontsize=7)
     figure.suptitle(f"Large heap: {OBJECT_SIZE} B objects, {FREE_PERCENT} % freed at random, then idle", fontsize=10)
     figure.tight_layout()
-    written = _save(figure, out / FIGURE_STEM)
+    written = save_figure(figure, out / FIGURE_STEM)
     pyplot.close(figure)
     return written
 

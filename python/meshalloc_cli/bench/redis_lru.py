@@ -548,11 +548,9 @@ def write_summary(out: Path, context: Context, load: Workload, install: RedisIns
 def plot(out: Path, runs: Sequence[Run], configs: Sequence[Config], maxmemory_mib: Optional[float]) -> List[Path]:
     """memory.png and memory.svg: PSS over time per configuration (the median run by mean PSS
     bold, the other repetitions faint, a dot at the end of the insertion), mappings below."""
-    import matplotlib
+    from ..plotting import load_pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as pyplot
-
+    pyplot = load_pyplot()
     figure, (memory, maps) = pyplot.subplots(2, 1, sharex=True, figsize=(10, 7), gridspec_kw={"height_ratios": (3, 1)})
     colours = pyplot.rcParams["axes.prop_cycle"].by_key()["color"]
     end = 0.0
@@ -592,11 +590,7 @@ def plot(out: Path, runs: Sequence[Run], configs: Sequence[Config], maxmemory_mi
     maps.set_xlabel("seconds since the server started")
     maps.set_xlim(0, end + 0.5)
     figure.tight_layout()
-    written = []
-    for extension in ("png", "svg"):
-        path = out / f"memory.{extension}"
-        figure.savefig(path, dpi=120, metadata={"Date": None} if extension == "svg" else None)
-        written.append(path)
+    written = save_figure(figure, out / "memory")
     pyplot.close(figure)
     return written
 

@@ -96,7 +96,6 @@ BAR_GROUP_WIDTH = 0.8  # of the space between two groups
 FIGURE_WIDTH_PER_GROUP_IN = 0.75
 FIGURE_MIN_WIDTH_IN = 7.0
 PANEL_HEIGHT_IN = 3.6
-PNG_DPI = 120
 RATIO_MARGIN = 1.15  # head room above the largest ratio (and below the smallest)
 # Tick sets from fine to coarse; a panel uses the finest that puts at most MAX_TICKS in its range.
 RATIO_TICK_SETS = (
@@ -112,10 +111,9 @@ LEGEND_ROOM = 0.06  # of the figure's height, below the panels
 def ratio_bar_chart(panels: Sequence[BarPanel], ylabel: str, title: str, stem: Path) -> List[Path]:
     """PNG and SVG of grouped ratio bars on a log scale (a 2× and a 0.5× are equally far from
     the line at 1). Returns the files written."""
-    import matplotlib
+    from ..plotting import load_pyplot, save_figure
 
-    matplotlib.use("Agg")  # files only: works without a display
-    import matplotlib.pyplot as pyplot
+    pyplot = load_pyplot()
     from matplotlib import ticker
 
     widest = max((len(panel.groups) for panel in panels), default=1)
@@ -169,12 +167,7 @@ def ratio_bar_chart(panels: Sequence[BarPanel], ylabel: str, title: str, stem: P
     figure.legend(handles, labels, loc="lower center", ncol=min(len(labels), 6), fontsize=8, frameon=False)
     figure.suptitle(title, fontsize=11)
     figure.tight_layout(rect=(0, LEGEND_ROOM, 1, 1))
-    written = []
-    for extension in ("png", "svg"):
-        path = stem.with_suffix("." + extension)
-        # No date in the SVG: identical data gives identical files.
-        figure.savefig(path, dpi=PNG_DPI, metadata={"Date": None} if extension == "svg" else None)
-        written.append(path)
+    written = save_figure(figure, stem)
     pyplot.close(figure)
     return written
 

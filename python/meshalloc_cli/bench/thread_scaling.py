@@ -733,9 +733,9 @@ MOMENT_LINESTYLE = {EXIT: "-", ALIVE: "--"}
 def plot(analysis: Analysis, stem: Path, workload: Workload) -> List[Path]:
     """PSS against threads (median, min–max bars) beside PSS ÷ live, at both moments (solid:
     after exit, dashed: alive and idle), with the targets drawn in."""
-    from ..plotting import _pyplot, _save
+    from ..plotting import load_pyplot, save_figure
 
-    pyplot = _pyplot()
+    pyplot = load_pyplot()
     figure, (memory, ratio) = pyplot.subplots(1, 2, figsize=FIGURE_SIZE_IN)
     for index, name in enumerate(analysis.allocators):
         marker = MARKERS[index % len(MARKERS)]
@@ -778,7 +778,7 @@ def plot(analysis: Analysis, stem: Path, workload: Workload) -> List[Path]:
                     f"{size_text(workload.min_size)}–{size_text(workload.max_size)} per thread, "
                     f"{workload.keep_percent} % kept", fontsize=10)
     figure.tight_layout()
-    written = _save(figure, stem)
+    written = save_figure(figure, stem)
     pyplot.close(figure)
     return written
 
