@@ -13,7 +13,7 @@ import subprocess
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
-from typing import List, Mapping, Optional, Sequence
+from typing import List, Mapping, Optional, Sequence, Tuple
 
 from ..allocators import SYSTEM_ALLOCATORS, Allocator, configuration_problem, resolve, split_list
 from ..errors import MeshallocError
@@ -57,11 +57,23 @@ class Selection:
     allocators: List[Allocator]
     skipped: List[str]  # one line for each of the experiment's own choices that cannot run here
     baseline: Optional[str]  # an allocator's name, None when no candidate runs
-    by_user: bool  # chosen with --allocators (or the alias variable), not the experiment's list
 
     @property
     def names(self) -> List[str]:
         return [allocator.name for allocator in self.allocators]
+
+
+def requested_specs(context: Context, defaults: Sequence[str], smoke: Optional[Sequence[str]] = None,
+                    alias: Optional[str] = None) -> Tuple[List[str], Optional[str]]:
+    """The specs a run asks for: --allocators', else the alias variable's, else the experiment's
+    own for the mode (`smoke` in smoke mode); and where the user gave them (None: the
+    experiment's own)."""
+    if context.allocators:
+        return list(context.allocators), "--allocators"
+    named = names_from(alias) if alias else None
+    if named:
+        return named, alias
+    return list(smoke if smoke is not None and context.mode == SMOKE else defaults), None
 
 
 def choose_allocators(context: Context, defaults: Sequence[str], smoke: Optional[Sequence[str]] = None,
@@ -72,12 +84,8 @@ def choose_allocators(context: Context, defaults: Sequence[str], smoke: Optional
     Every run of the project's libmeshalloc.so preloads one private copy of it
     (private_meshalloc_copy). The baseline is --baseline (put first when the list lacks it),
     else the first of the experiment's `baselines` that runs."""
-    specs, source = list(context.allocators), "--allocators"
-    if not specs and alias:
-        specs, source = names_from(alias) or [], alias
-    by_user = bool(specs)
-    if not by_user:
-        specs = list(smoke if smoke is not None and context.mode == SMOKE else defaults)
+    specs, source = requested_specs(context, defaults, smoke, alias)
+    by_user = source is not None
     allocators: List[Allocator] = []
     skipped: List[str] = []
     for spec in specs:
@@ -101,7 +109,7 @@ def choose_allocators(context: Context, defaults: Sequence[str], smoke: Optional
         baseline = wanted.name
     if not allocators:
         raise ExperimentUnavailable("no allocator can run here: " + "; ".join(skipped))
-    return Selection(with_private_meshalloc(context, allocators), skipped, baseline, by_user)
+    return Selection(with_private_meshalloc(context, allocators), skipped, baseline)
 
 
 def check_configurations(allocators: Sequence[Allocator]) -> List[str]:

@@ -25,7 +25,7 @@ from ..errors import MeshallocError
 from ..measure import DEFAULT_INTERVAL_S, KIB, MIB
 from . import schedule
 from .claims import Claims
-from .common import ExperimentBase, checked_repetitions, names_from, with_private_meshalloc
+from .common import ExperimentBase, checked_repetitions, requested_specs, with_private_meshalloc
 from .report import markdown_table, number, stat_text, write_summary_json, write_tsv
 from .stats import Stat
 from .framework import FULL, QUICK, SMOKE, Claim, Context, ExperimentUnavailable, Outcome
@@ -165,14 +165,10 @@ def workload(context: Context) -> Workload:
 # Configurations
 
 def wanted_configs(context: Context) -> Tuple[List[str], bool]:
-    """The specs to run (--allocators, else REDIS_LRU_CONFIGS, else the mode's list), the
-    baseline first whatever the list says (every ratio is against it); and whether the user
-    chose them."""
-    names = list(context.allocators) or names_from(CONFIGS_VARIABLE) or []
-    by_user = bool(names)
-    if not by_user:
-        names = list(SMOKE_CONFIGS if context.mode == SMOKE else CONFIG_ORDER)
-    return [BASELINE] + [name for name in names if name != BASELINE], by_user
+    """The specs to run (common.requested_specs), the baseline first whatever the list says
+    (every ratio is against it); and whether the user chose them."""
+    names, source = requested_specs(context, CONFIG_ORDER, SMOKE_CONFIGS, CONFIGS_VARIABLE)
+    return [BASELINE] + [name for name in names if name != BASELINE], source is not None
 
 
 def build_configs(context: Context, names: Sequence[str], by_user: bool, install: RedisInstall) -> Tuple[
