@@ -62,6 +62,23 @@ class Selection:
     def names(self) -> List[str]:
         return [allocator.name for allocator in self.allocators]
 
+    def notes(self, reference: Optional[str] = None) -> List[str]:
+        """A note per skipped allocator, and one when the experiment's reference for its ratios
+        did not run (and no --baseline replaced it)."""
+        lines = [f"Skipped allocator {line}" for line in self.skipped]
+        if reference is not None and self.baseline is None:
+            lines.append(f"{reference} did not run: there are no ratios, and no claim about them can be checked.")
+        return lines
+
+
+def built(context: Context, relative: Path) -> Path:
+    """A program `make release` builds (relative to the build directory); the experiment is
+    skipped, saying so, when it is not there."""
+    path = context.build_dir / relative
+    if not path.is_file():
+        raise ExperimentUnavailable(f"{path} is missing (run `make release`)")
+    return path
+
 
 def requested_specs(context: Context, defaults: Sequence[str], smoke: Optional[Sequence[str]] = None,
                     alias: Optional[str] = None) -> Tuple[List[str], Optional[str]]:

@@ -26,8 +26,8 @@ from ..allocators import MESH_DEFAULT
 from ..measure import KIB, MIB
 from . import schedule
 from .claims import Claims, claims_table
-from .common import KEY_VALUE, ExperimentBase, checked_repetitions, choose_allocators, machine_notes
-from .framework import FULL, QUICK, SMOKE, Claim, Context, ExperimentUnavailable, Outcome
+from .common import KEY_VALUE, ExperimentBase, built, checked_repetitions, choose_allocators, machine_notes
+from .framework import FULL, QUICK, SMOKE, Claim, Context, Outcome
 from .programs import timed_run
 from .report import (TIMES, allocator_json, markdown_table, notes_section, number, stat_text, write_summary_json,
                      write_tsv)
@@ -624,9 +624,7 @@ def plot(out: Path, runs: Sequence[HeapRun], heaps: Sequence[int], names: Sequen
 
 class LargeHeap(ExperimentBase):
     def run(self, context: Context) -> Outcome:
-        binary = context.build_dir / BINARY
-        if not binary.is_file():
-            raise ExperimentUnavailable(f"{binary} is missing (run `make release`)")
+        binary = built(context, BINARY)
         setting = SETTINGS[context.mode]
         repetitions = checked_repetitions(context, REPETITIONS)
         load_start = schedule.load_average()
@@ -634,7 +632,7 @@ class LargeHeap(ExperimentBase):
         selection = choose_allocators(context, ALLOCATORS, SMOKE_ALLOCATORS, ALLOCATORS_VARIABLE)
         allocators, names = selection.allocators, selection.names
         notes = [f"workload: {describe(setting)}", f"{repetitions} repetition(s); allocators interleaved within each"]
-        notes += [f"skipped allocator {line}" for line in selection.skipped]
+        notes += selection.notes()
 
         # A heap that does not fit in memory would measure swapping: leave it out, and say so.
         heaps: List[int] = []

@@ -271,10 +271,7 @@ class RealApps(ExperimentBase):
 
         selection = choose_allocators(context, ALLOCATORS, SMOKE_ALLOCATORS, ALLOCATORS_VARIABLE, (BASELINE,))
         allocators, allocator_names, baseline = selection.allocators, selection.names, selection.baseline
-        notes = [f"Skipped allocator {line}" for line in selection.skipped]
-        notes += [f"Skipped program {line}" for line in missing]
-        if baseline is None:
-            notes.append(f"{BASELINE} did not run: no ratios.")
+        notes = selection.notes(BASELINE) + [f"Skipped program {line}" for line in missing]
         if GLIBC not in allocator_names:
             notes.append(f"{GLIBC} did not run: the claims against it cannot be checked.")
 

@@ -550,10 +550,7 @@ class Speed(ExperimentBase):
 
         selection = choose_allocators(context, ALLOCATORS, SMOKE_ALLOCATORS, ALLOCATORS_VARIABLE, (BASELINE,))
         allocators, allocator_names, baseline = selection.allocators, selection.names, selection.baseline
-        notes = [f"Skipped allocator {line}" for line in selection.skipped]
-        notes += [f"Skipped program {line}" for line in missing_programs]
-        if baseline is None:
-            notes.append(f"{BASELINE} did not run, so there are no ratios and no claims can be checked.")
+        notes = selection.notes(BASELINE) + [f"Skipped program {line}" for line in missing_programs]
         notes += check_configurations(allocators)
 
         failures: List[str] = []

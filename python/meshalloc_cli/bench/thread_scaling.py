@@ -29,7 +29,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 from ..allocators import MESH_DEFAULT, MESH_OFF, Allocator
 from ..measure import KIB, MIB, RunResult, measure
 from . import schedule
-from .common import KEY_VALUE, ExperimentBase, check_configurations, choose_allocators
+from .common import KEY_VALUE, ExperimentBase, built, check_configurations, choose_allocators
 from .claims import summary_claims_table
 from .report import markdown_table, size_text, write_tsv
 from .stats import Stat
@@ -804,9 +804,7 @@ def write_markdown(analysis: Analysis, claims: Sequence[Claim], workload: Worklo
 
 class ThreadScaling(ExperimentBase):
     def run(self, context: Context) -> Outcome:
-        binary = context.build_dir / BINARY
-        if not binary.is_file():
-            raise ExperimentUnavailable(f"{binary} is missing (run `make release`)")
+        binary = built(context, BINARY)
         workload = context.pick(SMOKE_WORKLOAD, STUDY_WORKLOAD, STUDY_WORKLOAD)
         threads = list(context.pick(*(THREADS[mode] for mode in (SMOKE, QUICK, FULL))))
         repetitions = context.repetitions(*(REPETITIONS[mode] for mode in (SMOKE, QUICK, FULL)))
