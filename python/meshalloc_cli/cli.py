@@ -301,15 +301,22 @@ def cmd_run(args, command: List[str], err: Console) -> int:
 
 
 def _user_allocators(text: Optional[str]) -> List[str]:
-    """--allocators' specs (comma- or space-separated), each checked now: a typo stops the
-    command with one line before anything runs."""
+    """--allocators' specs (comma- or space-separated)."""
     if text is None:
         return []
     specs = allocator_registry.split_list(text)
     if not specs:
         raise MeshallocError("--allocators is empty")
-    allocator_registry.resolve_all(specs)
     return specs
+
+
+def _label(spec: str) -> str:
+    """The name a spec is shown under: resolve()'s, or the spec itself for a name an
+    experiment builds (checked by then)."""
+    try:
+        return allocator_registry.resolve(spec).name
+    except MeshallocError:
+        return spec
 
 
 def _baseline(text: Optional[str], chosen: Sequence[str]) -> Optional[str]:
@@ -317,7 +324,7 @@ def _baseline(text: Optional[str], chosen: Sequence[str]) -> Optional[str]:
     if text is None:
         return None
     name = allocator_registry.resolve(text).name
-    names = [allocator_registry.resolve(spec).name for spec in chosen]
+    names = [_label(spec) for spec in chosen]
     if chosen and name not in names:
         raise MeshallocError(f"baseline '{text}' is not one of the compared allocators ({', '.join(names)})")
     return name
@@ -458,6 +465,7 @@ def cmd_bench(args, out_console: Console) -> int:
         sys.stderr.flush()
 
     specs = _user_allocators(args.allocators)
+    runner.check_allocators(args.experiments, specs)  # before anything runs
     baseline = args.baseline.strip() if args.baseline is not None else None
     _baseline(baseline, specs)
     report = runner.run_bench(args.experiments, args.mode, args.out, repeat=args.repeat, log=progress,

@@ -119,3 +119,12 @@ def test_an_experiment_runs_any_list_of_specs(tmp_path):
     report = json.loads(stderr[tuned][stderr[tuned].index("{"):])
     assert report["options"][BUDGET] == 250 and report["options"]["randomize"] == 3
     assert "{" not in stderr[library]  # the plain path runs the library's defaults: no statistics
+
+
+def test_a_name_an_experiment_builds_itself_passes_only_for_that_experiment():
+    from meshalloc_cli.bench import runner
+
+    runner.check_allocators(["redis-lru"], ["jemalloc+activedefrag", "meshalloc:0n"])
+    runner.check_allocators([], ["jemalloc+activedefrag"])  # a run of everything includes redis-lru
+    with pytest.raises(MeshallocError, match="only meshalloc takes"):
+        runner.check_allocators(["speed"], ["jemalloc+activedefrag"])

@@ -35,6 +35,9 @@ class ExperimentBase:
     name: str  # the command-line name: "redis-lru"
     title: str  # "Redis LRU cache"
     paper: str  # "Mesh §6.2.2, figure 7"
+    # Names --allocators may give that this experiment builds itself rather than by resolving
+    # them as allocator specs (redis-lru's "jemalloc+activedefrag").
+    own_allocators: Tuple[str, ...] = ()
 
 
 def checked_repetitions(context: Context, counts: Mapping[str, int]) -> int:

@@ -743,4 +743,4 @@ class RedisLru(ExperimentBase):
                        failures=describe_runs(runs), notes=notes)
 
 
-EXPERIMENT = RedisLru(name=NAME, title="Redis LRU cache", paper="Mesh §6.2.2, figure 7")
+EXPERIMENT = RedisLru(name=NAME, title="Redis LRU cache", paper="Mesh §6.2.2, figure 7", own_allocators=BUILT_IN)

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .. import paths
+from ..allocators import resolve
 from ..errors import EXIT_FAILURE, EXIT_OK, EXIT_SIGNAL_BASE, EXIT_USAGE, MeshallocError
 from .claims import Tally, summary_claims_table, verdict
 from .framework import MODES, Context, ExperimentUnavailable, Outcome
@@ -90,6 +91,21 @@ def check_names(names: Sequence[str]) -> None:
     for name in names:
         if name not in known:
             raise MeshallocError(f"unknown experiment '{name}' (known: {', '.join(known)})", EXIT_USAGE)
+
+
+def check_allocators(names: Sequence[str], specs: Sequence[str]) -> None:
+    """Every --allocators spec must be one allocators.resolve() accepts, or a name one of the
+    experiments to run builds itself (its own_allocators); MeshallocError otherwise, before
+    anything runs. An experiment that cannot use a name another one built in is skipped."""
+    own = set()
+    for name in names or experiment_modules():
+        try:
+            own.update(getattr(load_experiment(name), "own_allocators", ()))
+        except Exception:  # a module that cannot load is reported when it runs
+            continue
+    for spec in specs:
+        if spec not in own:
+            resolve(spec)
 
 
 class _NotAvailable(Exception):
