@@ -128,3 +128,30 @@ def test_a_name_an_experiment_builds_itself_passes_only_for_that_experiment():
     runner.check_allocators([], ["jemalloc+activedefrag"])  # a run of everything includes redis-lru
     with pytest.raises(MeshallocError, match="only meshalloc takes"):
         runner.check_allocators(["speed"], ["jemalloc+activedefrag"])
+
+
+def _context(tmp_path, **overrides):
+    from meshalloc_cli.bench import framework
+
+    fields = dict(mode=framework.SMOKE, out=tmp_path, root=Path(__file__).resolve().parents[2],
+                  build_dir=meshalloc_library().parents[1], repeat=None, log=lambda line: None)
+    return framework.Context(**{**fields, **overrides})
+
+
+def test_experiments_choose_the_users_list_and_baseline(tmp_path, monkeypatch):
+    from meshalloc_cli.bench import common
+    from meshalloc_cli.bench.framework import ExperimentUnavailable
+
+    chosen = common.choose_allocators(_context(tmp_path, allocators=("system",), baseline="meshalloc:0n"),
+                                      ["nosuchalloc"], baselines=("system",))
+    assert chosen.names == ["meshalloc:0n", "system"] and chosen.baseline == "meshalloc:0n"
+    assert chosen.allocators[0].library == tmp_path / "libmeshalloc.so"  # the experiment's private copy
+    unused = common.choose_allocators(_context(tmp_path, baseline="system"), ["meshalloc:0n"])
+    assert unused.names == ["meshalloc:0n"] and unused.baseline is None
+    assert "--baseline system does not apply" in unused.notes()[0]
+    own = common.choose_allocators(_context(tmp_path), ["nosuchalloc", "system"], baselines=("meshalloc:0n",))
+    assert own.names == ["system"] and own.baseline is None
+    assert own.notes("meshalloc:0n")[0].startswith("Skipped allocator nosuchalloc: unknown allocator")
+    monkeypatch.setenv("SOME_ALLOCATORS", "system nosuchalloc")
+    with pytest.raises(ExperimentUnavailable, match="SOME_ALLOCATORS: unknown allocator 'nosuchalloc'"):
+        common.choose_allocators(_context(tmp_path), ["system"], alias="SOME_ALLOCATORS")

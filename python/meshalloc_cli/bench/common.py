@@ -60,6 +60,7 @@ class Selection:
     allocators: List[Allocator]
     skipped: List[str]  # one line for each of the experiment's own choices that cannot run here
     baseline: Optional[str]  # an allocator's name, None when no candidate runs
+    unused_baseline: Optional[str] = None  # --baseline, given to an experiment without ratios
 
     @property
     def names(self) -> List[str]:
@@ -69,6 +70,8 @@ class Selection:
         """A note per skipped allocator, and one when the experiment's reference for its ratios
         did not run (and no --baseline replaced it)."""
         lines = [f"Skipped allocator {line}" for line in self.skipped]
+        if self.unused_baseline:
+            lines.append(f"--baseline {self.unused_baseline} does not apply: this experiment has no ratios.")
         if reference is not None and self.baseline is None:
             lines.append(f"{reference} did not run: there are no ratios, and no claim about them can be checked.")
         return lines
@@ -103,7 +106,8 @@ def choose_allocators(context: Context, defaults: Sequence[str], smoke: Optional
     cannot run stops the experiment; one of the experiment's own is skipped with a note.
     Every run of the project's libmeshalloc.so preloads one private copy of it
     (private_meshalloc_copy). The baseline is --baseline (put first when the list lacks it),
-    else the first of the experiment's `baselines` that runs."""
+    else the first of the experiment's `baselines` that runs; an experiment without
+    `baselines` has no ratios, and --baseline is only noted."""
     specs, source = requested_specs(context, defaults, smoke, alias)
     by_user = source is not None
     allocators: List[Allocator] = []
@@ -119,7 +123,8 @@ def choose_allocators(context: Context, defaults: Sequence[str], smoke: Optional
         if allocator.name not in [chosen.name for chosen in allocators]:
             allocators.append(allocator)
     baseline = next((name for name in baselines if name in [allocator.name for allocator in allocators]), None)
-    if context.baseline:
+    unused = context.baseline if context.baseline and not baselines else None
+    if context.baseline and not unused:
         try:
             wanted = resolve(context.baseline, context.build_dir)
         except MeshallocError as error:
@@ -129,7 +134,7 @@ def choose_allocators(context: Context, defaults: Sequence[str], smoke: Optional
         baseline = wanted.name
     if not allocators:
         raise ExperimentUnavailable("no allocator can run here: " + "; ".join(skipped))
-    return Selection(with_private_meshalloc(context, allocators), skipped, baseline)
+    return Selection(with_private_meshalloc(context, allocators), skipped, baseline, unused)
 
 
 def check_configurations(allocators: Sequence[Allocator]) -> List[str]:

@@ -815,9 +815,9 @@ class ThreadScaling(ExperimentBase):
         load_start = schedule.load_average()
 
         selection = choose_allocators(context, ALLOCATORS)
-        for note in selection.skipped:
-            context.log(f"skipping {note}")
-            notes.append(f"skipped {note}")
+        for note in selection.notes():
+            context.log(note)
+            notes.append(note)
         wrong = check_configurations(selection.allocators)
         failures += [f"{line}; not run" for line in wrong]
         chosen = [allocator for allocator in selection.allocators if not any(
