@@ -35,6 +35,10 @@ MS_PER_S = 1000.0
 DEFAULT_OUT_ROOT = Path("out")
 DEFAULT_BENCH_OUT = Path("results")
 TIMESTAMP_FORMAT = "%Y%m%d-%H%M%S"
+# What --allocators and --baseline take, in both commands that have them.
+ALLOCATORS_HELP = ("comma-separated allocators: names from `meshalloc allocators`, meshalloc configurations "
+                   "with option overrides (meshalloc:3y+mesh_budget_permille=200), or paths to .so files")
+BASELINE_HELP = "allocator the ratios are against, in the same forms; with --allocators, one of them"
 # The allocators `compare` uses when --allocators is not given (those that are present).
 DEFAULT_COMPARE_ALLOCATORS = ("glibc", "jemalloc", "mimalloc", "tcmalloc", "meshalloc")
 # Wide enough for the comparison table with its (min–max) ranges and meshalloc's breakdown
@@ -123,11 +127,11 @@ def build_parser() -> argparse.ArgumentParser:
                                      "print a table of medians and ratios against a baseline, with one figure "
                                      "of every allocator's memory over time.", epilog=EPILOG)
     comparison.add_argument("--allocators", metavar="A,B,...",
-                            help="comma-separated allocators (default: those of "
-                            f"{','.join(DEFAULT_COMPARE_ALLOCATORS)} that are present)")
+                            help=f"{ALLOCATORS_HELP} (default: those of {','.join(DEFAULT_COMPARE_ALLOCATORS)} "
+                            "that are present)")
     comparison.add_argument("--repeat", type=_positive_int, default=DEFAULT_REPEAT, metavar="N",
                             help="runs per allocator (default %(default)s)")
-    comparison.add_argument("--baseline", metavar="NAME", help="allocator the ratios are against (default: the first)")
+    comparison.add_argument("--baseline", metavar="A", help=f"{BASELINE_HELP} (default: the first)")
     _add_measurement_options(comparison)
 
     listing = commands.add_parser("allocators", help="list the allocators available on this machine",
@@ -153,6 +157,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="repetitions of every configuration (default: the mode's)")
     bench.add_argument("--out", type=Path, default=DEFAULT_BENCH_OUT, metavar="DIR",
                        help="results directory (default %(default)s)")
+    bench.add_argument("--allocators", metavar="A,B,...",
+                       help=f"{ALLOCATORS_HELP}, instead of each experiment's own (see docs/bench.md for what "
+                       "each does with them)")
+    bench.add_argument("--baseline", metavar="A", help=f"{BASELINE_HELP} (default: each experiment's own)")
     bench.add_argument("--list", action="store_true", help="list the experiments and exit")
     bench.add_argument("experiments", nargs="*", metavar="EXPERIMENT",
                        help="experiments to run (default: all, in the order --list shows)")
@@ -354,12 +362,39 @@ def cmd_run(args, command: List[str], err: Console) -> int:
     return result.exit_code
 
 
-def _compare_allocators(spec: Optional[str]):
-    if spec is not None:
-        names = [name for name in (part.strip() for part in spec.split(",")) if name]
-        if not names:
-            raise MeshallocError("--allocators is empty")
-        return allocator_registry.resolve_all(names)
+def _user_allocators(text: Optional[str]) -> List[str]:
+    """--allocators' specs (comma- or space-separated)."""
+    if text is None:
+        return []
+    specs = allocator_registry.split_list(text)
+    if not specs:
+        raise MeshallocError("--allocators is empty")
+    return specs
+
+
+def _label(spec: str) -> str:
+    """The name a spec is shown under: resolve()'s, or the spec itself for a name an
+    experiment builds (checked by then)."""
+    try:
+        return allocator_registry.resolve(spec).name
+    except MeshallocError:
+        return spec
+
+
+def _baseline(text: Optional[str], chosen: Sequence[str]) -> Optional[str]:
+    """--baseline's allocator name; with --allocators it must be one of them."""
+    if text is None:
+        return None
+    name = allocator_registry.resolve(text).name
+    names = [_label(spec) for spec in chosen]
+    if chosen and name not in names:
+        raise MeshallocError(f"baseline '{text}' is not one of the compared allocators ({', '.join(names)})")
+    return name
+
+
+def _compare_allocators(specs: Sequence[str]):
+    if specs:
+        return allocator_registry.resolve_all(specs)
     present = []
     for name in DEFAULT_COMPARE_ALLOCATORS:
         try:
@@ -433,12 +468,11 @@ def print_comparison(comparison: Comparison, files: List[Path], figure: Optional
 
 
 def cmd_compare(args, command: List[str], out_console: Console, err: Console) -> int:
-    chosen = _compare_allocators(args.allocators)
-    baseline = args.baseline
-    if baseline is not None:
-        names = [allocator.name for allocator in chosen]
-        if baseline not in names:
-            raise MeshallocError(f"baseline '{baseline}' is not one of the compared allocators ({', '.join(names)})")
+    specs = _user_allocators(args.allocators)
+    chosen = _compare_allocators(specs)
+    baseline = _baseline(args.baseline, specs)
+    if baseline is not None and baseline not in [allocator.name for allocator in chosen]:
+        chosen.insert(0, allocator_registry.resolve(args.baseline))  # not listed: the defaults lack it
     check_command(command, chosen[0].environment())
     out = prepare_output_directory(args.out or _default_out("compare"))
     with _Progress(err) as progress:
@@ -492,7 +526,12 @@ def cmd_bench(args, out_console: Console) -> int:
         sys.stderr.write(line + "\n")
         sys.stderr.flush()
 
-    report = runner.run_bench(args.experiments, args.mode, args.out, repeat=args.repeat, log=progress)
+    specs = _user_allocators(args.allocators)
+    runner.check_allocators(args.experiments, specs)  # before anything runs
+    baseline = args.baseline.strip() if args.baseline is not None else None
+    _baseline(baseline, specs)
+    report = runner.run_bench(args.experiments, args.mode, args.out, repeat=args.repeat, log=progress,
+                              allocators=specs, baseline=baseline)
     counts = ", ".join(f"{count} {status}" for status, count in report.counts.items())
     out_console.print(f"summary: {report.summary} — {report.tally.text()} ({counts})", highlight=False,
                       markup=False, soft_wrap=True)

@@ -7,6 +7,9 @@
 
 #include "api/entry_points.h"
 #include "api/stats.h"
+#include "handle/defrag.h"
+#include "handle/handles.h"
+#include "handle/store.h"
 #include "heap/arena.h"
 #include "heap/config.h"
 #include "heap/heap.h"
@@ -19,7 +22,7 @@ namespace {
 
 constexpr char kVersionString[] = "0.1.0";
 
-Mutex gSnapshotLock;
+Mutex gSnapshotLock(LockRank::kStatsSnapshot);
 HeapStats gSnapshot;
 bool gHaveSnapshot = false;
 uint64_t gEpoch = 0;
@@ -124,48 +127,46 @@ int optionValue(const char* name, void* oldp, size_t* oldlenp, void* newp, size_
 
 int statValue(const char* name, void* oldp, size_t* oldlenp) {
   const HeapStats& s = snapshot();
+  for (size_t i = 0; i < kHeapStatisticCount; i++) {
+    if (!strcmp(name, kHeapStatistics[i].ctlName))
+      return readValue<size_t>(oldp, oldlenp, static_cast<size_t>(s.*kHeapStatistics[i].field));
+  }
+  // jemalloc's names for two of them, in pages.
+  if (!strcmp(name, "stats.arenas.0.pactive"))
+    return readValue<size_t>(oldp, oldlenp, s.active / Arena::pageSize());
+  if (!strcmp(name, "stats.arenas.0.pdirty"))
+    return readValue<size_t>(oldp, oldlenp, s.retained / Arena::pageSize());
+  return ENOENT;
+}
+
+// The handle statistics, read when asked (not at the epoch): counters and the store's sums.
+int handleValue(const char* name, void* oldp, size_t* oldlenp) {
+  using handles::gCounters;
+  size_t committed = handles::Store::committedBytes();
+  size_t live = handles::Store::liveBytes();
   struct Entry {
     const char* name;
-    size_t value;
+    uint64_t value;
   };
   const Entry entries[] = {
-      {"stats.allocated", s.allocated},
-      {"stats.active", s.active},
-      {"stats.resident", s.resident},
-      {"stats.mapped", s.mapped},
-      {"stats.metadata", s.metadata},
-      {"stats.retained", s.retained},
-      {"stats.reserved", s.reserved},
-      {"stats.large.allocated", s.largeAllocated},
-      {"stats.large.count", s.largeCount},
-      {"stats.thread_heaps", s.threadHeaps},
-      {"stats.idle_reclaims", s.idleReclaims},
-      {"stats.arenas.0.pactive", s.active / Arena::pageSize()},
-      {"stats.arenas.0.pdirty", s.retained / Arena::pageSize()},
-      {"mesh.count", s.meshCount},
-      {"mesh.released", s.meshReleased},
-      {"mesh.released_peak", s.meshReleasedPeak},
-      {"mesh.meshed_spans", s.meshedSpans},
-      {"mesh.aliases", s.meshAliases},
-      {"mesh.retired", s.meshRetired},
-      {"mesh.mappings", s.mappings},
-      {"mesh.mapping_limit", s.mappingLimit},
-      {"mesh.passes", s.meshPasses},
-      {"mesh.failed", s.meshFailed},
-      {"mesh.stranded", s.meshStranded},
-      {"mesh.skipped_for_io", s.meshSkippedForIo},
-      {"mesh.pauses", s.pauseCount},
-      {"mesh.pause_total_ns", s.pauseTotalNs},
-      {"mesh.pause_max_ns", s.pauseMaxNs},
-      {"mesh.pause_wait_max_ns", s.pauseWaitMaxNs},
-      {"mesh.barrier_max_ns", s.barrierMaxNs},
-      {"mesh.cpu_ns", s.meshCpuNs},
-      {"mesh.restore_cpu_ns", s.meshRestoreCpuNs},
-      {"mesh.barrier_faults", s.barrierFaults},
-      {"mesh.pinned_spans", s.pinnedSpans},
+      {"live", handles::Store::liveObjects()},
+      {"live_bytes", live},
+      {"committed", committed},
+      {"table_bytes", handles::Table::touchedBytes()},
+      {"fragmentation_permille", live ? committed * 1000 / live : 0},
+      {"pinned", handles::pinnedCount()},
+      {"moved", gCounters.movedObjects.load(std::memory_order_relaxed)},
+      {"moved_bytes", gCounters.movedBytes.load(std::memory_order_relaxed)},
+      {"moves_abandoned", gCounters.abandonedMoves.load(std::memory_order_relaxed)},
+      {"passes", gCounters.passes.load(std::memory_order_relaxed)},
+      {"released", gCounters.releasedBytes.load(std::memory_order_relaxed)},
+      {"cpu_ns", gCounters.cpuNs.load(std::memory_order_relaxed)},
+      {"pauses", gCounters.waits.load(std::memory_order_relaxed)},
+      {"pause_total_ns", gCounters.waitTotalNs.load(std::memory_order_relaxed)},
+      {"pause_max_ns", gCounters.waitMaxNs.load(std::memory_order_relaxed)},
   };
   for (const Entry& e : entries) {
-    if (!strcmp(name, e.name)) return readValue<size_t>(oldp, oldlenp, e.value);
+    if (!strcmp(name, e.name)) return readValue<uint64_t>(oldp, oldlenp, e.value);
   }
   return ENOENT;
 }
@@ -199,6 +200,16 @@ int control(const char* name, void* oldp, size_t* oldlenp, void* newp, size_t ne
     GlobalHeap::debugDump(sizeClass);
     return 0;
   }
+  if (!strcmp(name, "handles.compact")) {
+    if (!handles::ensureInitialized()) return EAGAIN;
+    size_t released = handles::Defragmenter::pass(0, 0).releasedBytes;
+    return oldp ? readValue<size_t>(oldp, oldlenp, released) : 0;
+  }
+  if (startsWith(cursor, "handles.")) {
+    if (!readOnly(newp, newlen)) return EPERM;
+    return handleValue(cursor, oldp, oldlenp);
+  }
+  cursor = name;
   if (!strcmp(name, "mesh.compact")) {
     size_t released = compactImpl();
     return oldp ? readValue<size_t>(oldp, oldlenp, released) : 0;
