@@ -19,6 +19,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy
 
 from . import trace_replay
+from .bench.report import write_tsv
 from .errors import EXIT_FAILURE, MeshallocError
 
 # replay_ops.h, BlockRecord.
@@ -93,13 +94,6 @@ def load(trace: Path, directory: Path) -> Blocks:
     return Blocks(prepared, records, timeline)
 
 
-def _write_tsv(path: Path, header: Sequence[str], rows) -> Path:
-    from .output import _write_tsv as write
-
-    write(path, header, rows)
-    return path
-
-
 # ----------------------------------------------------------------------------- lifetimes
 
 def lifetime_histograms(blocks: Blocks) -> List[Tuple[str, str, float, float, int]]:
@@ -125,9 +119,9 @@ def short_lived_share(blocks: Blocks, measure: str = "ops") -> float:
 
 
 def plot_lifetimes(blocks: Blocks, rows, stem: Path) -> List[Path]:
-    from .plotting import _pyplot, _save
+    from .plotting import load_pyplot, save_figure
 
-    pyplot = _pyplot()
+    pyplot = load_pyplot()
     figure, axes = pyplot.subplots(len(MEASURES), len(PANELS), figsize=(13.0, 9.0), squeeze=False)
     for row, (measure, label) in enumerate(MEASURES):
         for column, (panel, _, _) in enumerate(PANELS):
@@ -141,7 +135,7 @@ def plot_lifetimes(blocks: Blocks, rows, stem: Path) -> List[Path]:
             axis.tick_params(labelsize=7)
     figure.suptitle(f"{blocks.prepared.trace.name}: block lifetimes (thesis figures 5.1-5.3)")
     figure.tight_layout()
-    return _save(figure, stem)
+    return save_figure(figure, stem)
 
 
 # ----------------------------------------------------------------------------- sizes
@@ -376,9 +370,9 @@ def _mib(value: float) -> str:
 
 
 def plot_live(blocks: Blocks, fragmentation_runs: Sequence[ReplayRuns], stem: Path) -> List[Path]:
-    from .plotting import FIGURE_SIZE_IN, _pyplot, _save
+    from .plotting import FIGURE_SIZE_IN, load_pyplot, save_figure
 
-    pyplot = _pyplot()
+    pyplot = load_pyplot()
     figure, axis = pyplot.subplots(figsize=FIGURE_SIZE_IN)
     seconds = blocks.timeline[:, 0] / 1e9
     axis.plot(seconds, blocks.timeline[:, 2] / MIB, label="live bytes (requested)", color="black")
@@ -393,21 +387,21 @@ def plot_live(blocks: Blocks, fragmentation_runs: Sequence[ReplayRuns], stem: Pa
     axis.set_title(f"{blocks.prepared.trace.name}: live bytes over time")
     axis.grid(True, alpha=0.3)
     axis.legend(fontsize=8)
-    return _save(figure, stem)
+    return save_figure(figure, stem)
 
 
 def plot_heap_map(runs: ReplayRuns, stem: Path) -> List[Path]:
     """meshalloc's breakdown of its heap over the time of each meshalloc run of the replay
     (`trace replay --heap-map`), stacked, with the run's PSS over it."""
     from .breakdown import COLUMNS as BREAKDOWN_COLUMNS
-    from .plotting import FIGURE_SIZE_IN, _pyplot, _save
+    from .plotting import FIGURE_SIZE_IN, load_pyplot, save_figure
 
     path = runs.directory / trace_replay.HEAP_MAP_FILE
     if not path.is_file():
         return []
     rows = _read_tsv(path)
     allocators = sorted({row["allocator"] for row in rows})
-    pyplot = _pyplot()
+    pyplot = load_pyplot()
     figure, axes = pyplot.subplots(len(allocators), 1, figsize=FIGURE_SIZE_IN, squeeze=False)
     for axis, allocator in zip(axes[:, 0], allocators):
         repetition = runs.repetition.get(allocator)  # the median run, whose PSS is drawn over it
@@ -429,7 +423,7 @@ def plot_heap_map(runs: ReplayRuns, stem: Path) -> List[Path]:
     figure.suptitle("meshalloc's heap over the replay (its statistics every "
                     f"{trace_replay.HEAP_MAP_MS} ms)")
     figure.tight_layout()
-    return _save(figure, stem)
+    return save_figure(figure, stem)
 
 
 def analyze(trace: Path, out: Path, replays: Sequence[Path] = (),
@@ -442,7 +436,7 @@ def analyze(trace: Path, out: Path, replays: Sequence[Path] = (),
     tables: List[Table] = []
     summary = blocks.prepared.summary
     timeline = blocks.timeline
-    files.append(_write_tsv(out / FILES["live"], ["ns", "op", "live_bytes", "live_blocks", "window_peak_bytes"],
+    files.append(write_tsv(out / FILES["live"], ["ns", "op", "live_bytes", "live_blocks", "window_peak_bytes"],
                             ([f"{v:.0f}" for v in row] for row in timeline)))
     never = int((blocks.records["free_ns"] == NEVER).sum())
     tables.append(Table("trace", ["quantity", "value"], [
@@ -458,10 +452,10 @@ def analyze(trace: Path, out: Path, replays: Sequence[Path] = (),
         [f"short-lived (< {SHORT_LIVED_PERCENT:g} % of the bytes)", f"{short_lived_share(blocks, 'bytes'):.1f} % of blocks"],
     ]))
     lifetime_rows = lifetime_histograms(blocks)
-    files.append(_write_tsv(out / FILES["lifetimes"], ["measure", "panel", "low", "high", "blocks"],
+    files.append(write_tsv(out / FILES["lifetimes"], ["measure", "panel", "low", "high", "blocks"],
                             ([m, p, f"{low:.9g}", f"{high:.9g}", str(c)] for m, p, low, high, c in lifetime_rows)))
     sizes = size_histogram(blocks)
-    files.append(_write_tsv(out / FILES["sizes"], ["low_bytes", "high_bytes", "blocks", "bytes"],
+    files.append(write_tsv(out / FILES["sizes"], ["low_bytes", "high_bytes", "blocks", "bytes"],
                             ([str(v) for v in row] for row in sizes)))
     tables.append(Table("sizes requested", ["size (bytes)", "blocks", "MiB"],
                         [[f"{low + 1}–{high}", f"{count:,}", _mib(total)] for low, high, count, total in sizes if count]))
@@ -470,7 +464,7 @@ def analyze(trace: Path, out: Path, replays: Sequence[Path] = (),
         classes = size_classes(allocator)
         if classes:
             class_rows += [[allocator, *map(str, row)] for row in class_histogram(blocks, classes)]
-    files.append(_write_tsv(out / FILES["classes"], ["allocator", "class_bytes", "blocks", "requested_bytes",
+    files.append(write_tsv(out / FILES["classes"], ["allocator", "class_bytes", "blocks", "requested_bytes",
                                                      "class_total_bytes"], class_rows))
     for allocator in CLASS_ALLOCATORS:
         mine = [row for row in class_rows if row[0] == allocator]
@@ -479,7 +473,7 @@ def analyze(trace: Path, out: Path, replays: Sequence[Path] = (),
                                 ["class", "blocks", "requested MiB", "class MiB"],
                                 [[row[1], f"{int(row[2]):,}", _mib(int(row[3])), _mib(int(row[4]))] for row in mine]))
     threads, matrix = thread_matrix(blocks)
-    files.append(_write_tsv(out / FILES["threads"], ["alloc_thread", "free_thread", "blocks"],
+    files.append(write_tsv(out / FILES["threads"], ["alloc_thread", "free_thread", "blocks"],
                             ([str(a), "never" if f < 0 else str(f), str(c)] for (a, f), c in sorted(matrix.items()))))
     tables.append(Table("who frees what (blocks allocated by the row's thread, freed by the column's)",
                         ["allocated by", *[f"freed by {t}" for t in threads], "never freed"],
@@ -494,13 +488,13 @@ def analyze(trace: Path, out: Path, replays: Sequence[Path] = (),
                              f"{peak_pss / peak_live:.2f}" if peak_live else ""])
         headers = ["replay", "allocator", "mean PSS MiB", "mean live MiB", "mean PSS/live", "peak PSS MiB",
                    "peak live MiB", "peak PSS/live"]
-        files.append(_write_tsv(out / FILES["fragmentation"], headers, rows))
+        files.append(write_tsv(out / FILES["fragmentation"], headers, rows))
         tables.append(Table("fragmentation: PSS over live bytes (live bytes at the same point of the run)",
                             headers, rows, left=2))
         ranked = rankings(all_runs)
         if ranked:
             headers, rows = ranking_rows(ranked)
-            files.append(_write_tsv(out / FILES["rankings"], headers, rows))
+            files.append(write_tsv(out / FILES["rankings"], headers, rows))
             tables.append(Table(f"rankings (STEVE thesis §8.3.3) over {len(all_runs)} replay(s), sorted by "
                                 "penalty (c)", headers, rows, left=2))
     if figures:
@@ -515,6 +509,6 @@ def analyze(trace: Path, out: Path, replays: Sequence[Path] = (),
 
 
 def _markdown(table: Table) -> str:
-    from .bench.common import markdown_table
+    from .bench.report import markdown_table
 
     return markdown_table(table.headers, table.rows, table.left)

@@ -32,7 +32,7 @@ def _positive_float(text: str) -> float:
 
 
 def add_parsers(actions) -> None:
-    from .cli import _positive_int, _positive_ms  # the parsers `compare` uses
+    from .cli import ALLOCATORS_HELP, BASELINE_HELP, DEFAULT_COMPARE_ALLOCATORS, _positive_int, _positive_ms
     from .measure import DEFAULT_INTERVAL_S
 
     replay = actions.add_parser(
@@ -43,11 +43,11 @@ def add_parsers(actions) -> None:
         "See docs/trace.md.", epilog=REPLAY_EXIT)
     replay.add_argument("trace", type=Path, metavar="TRACE")
     replay.add_argument("--allocators", metavar="A,B,...",
-                        help="comma-separated allocators (default: those of `meshalloc compare`'s default "
-                        "list that are present)")
+                        help=f"{ALLOCATORS_HELP} (default: those of {','.join(DEFAULT_COMPARE_ALLOCATORS)} that are "
+                        "present)")
     replay.add_argument("--repeat", type=_positive_int, default=DEFAULT_REPEAT, metavar="N",
                         help="runs per allocator (default %(default)s)")
-    replay.add_argument("--baseline", metavar="NAME", help="allocator the ratios are against (default: the first)")
+    replay.add_argument("--baseline", metavar="A", help=f"{BASELINE_HELP} (default: the first)")
     replay.add_argument("--timing", choices=trace_replay.TIMINGS, default="fast",
                         help="fast: every call as soon as the previous one returned; recorded: keep the "
                         "recorded gaps, so timers and background threads see the program's pace (default %(default)s)")
@@ -95,17 +95,21 @@ def _table(headers: List[str], rows: List[List[str]], title: str, left: int = 2)
 
 
 def cmd_replay(args, out_console: Console, err: Console) -> int:
-    from .cli import SIGINT_EXIT, _compare_allocators, _default_out, _Progress, print_comparison
+    from . import allocators as allocator_registry
+    from .cli import (SIGINT_EXIT, _baseline, _compare_allocators, _default_out, _Progress, _user_allocators,
+                      print_comparison)
     from .output import prepare_output_directory
 
-    chosen = _compare_allocators(args.allocators)
-    if args.baseline is not None and args.baseline not in [allocator.name for allocator in chosen]:
-        raise MeshallocError(f"baseline '{args.baseline}' is not one of the compared allocators")
+    specs = _user_allocators(args.allocators)  # as `meshalloc compare` reads them
+    chosen = _compare_allocators(specs)
+    baseline = _baseline(args.baseline, specs)
+    if baseline is not None and baseline not in [allocator.name for allocator in chosen]:
+        chosen.insert(0, allocator_registry.resolve(args.baseline))  # not listed: the defaults lack it
     if not args.trace.is_file():
         raise MeshallocError(f"no such trace file: {args.trace}", EXIT_FAILURE)
     out = prepare_output_directory(args.out or _default_out("replay"))
     with _Progress(err) as progress:
-        result = trace_replay.replay(args.trace, chosen, out, args.repeat, args.baseline, args.timing, args.touch,
+        result = trace_replay.replay(args.trace, chosen, out, args.repeat, baseline, args.timing, args.touch,
                                      args.speed, args.interval / 1000.0, not args.no_cgroup,
                                      on_start=progress.start, on_finish=progress.finish, heap_map=args.heap_map)
     comparison = result.comparison

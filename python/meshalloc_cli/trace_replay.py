@@ -22,6 +22,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from . import paths, top
 from .allocators import Allocator
+from .bench.report import write_tsv
 from .breakdown import COLUMNS as BREAKDOWN_COLUMNS, is_meshalloc, parse_report
 from .compare import Comparison, RunRecord, compare
 from .errors import EXIT_FAILURE, MeshallocError
@@ -244,10 +245,8 @@ class HeapMap:
     def write(self, directory: Path) -> Optional[Path]:
         if not self.rows:
             return None
-        from .output import _write_tsv
-
         path = directory / HEAP_MAP_FILE
-        _write_tsv(path, ["allocator", "repetition", "time_s"] + [f"{group}_bytes" for group, _ in BREAKDOWN_COLUMNS],
+        write_tsv(path, ["allocator", "repetition", "time_s"] + [f"{group}_bytes" for group, _ in BREAKDOWN_COLUMNS],
                    self.rows)
         return path
 
@@ -314,8 +313,6 @@ def time_table(result: Replay) -> Tuple[List[str], List[List[str]]]:
 
 
 def write_times(result: Replay, directory: Path) -> Dict[str, Path]:
-    from .output import _write_tsv  # the one TSV writer
-
     written = {name: directory / file for name, file in OP_TIME_FILES.items()}
     rows = []
     for (allocator, repetition), times in sorted(result.times.items()):
@@ -323,22 +320,22 @@ def write_times(result: Replay, directory: Path) -> Dict[str, Path]:
             rows.append([allocator, str(repetition), kind, str(histogram.calls), f"{histogram.mean_ns:.1f}"] +
                         [f"{histogram.percentile(percent):.1f}" for percent in PERCENTILES] +
                         [f"{histogram.max_ns:.1f}", str(times.waits), str(times.failed_allocations)])
-    _write_tsv(written["times"], ["allocator", "repetition", "call", "calls", "mean_ns"] +
+    write_tsv(written["times"], ["allocator", "repetition", "call", "calls", "mean_ns"] +
                [f"p{percent:g}_ns" for percent in PERCENTILES] + ["max_ns", "waits", "failed_allocations"], rows)
     histogram_rows = []
     for allocator in [allocator.name for allocator in result.comparison.allocators]:
         for kind in result.kinds():
             for low, high, count in result.histogram(allocator, kind).buckets:
                 histogram_rows.append([allocator, kind, f"{low:.1f}", f"{high:.1f}", str(count)])
-    _write_tsv(written["histogram"], ["allocator", "call", "low_ns", "high_ns", "calls"], histogram_rows)
+    write_tsv(written["histogram"], ["allocator", "call", "low_ns", "high_ns", "calls"], histogram_rows)
     return written
 
 
 def plot_times(result: Replay, stem: Path) -> List[Path]:
     """The share of calls that took at most x ns, per allocator, every call kind together."""
-    from .plotting import FIGURE_SIZE_IN, _pyplot, _save
+    from .plotting import FIGURE_SIZE_IN, load_pyplot, save_figure
 
-    pyplot = _pyplot()
+    pyplot = load_pyplot()
     figure, axes = pyplot.subplots(figsize=FIGURE_SIZE_IN)
     for allocator in [allocator.name for allocator in result.comparison.allocators]:
         histogram = result.histogram(allocator, ALL_KINDS)
@@ -356,14 +353,14 @@ def plot_times(result: Replay, stem: Path) -> List[Path]:
     axes.set_title(f"replay of {result.prepared.trace.name} ({result.timing} timing): time per call")
     axes.grid(True, alpha=0.3)
     axes.legend()
-    return _save(figure, stem)
+    return save_figure(figure, stem)
 
 
 def write_results(result: Replay, out: Path, figures: bool = True) -> Tuple[List[Path], Optional[Path]]:
     """Everything a replay leaves in its directory: compare's files (table, samples, runs, the
     memory figure) and the call times (TSV, Markdown, figure). Returns the files and the memory
     figure (None when none was drawn)."""
-    from .bench.common import markdown_table
+    from .bench.report import markdown_table
     from .output import FIGURE_STEM, write_comparison
 
     comparison = result.comparison

@@ -17,13 +17,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .. import allocators as allocator_registry, paths, trace as tracing, trace_analyze, trace_replay
+from .. import paths, trace as tracing, trace_analyze, trace_replay
 from ..compare import compare
 from ..output import write_comparison
 from ..errors import MeshallocError
-from .common import ExperimentBase, checked_repetitions, claims_table, markdown_table, names_from
+from .claims import claims_table
+from .common import ExperimentBase, built, checked_repetitions, choose_allocators, names_from
 from .framework import FULL, QUICK, SMOKE, Claim, Context, ExperimentUnavailable, Outcome
 from .programs import Prepared, available_programs
+from .report import markdown_table, write_tsv
 
 NAME = "traces"
 ALLOCATORS = ("glibc", "jemalloc", "mimalloc", "tcmalloc", "meshalloc")
@@ -31,6 +33,7 @@ SMOKE_ALLOCATORS = ("glibc", "meshalloc")
 REPETITIONS = {SMOKE: 1, QUICK: 2, FULL: 3}
 RECORD_TIMEOUT_S = 600
 PROGRAMS_VARIABLE = "TRACES_PROGRAMS"  # narrows the run: "ls,tar,sqlite3"
+ALLOCATORS_VARIABLE = "TRACES_ALLOCATORS"  # what --allocators does, as a variable
 # The directory `ls -lR` lists and `tar` archives, by mode.
 TREES = {SMOKE: "/usr/share/doc/coreutils", QUICK: "/usr/share/doc", FULL: "/usr/share"}
 FIDELITY = "fragmentation"
@@ -89,18 +92,6 @@ def record(prepared: Prepared, trace: Path) -> str:
     if completed.returncode != 0:
         return f"recorded run exited with {completed.returncode}: {completed.stderr.decode(errors='replace')[-200:]}"
     return "" if trace.is_file() else "no trace written"
-
-
-def _allocators(context: Context) -> Tuple[list, List[str]]:
-    chosen, notes = [], []
-    for name in (SMOKE_ALLOCATORS if context.mode == SMOKE else ALLOCATORS):
-        try:
-            allocator = allocator_registry.resolve(name)
-        except MeshallocError as error:
-            notes.append(f"{name} skipped: {error}")
-            continue
-        chosen.append(allocator)
-    return chosen, notes
 
 
 def fidelity(context: Context, allocators, repetitions: int) -> Tuple[List[Claim], str, List[str]]:
@@ -166,12 +157,13 @@ class Traces(ExperimentBase):
         context = replace(context, out=context.out.resolve())
         repetitions = checked_repetitions(context, REPETITIONS)
         for product in (paths.TRACE_RECORDER_LIBRARY, paths.TRACE_REPLAYER, paths.TRACE_REPLAY_PREPARE):
-            if not (context.build_dir / product).is_file():
-                raise ExperimentUnavailable(f"{product} is not built (make release)")
+            built(context, product)
         os.environ.setdefault("MESHALLOC_BUILD_DIR", str(context.build_dir))
-        allocators, notes = _allocators(context)
+        selection = choose_allocators(context, ALLOCATORS, SMOKE_ALLOCATORS, alias=ALLOCATORS_VARIABLE)
+        allocators, notes = selection.allocators, selection.notes()
         if len(allocators) < 2:
-            raise ExperimentUnavailable("fewer than two allocators available: " + "; ".join(notes))
+            raise ExperimentUnavailable("a ranking needs two allocators; only " + ", ".join(selection.names) +
+                                        " can run")
         scratch = context.out / "work"
         scratch.mkdir(parents=True, exist_ok=True)
         workloads, program_notes = _workloads(context, scratch)
@@ -219,7 +211,7 @@ class Traces(ExperimentBase):
                                          for item in replayed])
         headers, rows = trace_analyze.ranking_rows(ranked) if ranked else ([], [])
         files.append(context.out / "rankings.tsv")
-        trace_analyze._write_tsv(files[-1], headers, rows)
+        write_tsv(files[-1], headers, rows)
         claims = self.claims(ranked, shares)
         if context.mode == SMOKE:  # a few hundred blocks of `ls` and `tar` prove nothing
             claims = [replace(claim, holds=None, note="smoke run: not judged") for claim in claims]
