@@ -135,7 +135,9 @@ def plot_lifetimes(blocks: Blocks, rows, stem: Path) -> List[Path]:
             axis.tick_params(labelsize=7)
     figure.suptitle(f"{blocks.prepared.trace.name}: block lifetimes (thesis figures 5.1-5.3)")
     figure.tight_layout()
-    return save_figure(figure, stem)
+    written = save_figure(figure, stem)
+    pyplot.close(figure)  # a bench run draws dozens
+    return written
 
 
 # ----------------------------------------------------------------------------- sizes
@@ -387,7 +389,9 @@ def plot_live(blocks: Blocks, fragmentation_runs: Sequence[ReplayRuns], stem: Pa
     axis.set_title(f"{blocks.prepared.trace.name}: live bytes over time")
     axis.grid(True, alpha=0.3)
     axis.legend(fontsize=8)
-    return save_figure(figure, stem)
+    written = save_figure(figure, stem)
+    pyplot.close(figure)  # a bench run draws dozens
+    return written
 
 
 def plot_heap_map(runs: ReplayRuns, stem: Path) -> List[Path]:
@@ -423,7 +427,9 @@ def plot_heap_map(runs: ReplayRuns, stem: Path) -> List[Path]:
     figure.suptitle("meshalloc's heap over the replay (its statistics every "
                     f"{trace_replay.HEAP_MAP_MS} ms)")
     figure.tight_layout()
-    return save_figure(figure, stem)
+    written = save_figure(figure, stem)
+    pyplot.close(figure)  # a bench run draws dozens
+    return written
 
 
 def analyze(trace: Path, out: Path, replays: Sequence[Path] = (),

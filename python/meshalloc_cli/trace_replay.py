@@ -353,7 +353,9 @@ def plot_times(result: Replay, stem: Path) -> List[Path]:
     axes.set_title(f"replay of {result.prepared.trace.name} ({result.timing} timing): time per call")
     axes.grid(True, alpha=0.3)
     axes.legend()
-    return save_figure(figure, stem)
+    written = save_figure(figure, stem)
+    pyplot.close(figure)  # a bench run draws dozens
+    return written
 
 
 def write_results(result: Replay, out: Path, figures: bool = True) -> Tuple[List[Path], Optional[Path]]:
