@@ -7,6 +7,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cinttypes>
+#include <cstdio>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -264,6 +266,43 @@ TEST(TraceRoundTrip, ForkedChildHasItsOwnTrace) {
   EXPECT_EQ(events[1].size, 3001u);
   EXPECT_EQ(events[2].kind, Kind::kFree);
   EXPECT_EQ(events[2].address, events[1].result);
+}
+
+// A handler's calls while the main thread is inside malloc/free or inside the recorder: all in
+// the trace (or counted as dropped), and the main thread's own calls all there too.
+TEST(TraceSignals, HandlerCallsAreRecordedWithoutCorruption) {
+  std::string trace = recording().directory + "/signals";
+  std::string command = std::string("LD_PRELOAD=") + MESHALLOC_TRACE_RECORDER +
+                        " MESHALLOC_TRACE_FILE=" + trace + " " + MESHALLOC_TRACE_SIGNAL_PROGRAM;
+  FILE* output = popen(command.c_str(), "r");
+  ASSERT_NE(output, nullptr);
+  long pairs = 0, handled = 0;
+  ASSERT_EQ(fscanf(output, "%ld %ld", &pairs, &handled), 2);
+  ASSERT_EQ(pclose(output), 0);
+  ASSERT_GT(handled, 100) << "too few signals arrived to test anything";
+  Trace decoded;
+  Error error;
+  ASSERT_TRUE(decoded.open(trace, &error)) << error.message;
+  long mainMallocs = 0, mainFrees = 0, nullFrees = 0, queries = 0;
+  std::set<uint64_t> live;
+  for (const Event& e : threadEvents(decoded, 0)) {
+    if (e.kind == Kind::kMalloc && e.size == 4001) {
+      ++mainMallocs;
+      live.insert(e.result);
+    } else if (e.kind == Kind::kFree && e.address == 0) {
+      ++nullFrees;
+    } else if (e.kind == Kind::kFree && live.erase(e.address) == 1) {
+      ++mainFrees;
+    } else if (e.kind == Kind::kUsableSize) {
+      ++queries;
+    }
+  }
+  EXPECT_EQ(mainMallocs, pairs);
+  EXPECT_EQ(mainFrees, pairs);
+  // Two calls per signal: each one recorded or counted as dropped.
+  EXPECT_EQ(nullFrees + queries + static_cast<long>(decoded.dropped()), 2 * handled);
+  std::printf("%ld signals during %ld malloc/free pairs, %" PRIu64 " dropped\n", handled, pairs,
+              decoded.dropped());
 }
 
 // ---------------------------------------------------------------------- malformed traces
