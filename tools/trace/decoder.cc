@@ -294,7 +294,9 @@ const ThreadInfo* Trace::thread(uint32_t index) const {
 
 uint64_t Trace::nanoseconds(uint64_t tick) const {
   if (tick <= header_.start.ticks) return 0;
-  return static_cast<uint64_t>(static_cast<double>(tick - header_.start.ticks) * nsPerTick_);
+  double ns = static_cast<double>(tick - header_.start.ticks) * nsPerTick_;
+  // Damaged calibration points can make this absurd; the conversion must stay defined.
+  return ns >= 1.8e19 ? UINT64_MAX : static_cast<uint64_t>(ns);
 }
 
 // --------------------------------------------------------------------------- ThreadCursor
