@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -156,6 +157,38 @@ TEST(TraceMalformed, EveryPayloadBitFlipIsRejected) {
     }
   }
   EXPECT_GT(flips, 100u);
+}
+
+// The merged cursor's live-address map against std::map, through growth and many deletions
+// in runs of colliding addresses (backward-shift deletion is easy to get wrong).
+TEST(TraceLiveMap, AgreesWithAReferenceMap) {
+  LiveMap live;
+  std::map<uint64_t, uint64_t> reference;
+  std::mt19937_64 random(7);
+  for (int step = 0; step < 200000; ++step) {
+    uint64_t address = 16 * (1 + random() % 5000);  // few distinct keys: long runs, many hits
+    if (random() % 3 == 0) {
+      LiveMap::Entry* entry = live.find(address);
+      ASSERT_EQ(entry != nullptr, reference.count(address) == 1) << address;
+      if (entry) {
+        EXPECT_EQ(entry->id, reference[address]);
+        live.erase(entry);
+        reference.erase(address);
+      }
+    } else {
+      bool inserted;
+      LiveMap::Entry* entry = live.insert(address, &inserted);
+      ASSERT_EQ(inserted, reference.count(address) == 0) << address;
+      entry->id = static_cast<uint64_t>(step);
+      reference[address] = static_cast<uint64_t>(step);
+    }
+    ASSERT_EQ(live.size(), reference.size());
+  }
+  for (const auto& [address, id] : reference) {
+    LiveMap::Entry* entry = live.find(address);
+    ASSERT_NE(entry, nullptr);
+    EXPECT_EQ(entry->id, id);
+  }
 }
 
 TEST(TraceFormat, AddressCodesRoundTrip) {
