@@ -54,6 +54,31 @@ TEST(TraceCorpus, TimesSaturate) {
   EXPECT_EQ(trace.nanoseconds(0), 0u);
 }
 
+// Cut where the footer starts, the trace reads as incomplete, with the same events and threads.
+TEST(TraceCorpus, WithoutItsFooterATraceReadsTheSame) {
+  std::vector<uint8_t> whole = corpusFile("roundtrip.trace");
+  Trace complete;
+  Error error;
+  ASSERT_TRUE(complete.openBytes(whole.data(), whole.size(), &error)) << error.message;
+  Trailer trailer;
+  memcpy(&trailer, whole.data() + whole.size() - sizeof(trailer), sizeof(trailer));
+  std::vector<uint8_t> cut(whole.begin(),
+                           whole.begin() + static_cast<ptrdiff_t>(trailer.indexOffset));
+  Trace incomplete;
+  ASSERT_TRUE(incomplete.openBytes(cut.data(), cut.size(), &error)) << error.message;
+  EXPECT_TRUE(complete.complete());
+  EXPECT_FALSE(incomplete.complete());
+  EXPECT_EQ(incomplete.events(), complete.events());
+  ASSERT_EQ(incomplete.threads().size(), complete.threads().size());
+  for (size_t i = 0; i < complete.threads().size(); ++i) {
+    EXPECT_EQ(incomplete.threads()[i].thread, complete.threads()[i].thread);
+    EXPECT_NE(complete.threads()[i].osThreadId, 0u);
+    EXPECT_EQ(incomplete.threads()[i].osThreadId,
+              complete.threads()[i].osThreadId);  // from thread_start
+    EXPECT_EQ(incomplete.threads()[i].events, complete.threads()[i].events);
+  }
+}
+
 TEST(TraceCorpus, EveryFileDecodes) {
   for (const char* name : {"roundtrip.trace", "roundtrip-child.trace"}) {
     std::vector<uint8_t> bytes = corpusFile(name);

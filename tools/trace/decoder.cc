@@ -284,6 +284,14 @@ bool Trace::finish(Error* error) {
     nsPerTick_ = static_cast<double>(last_.ns - header_.start.ns) /
                  static_cast<double>(last_.ticks - header_.start.ticks);
   }
+  // Without the footer's thread table, a thread's OS id is in its thread_start event.
+  for (ThreadInfo& info : threads_) {
+    if (info.osThreadId != 0) continue;
+    ThreadCursor cursor(*this, info.thread);
+    const Event* first = cursor.peek();
+    if (first && first->kind == Kind::kThreadStart)
+      info.osThreadId = static_cast<uint32_t>(first->value);
+  }
   return true;
 }
 

@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <x86intrin.h>
 #endif
 
@@ -34,25 +35,37 @@ namespace {
 
 // ------------------------------------------------------------------------------------ clock
 
-#if defined(__x86_64__)
-constexpr uint32_t kTickShift = 4;  // 16 TSC cycles: about 5 ns, and 1-byte deltas are common
-uint64_t ticks() {
-  return __rdtsc() >> kTickShift;
-}
-#else
-constexpr uint32_t kTickShift = 0;
-uint64_t ticks() {
+uint64_t monotonicNs() {
   timespec now;
   clock_gettime(CLOCK_MONOTONIC, &now);
   return static_cast<uint64_t>(now.tv_sec) * 1000000000u + static_cast<uint64_t>(now.tv_nsec);
 }
+
+// The time-stamp counter is only a clock when it ticks at a constant rate in every power state
+// ("invariant TSC", CPUID 0x80000007 EDX bit 8; Linux's constant_tsc + nonstop_tsc); then it
+// costs a few nanoseconds where clock_gettime costs about twenty. Decided once, at start.
+bool gUseTsc = false;
+constexpr uint32_t kTscShift = 4;  // 16 cycles: about 5 ns, and 1-byte deltas are common
+
+bool invariantTsc() {
+#if defined(__x86_64__)
+  unsigned a, b, c, d;
+  return __get_cpuid(0x80000007, &a, &b, &c, &d) && (d & (1u << 8)) != 0;
+#else
+  return false;
 #endif
+}
+
+uint64_t ticks() {
+#if defined(__x86_64__)
+  if (gUseTsc) return __rdtsc() >> kTscShift;
+#endif
+  return monotonicNs();
+}
 
 Calibration calibrate() {
-  timespec now;
-  clock_gettime(CLOCK_MONOTONIC, &now);
-  uint64_t t = ticks();
-  return {t, static_cast<uint64_t>(now.tv_sec) * 1000000000u + static_cast<uint64_t>(now.tv_nsec)};
+  uint64_t ns = monotonicNs();
+  return {ticks(), ns};
 }
 
 void writeStderr(const char* message) {
@@ -294,7 +307,7 @@ bool startFile(uint32_t parentPid) {
   gPid = static_cast<uint32_t>(getpid());
   header.pid = gPid;
   header.parentPid = parentPid;
-  header.tickShift = kTickShift;
+  header.tickShift = gUseTsc ? kTscShift : 0;
   header.start = calibrate();
   gFileEnd.store(sizeof(FileHeader));
   gIndexCount.store(0);
@@ -626,6 +639,7 @@ bool initialize() {
     return false;
   }
   memcpy(gPath, path, strlen(path) + 1);
+  gUseTsc = invariantTsc();
   if (const char* every = getenv(kEnvCallsites)) {
     uint32_t value = 0;
     for (const char* p = every; *p >= '0' && *p <= '9' && value < 100000000; ++p)
