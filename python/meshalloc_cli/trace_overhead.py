@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -63,8 +64,15 @@ def main(argv: List[str]) -> int:
     parser.add_argument("--full", action="store_true", help="the real programs at bench's full scale")
     parser.add_argument("--programs", help="comma-separated subset (default: fragmentation and every real program)")
     args = parser.parse_args(argv)
-    root = paths.repository_root()
     work = Path(tempfile.mkdtemp(prefix="meshalloc-trace-overhead."))
+    try:
+        return _measure(args, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)  # the programs' inputs and the last traces
+
+
+def _measure(args: argparse.Namespace, work: Path) -> int:
+    root = paths.repository_root()
     programs: Dict[str, Prepared] = {"fragmentation": _fragmentation()}
     found, _ = available_programs()
     for program in found:
