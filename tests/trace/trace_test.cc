@@ -1,16 +1,16 @@
 // The trace recorder and decoder (docs/trace.md): a program with a known sequence of calls on
 // several threads (roundtrip_program.cc) is recorded with libmeshalloc-trace.so preloaded, and
 // the decoded trace must hold exactly those events in per-thread order, with cross-thread frees
-// resolved to the right objects. Then damaged copies of that trace must be rejected cleanly.
+// resolved to the right objects. Damaged traces: decoder_test.cc.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <fstream>
-#include <iterator>
+#include <cinttypes>
+#include <cstdio>
+#include <filesystem>
 #include <map>
-#include <random>
 #include <set>
 #include <string>
 #include <vector>
@@ -23,13 +23,13 @@ namespace {
 struct Recording {
   std::string directory;
   std::string trace;
-  std::vector<uint8_t> bytes;
 };
 
-std::vector<uint8_t> readFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
+// Removes the recordings when the tests are done.
+class RemoveRecordings : public ::testing::Environment {
+ public:
+  void TearDown() override;
+};
 
 // Records the program once for the whole test binary.
 const Recording& recording() {
@@ -49,7 +49,6 @@ const Recording& recording() {
     waitpid(child, &status, 0);
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
         << "the recorded program failed: " << status;
-    r.bytes = readFile(r.trace);
     return r;
   }();
   return recorded;
@@ -266,154 +265,49 @@ TEST(TraceRoundTrip, ForkedChildHasItsOwnTrace) {
   EXPECT_EQ(events[2].address, events[1].result);
 }
 
-// ---------------------------------------------------------------------- malformed traces
-
-// Decodes everything; returns whether the bytes were accepted. Checks that a rejection names
-// an offset inside the file and says something.
-bool decodeAll(const std::vector<uint8_t>& bytes) {
-  Trace trace;
+// A handler's calls while the main thread is inside malloc/free or inside the recorder: all in
+// the trace (or counted as dropped), and the main thread's own calls all there too.
+TEST(TraceSignals, HandlerCallsAreRecordedWithoutCorruption) {
+  std::string trace = recording().directory + "/signals";
+  std::string command = std::string("LD_PRELOAD=") + MESHALLOC_TRACE_RECORDER +
+                        " MESHALLOC_TRACE_FILE=" + trace + " " + MESHALLOC_TRACE_SIGNAL_PROGRAM;
+  FILE* output = popen(command.c_str(), "r");
+  ASSERT_NE(output, nullptr);
+  long pairs = 0, handled = 0;
+  ASSERT_EQ(fscanf(output, "%ld %ld", &pairs, &handled), 2);
+  ASSERT_EQ(pclose(output), 0);
+  ASSERT_GT(handled, 100) << "too few signals arrived to test anything";
+  Trace decoded;
   Error error;
-  bool ok = trace.openBytes(bytes.data(), bytes.size(), &error);
-  if (ok) {
-    MergedCursor merged(trace);
-    Event e;
-    while (merged.next(&e, &error)) formatEvent(trace, e);
-    ok = !error.failed();
-    for (const ThreadInfo& info : trace.threads()) {
-      ThreadCursor cursor(trace, info.thread);
-      while (cursor.next(&e, &error)) {
-      }
+  ASSERT_TRUE(decoded.open(trace, &error)) << error.message;
+  long mainMallocs = 0, mainFrees = 0, nullFrees = 0, queries = 0;
+  std::set<uint64_t> live;
+  for (const Event& e : threadEvents(decoded, 0)) {
+    if (e.kind == Kind::kMalloc && e.size == 4001) {
+      ++mainMallocs;
+      live.insert(e.result);
+    } else if (e.kind == Kind::kFree && e.address == 0) {
+      ++nullFrees;
+    } else if (e.kind == Kind::kFree && live.erase(e.address) == 1) {
+      ++mainFrees;
+    } else if (e.kind == Kind::kUsableSize) {
+      ++queries;
     }
   }
-  if (!ok) {
-    EXPECT_FALSE(error.message.empty());
-    EXPECT_LE(error.offset, bytes.size()) << error.message;
-  }
-  return ok;
+  EXPECT_EQ(mainMallocs, pairs);
+  EXPECT_EQ(mainFrees, pairs);
+  // Two calls per signal: each one recorded or counted as dropped.
+  EXPECT_EQ(nullFrees + queries + static_cast<long>(decoded.dropped()), 2 * handled);
+  std::printf("%ld signals during %ld malloc/free pairs, %" PRIu64 " dropped\n", handled, pairs,
+              decoded.dropped());
 }
 
-TEST(TraceMalformed, ForeignAndEmptyFilesAreRejectedAtOffsetZero) {
-  const std::vector<uint8_t> foreign = {0x7f, 'E', 'L', 'F', 2, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0};
-  Trace trace;
-  Error error;
-  EXPECT_FALSE(trace.openBytes(foreign.data(), foreign.size(), &error));
-  EXPECT_EQ(error.offset, 0u);
-  EXPECT_NE(error.message.find("not a meshalloc trace"), std::string::npos) << error.message;
-  Trace missing;
-  EXPECT_FALSE(missing.open(recording().directory + "/no-such-file", &error));
+void RemoveRecordings::TearDown() {
+  std::filesystem::remove_all(recording().directory);
 }
 
-TEST(TraceMalformed, EveryTruncationIsRejectedOrReadAsIncomplete) {
-  const std::vector<uint8_t>& whole = recording().bytes;
-  ASSERT_GT(whole.size(), 1000u);
-  size_t accepted = 0;
-  for (size_t size = 0; size < whole.size(); ++size) {
-    std::vector<uint8_t> cut(whole.begin(), whole.begin() + static_cast<ptrdiff_t>(size));
-    Trace trace;
-    Error error;
-    if (trace.openBytes(cut.data(), cut.size(), &error)) {
-      // Only a cut at a chunk boundary reads, as a trace without footer.
-      EXPECT_FALSE(trace.complete()) << "cut at " << size;
-      ++accepted;
-    } else {
-      EXPECT_LE(error.offset, size);
-    }
-  }
-  // The cuts that land on a chunk boundary: one per chunk, plus the header alone.
-  EXPECT_LT(accepted, whole.size() / 100);
-}
-
-TEST(TraceMalformed, MutationsAreRejectedCleanly) {
-  const std::vector<uint8_t>& whole = recording().bytes;
-  std::mt19937_64 random(26);
-  int rejected = 0;
-  constexpr int kRuns = 3000;
-  for (int run = 0; run < kRuns; ++run) {
-    std::vector<uint8_t> bytes = whole;
-    int mutations = 1 + static_cast<int>(random() % 3);
-    for (int m = 0; m < mutations; ++m) {
-      size_t at = random() % bytes.size();
-      switch (random() % 4) {
-        case 0:
-          bytes[at] ^= static_cast<uint8_t>(1u << (random() % 8));
-          break;
-        case 1:
-          bytes[at] = static_cast<uint8_t>(random());
-          break;
-        case 2: {  // an integer field set to an extreme
-          uint32_t extreme = (random() % 2) ? 0xffffffffu : 0x80000000u;
-          if (at + 4 <= bytes.size()) memcpy(&bytes[at], &extreme, 4);
-          break;
-        }
-        default: {  // a range copied over another
-          size_t from = random() % bytes.size();
-          size_t length =
-              std::min<size_t>(random() % 64, std::min(bytes.size() - at, bytes.size() - from));
-          memmove(&bytes[at], &bytes[from], length);
-          break;
-        }
-      }
-    }
-    if (!decodeAll(bytes)) ++rejected;
-  }
-  // What may still be accepted: damage to fields the reader does not need (calibration, padding,
-  // the ticks of index entries, thread ids) or a copy of bytes over identical bytes.
-  EXPECT_GT(rejected, kRuns * 3 / 4);
-  EXPECT_TRUE(decodeAll(whole));
-}
-
-// A flipped bit anywhere in an event payload must be caught (by the chunk checksum when the
-// damaged bytes would still decode).
-TEST(TraceMalformed, EveryPayloadBitFlipIsRejected) {
-  const std::vector<uint8_t>& whole = recording().bytes;
-  Trace trace;
-  Error error;
-  ASSERT_TRUE(trace.openBytes(whole.data(), whole.size(), &error)) << error.message;
-  size_t flips = 0;
-  for (const ThreadInfo& info : trace.threads()) {
-    for (const IndexEntry& chunk : info.chunks) {
-      ChunkHeader header;
-      memcpy(&header, whole.data() + chunk.offset, sizeof(header));
-      for (uint32_t at = 0; at < header.payloadBytes; at += 7) {
-        std::vector<uint8_t> bytes = whole;
-        bytes[chunk.offset + sizeof(ChunkHeader) + at] ^= static_cast<uint8_t>(1u << (at % 8));
-        EXPECT_FALSE(decodeAll(bytes))
-            << "flip at payload byte " << at << " of the chunk at " << chunk.offset;
-        ++flips;
-      }
-    }
-  }
-  EXPECT_GT(flips, 100u);
-}
-
-TEST(TraceFormat, AddressCodesRoundTrip) {
-  const uint64_t addresses[] = {0x1000,
-                                0x1010,
-                                0x1008,
-                                0,
-                                0x7fffffffe000,
-                                0x10,
-                                0xffffffffffffffffull,
-                                1,
-                                0x8000000000000000ull,
-                                0x7fffffffffffffffull,
-                                0x55d2e9b402a0};
-  uint8_t buffer[sizeof(addresses) / sizeof(addresses[0]) * 20];
-  uint8_t* out = buffer;
-  uint64_t previous = 0;
-  for (uint64_t address : addresses) out = putAddress(out, address, &previous);
-  const uint8_t* in = buffer;
-  previous = 0;
-  for (uint64_t address : addresses) {
-    uint64_t decoded;
-    ASSERT_TRUE(getAddress(&in, out, &previous, &decoded));
-    EXPECT_EQ(decoded, address);
-  }
-  EXPECT_EQ(in, out);
-  // The common case is short: the next 16-byte-aligned block nearby takes one byte.
-  previous = 0x1000;
-  EXPECT_EQ(putAddress(buffer, 0x1030, &previous) - buffer, 1);
-}
+const ::testing::Environment* const kCleanup =
+    ::testing::AddGlobalTestEnvironment(new RemoveRecordings);
 
 }  // namespace
 }  // namespace meshtrace

@@ -284,6 +284,14 @@ bool Trace::finish(Error* error) {
     nsPerTick_ = static_cast<double>(last_.ns - header_.start.ns) /
                  static_cast<double>(last_.ticks - header_.start.ticks);
   }
+  // Without the footer's thread table, a thread's OS id is in its thread_start event.
+  for (ThreadInfo& info : threads_) {
+    if (info.osThreadId != 0) continue;
+    ThreadCursor cursor(*this, info.thread);
+    const Event* first = cursor.peek();
+    if (first && first->kind == Kind::kThreadStart)
+      info.osThreadId = static_cast<uint32_t>(first->value);
+  }
   return true;
 }
 
@@ -294,7 +302,9 @@ const ThreadInfo* Trace::thread(uint32_t index) const {
 
 uint64_t Trace::nanoseconds(uint64_t tick) const {
   if (tick <= header_.start.ticks) return 0;
-  return static_cast<uint64_t>(static_cast<double>(tick - header_.start.ticks) * nsPerTick_);
+  double ns = static_cast<double>(tick - header_.start.ticks) * nsPerTick_;
+  // Damaged calibration points can make this absurd; the conversion must stay defined.
+  return ns >= 1.8e19 ? UINT64_MAX : static_cast<uint64_t>(ns);
 }
 
 // --------------------------------------------------------------------------- ThreadCursor
@@ -395,16 +405,7 @@ bool ThreadCursor::decode(Event* event, Error* error) {
   return true;
 }
 
-bool ThreadCursor::next(Event* event, Error* error) {
-  if (pending_) {
-    pending_ = false;
-    *event = next_;
-    return true;
-  }
-  if (pendingError_.failed()) {
-    *error = pendingError_;
-    return false;
-  }
+bool ThreadCursor::read(Event* event, Error* error) {
   if (!info_) return false;
   while (left_ == 0) {
     if (cursor_ != end_) {
@@ -419,19 +420,36 @@ bool ThreadCursor::next(Event* event, Error* error) {
   return decode(event, error);
 }
 
-const Event* ThreadCursor::peek() {
-  if (pending_) return &next_;
-  if (pendingError_.failed()) return nullptr;
-  Error error;
-  if (next(&next_, &error)) {
-    pending_ = true;
-    return &next_;
+void ThreadCursor::fill() {
+  while (count_ < kLookahead && !ended_) {
+    if (!read(&ring_[(head_ + count_) % kLookahead], &pendingError_)) {
+      ended_ = true;
+      return;
+    }
+    ++count_;
   }
-  pendingError_ = error;
-  return nullptr;
+}
+
+bool ThreadCursor::next(Event* event, Error* error) {
+  if (count_ == 0) fill();
+  if (count_ == 0) {
+    if (pendingError_.failed()) *error = pendingError_;
+    return false;
+  }
+  *event = ring_[head_];
+  head_ = (head_ + 1) % kLookahead;
+  --count_;
+  return true;
+}
+
+const Event* ThreadCursor::peekAhead(size_t ahead) {
+  if (count_ <= ahead) fill();
+  return ahead < count_ ? &ring_[(head_ + ahead) % kLookahead] : nullptr;
 }
 
 // --------------------------------------------------------------------------- MergedCursor
+
+constexpr size_t kPrefetchDistance = 8;
 
 bool MergedCursor::Head::operator>(const Head& other) const {
   if (tick != other.tick) return tick > other.tick;
@@ -469,45 +487,109 @@ bool MergedCursor::next(Event* event, Error* error) {
   heap_.pop_back();
   if (!cursors_[index].next(event, error)) return false;
   if (!push(index, error) && error->failed()) return false;
+  // Events of this thread a few places on are decoded already: fetch their map slots now, so
+  // that they are in the cache when their turn comes (with one thread, every step hits).
+  if (const Event* later = cursors_[index].peekAhead(kPrefetchDistance)) {
+    live_.prefetch(releases(*later) ? releasedAddress(*later) : later->result);
+  }
   assignIds(event);
   return true;
 }
 
 void MergedCursor::assignIds(Event* event) {
   uint64_t released = releasedAddress(*event);
-  Live previous{0, 0};
+  uint64_t previousId = 0;
   if (released != 0) {
-    auto found = live_.find(released);
-    if (found == live_.end()) {
+    LiveMap::Entry* found = live_.find(released);
+    if (found == nullptr) {
       ++counts_.unmatchedReleases;
     } else {
-      previous = found->second;
-      counts_.liveBytes -= previous.bytes;
+      previousId = found->id;
+      counts_.liveBytes -= found->bytes;
       --counts_.live;
       live_.erase(found);
     }
     if (isReallocKind(event->kind)) {
-      event->oldId = previous.id;
+      event->oldId = previousId;
     } else {
-      event->id = previous.id;
+      event->id = previousId;
     }
   }
   if (!allocates(*event)) return;
   // A realloc keeps its object's id wherever the block went.
-  uint64_t id = isReallocKind(event->kind) && previous.id != 0 ? previous.id : counts_.nextId++;
+  uint64_t id = isReallocKind(event->kind) && previousId != 0 ? previousId : counts_.nextId++;
   event->id = id;
   uint64_t bytes = requestedBytes(*event);
-  auto [slot, inserted] = live_.try_emplace(event->result, Live{id, bytes});
+  bool inserted;
+  LiveMap::Entry* slot = live_.insert(event->result, &inserted);
   if (!inserted) {
     ++counts_.reusedLive;
-    counts_.liveBytes -= slot->second.bytes;
+    counts_.liveBytes -= slot->bytes;
     --counts_.live;
-    slot->second = Live{id, bytes};
   }
+  slot->id = id;
+  slot->bytes = bytes;
   ++counts_.live;
   counts_.liveBytes += bytes;
   counts_.peakLive = std::max(counts_.peakLive, counts_.live);
   counts_.peakLiveBytes = std::max(counts_.peakLiveBytes, counts_.liveBytes);
+}
+
+// -------------------------------------------------------------------------------- LiveMap
+
+LiveMap::Entry* LiveMap::find(uint64_t address) {
+  if (table_.empty()) return nullptr;
+  size_t mask = table_.size() - 1;
+  for (size_t i = home(address);; i = (i + 1) & mask) {
+    if (table_[i].address == address) return &table_[i];
+    if (table_[i].address == 0) return nullptr;
+  }
+}
+
+LiveMap::Entry* LiveMap::insert(uint64_t address, bool* inserted) {
+  if ((count_ + 1) * 2 > table_.size()) grow();
+  size_t mask = table_.size() - 1;
+  for (size_t i = home(address);; i = (i + 1) & mask) {
+    if (table_[i].address == address) {
+      *inserted = false;
+      return &table_[i];
+    }
+    if (table_[i].address == 0) {
+      table_[i] = Entry{address, 0, 0};
+      ++count_;
+      *inserted = true;
+      return &table_[i];
+    }
+  }
+}
+
+void LiveMap::erase(Entry* entry) {
+  size_t mask = table_.size() - 1;
+  size_t hole = static_cast<size_t>(entry - table_.data());
+  // Move back every later entry of the run whose home slot is not between the hole and it.
+  for (size_t next = (hole + 1) & mask; table_[next].address != 0; next = (next + 1) & mask) {
+    size_t want = home(table_[next].address);
+    bool staysPut = hole <= next ? (hole < want && want <= next) : (hole < want || want <= next);
+    if (!staysPut) {
+      table_[hole] = table_[next];
+      hole = next;
+    }
+  }
+  table_[hole].address = 0;
+  --count_;
+}
+
+void LiveMap::grow() {
+  std::vector<Entry> old = std::move(table_);
+  size_t capacity = old.empty() ? 1024 : old.size() * 2;
+  table_.assign(capacity, Entry{0, 0, 0});
+  shift_ = 64 - static_cast<unsigned>(__builtin_ctzll(capacity));
+  count_ = 0;
+  for (const Entry& entry : old) {
+    if (entry.address == 0) continue;
+    bool inserted;
+    *insert(entry.address, &inserted) = entry;
+  }
 }
 
 // ----------------------------------------------------------------------------- formatting

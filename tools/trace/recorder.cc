@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <x86intrin.h>
 #endif
 
@@ -34,25 +35,37 @@ namespace {
 
 // ------------------------------------------------------------------------------------ clock
 
-#if defined(__x86_64__)
-constexpr uint32_t kTickShift = 4;  // 16 TSC cycles: about 5 ns, and 1-byte deltas are common
-uint64_t ticks() {
-  return __rdtsc() >> kTickShift;
-}
-#else
-constexpr uint32_t kTickShift = 0;
-uint64_t ticks() {
+uint64_t monotonicNs() {
   timespec now;
   clock_gettime(CLOCK_MONOTONIC, &now);
   return static_cast<uint64_t>(now.tv_sec) * 1000000000u + static_cast<uint64_t>(now.tv_nsec);
 }
+
+// The time-stamp counter is only a clock when it ticks at a constant rate in every power state
+// ("invariant TSC", CPUID 0x80000007 EDX bit 8; Linux's constant_tsc + nonstop_tsc); then it
+// costs a few nanoseconds where clock_gettime costs about twenty. Decided once, at start.
+bool gUseTsc = false;
+constexpr uint32_t kTscShift = 4;  // 16 cycles: about 5 ns, and 1-byte deltas are common
+
+bool invariantTsc() {
+#if defined(__x86_64__)
+  unsigned a, b, c, d;
+  return __get_cpuid(0x80000007, &a, &b, &c, &d) && (d & (1u << 8)) != 0;
+#else
+  return false;
 #endif
+}
+
+uint64_t ticks() {
+#if defined(__x86_64__)
+  if (gUseTsc) return __rdtsc() >> kTscShift;
+#endif
+  return monotonicNs();
+}
 
 Calibration calibrate() {
-  timespec now;
-  clock_gettime(CLOCK_MONOTONIC, &now);
-  uint64_t t = ticks();
-  return {t, static_cast<uint64_t>(now.tv_sec) * 1000000000u + static_cast<uint64_t>(now.tv_nsec)};
+  uint64_t ns = monotonicNs();
+  return {ticks(), ns};
 }
 
 void writeStderr(const char* message) {
@@ -66,7 +79,6 @@ using MallocFn = void* (*)(size_t);
 using CallocFn = void* (*)(size_t, size_t);
 using ReallocFn = void* (*)(void*, size_t);
 using FreeFn = void (*)(void*);
-using ReallocArrayFn = void* (*)(void*, size_t, size_t);
 using AlignedFn = void* (*)(size_t, size_t);
 using PosixMemalignFn = int (*)(void**, size_t, size_t);
 using UsableSizeFn = size_t (*)(void*);
@@ -88,7 +100,6 @@ struct Next {
   CallocFn calloc;
   ReallocFn realloc;
   FreeFn free;
-  ReallocArrayFn reallocarray;
   AlignedFn memalign;
   PosixMemalignFn posixMemalign;
   AlignedFn alignedAlloc;
@@ -163,7 +174,6 @@ void resolve() {
   lookUp(&next.calloc, "calloc");
   lookUp(&next.realloc, "realloc");
   lookUp(&next.free, "free");
-  lookUp(&next.reallocarray, "reallocarray");
   lookUp(&next.memalign, "memalign");
   lookUp(&next.posixMemalign, "posix_memalign");
   lookUp(&next.alignedAlloc, "aligned_alloc");
@@ -297,7 +307,7 @@ bool startFile(uint32_t parentPid) {
   gPid = static_cast<uint32_t>(getpid());
   header.pid = gPid;
   header.parentPid = parentPid;
-  header.tickShift = kTickShift;
+  header.tickShift = gUseTsc ? kTscShift : 0;
   header.start = calibrate();
   gFileEnd.store(sizeof(FileHeader));
   gIndexCount.store(0);
@@ -308,7 +318,7 @@ bool startFile(uint32_t parentPid) {
 // -------------------------------------------------------------------------- thread buffers
 
 enum : uint32_t { kIdle, kBusy, kClosed };
-constexpr uint32_t kDeferredCapacity = 16;
+constexpr uint32_t kDeferredCapacity = 64;
 
 // An event as the wrappers hand it over, before encoding: the kind byte and the fields in the
 // order of kKinds[kind].fields.
@@ -338,17 +348,30 @@ struct Block {
   RawEvent deferred[kDeferredCapacity];
   Block* nextAll;
   Block* nextFree;
-  alignas(64) uint8_t chunk[sizeof(ChunkHeader) + kMaxChunkPayload];
+  // Two buffers: while a full one is written (outside the busy state, so that a signal handler
+  // can record meanwhile), events go into the other. inFlight: the other one is being written.
+  uint32_t active;
+  std::atomic<uint32_t> inFlight;
+  std::atomic<bool> hasPending;  // `pending` is sealed and waits to be written
+  struct Sealed {
+    const uint8_t* data;
+    size_t size;
+    uint64_t offset;
+    IndexEntry entry;
+  } pending;
+  alignas(64) uint8_t chunk[2][sizeof(ChunkHeader) + kMaxChunkPayload];
+
+  uint8_t* payload() { return chunk[active] + sizeof(ChunkHeader); }
 };
 
 std::atomic<Block*> gAllBlocks{nullptr};
 std::atomic<Block*> gPool{nullptr};
 std::atomic<bool> gPoolLock{false};
 
-// Writes the buffer as one chunk (the caller owns the block: busy or closed).
-void flush(Block* block) {
-  if (block->events == 0) return;
-  int savedErrno = errno;
+// Turns the active buffer into a chunk: its header, its place in the file and its sequence
+// number are fixed now (the caller owns the block: busy or closed), so chunks stay in order even
+// when they are written later.
+Block::Sealed seal(Block* block) {
   ChunkHeader header{};
   header.magic = kChunkMagic;
   header.payloadBytes = block->used;
@@ -356,36 +379,70 @@ void flush(Block* block) {
   header.sequence = block->sequence;
   header.events = block->events;
   header.baseTick = block->baseTick;
-  header.checksum = payloadChecksum(block->chunk + sizeof(ChunkHeader), block->used);
+  header.checksum = payloadChecksum(block->payload(), block->used);
   header.written = calibrate();
-  memcpy(block->chunk, &header, sizeof(header));
-  size_t total = sizeof(ChunkHeader) + block->used;
-  uint64_t offset = gFileEnd.fetch_add(total);
-  if (!gWriteFailed.load(std::memory_order_relaxed) && writeAll(block->chunk, total, offset)) {
-    uint64_t slot = gIndexCount.fetch_add(1);
-    if (slot < kMaxIndexEntries) {
-      IndexEntry& entry = gIndex[slot];
-      entry.offset = offset;
-      entry.thread = block->thread;
-      entry.sequence = block->sequence;
-      entry.events = block->events;
-      entry.firstTick = block->firstTick;
-      entry.lastTick = block->lastTick;
-      // Published last: the footer only lists entries whose chunk is completely written.
-      __atomic_store_n(&entry.reserved, 1u, __ATOMIC_RELEASE);
-    }
-  }
+  memcpy(block->chunk[block->active], &header, sizeof(header));
+  Block::Sealed sealed{};
+  sealed.data = block->chunk[block->active];
+  sealed.size = sizeof(ChunkHeader) + block->used;
+  sealed.offset = gFileEnd.fetch_add(sealed.size);
+  sealed.entry.offset = sealed.offset;
+  sealed.entry.thread = block->thread;
+  sealed.entry.sequence = block->sequence;
+  sealed.entry.events = block->events;
+  sealed.entry.firstTick = block->firstTick;
+  sealed.entry.lastTick = block->lastTick;
   block->sequence++;
   block->used = 0;
   block->events = 0;
   block->baseTick = block->lastTick;
   block->previousAddress = 0;
+  return sealed;
+}
+
+void writeChunk(const Block::Sealed& sealed) {
+  int savedErrno = errno;
+  if (!gWriteFailed.load(std::memory_order_relaxed) &&
+      writeAll(sealed.data, sealed.size, sealed.offset)) {
+    uint64_t slot = gIndexCount.fetch_add(1);
+    if (slot < kMaxIndexEntries) {
+      gIndex[slot] = sealed.entry;
+      // Published last: the footer only lists entries whose chunk is completely written.
+      __atomic_store_n(&gIndex[slot].reserved, 1u, __ATOMIC_RELEASE);
+    }
+  }
   errno = savedErrno;
 }
 
+// Writes the active buffer now (the caller owns the block).
+void flush(Block* block) {
+  if (block->events != 0) writeChunk(seal(block));
+}
+
+// Writes the chunk sealed by the last switch of buffers, if nobody has yet (the owner after
+// leaving the busy state, or a signal handler that interrupted it before).
+void writePending(Block* block) {
+  if (!block->hasPending.exchange(false, std::memory_order_acquire)) return;
+  writeChunk(block->pending);
+  block->inFlight.store(0, std::memory_order_release);
+}
+
+// The active buffer is full: switch to the other one and leave this one to writePending; if
+// the other is still being written (a handler interrupted that write), write this one now.
+void rotate(Block* block) {
+  if (block->inFlight.load(std::memory_order_acquire) != 0) {
+    flush(block);
+    return;
+  }
+  block->pending = seal(block);
+  block->inFlight.store(1, std::memory_order_relaxed);
+  block->hasPending.store(true, std::memory_order_release);
+  block->active ^= 1;
+}
+
 void encode(Block* block, const RawEvent& event) {
-  if (block->used + kMaxEventBytes > kMaxChunkPayload) flush(block);
-  uint8_t* start = block->chunk + sizeof(ChunkHeader) + block->used;
+  if (block->used + kMaxEventBytes > kMaxChunkPayload) rotate(block);
+  uint8_t* start = block->payload() + block->used;
   uint8_t* out = start;
   uint8_t kindByte = event.kindByte;
   bool withCallsite = false;
@@ -455,10 +512,12 @@ void record(Block* block, const RawEvent& event) {
     drainDeferred(block);
     block->state.store(kIdle, std::memory_order_release);
     // A handler that ran between the drain and the store deferred its event: append it now.
-    if (block->deferredCount.load(std::memory_order_acquire) == 0) return;
-    if (block->state.exchange(kBusy, std::memory_order_acquire) != kIdle) return;
-    drainDeferred(block);
-    block->state.store(kIdle, std::memory_order_release);
+    if (block->deferredCount.load(std::memory_order_acquire) != 0 &&
+        block->state.exchange(kBusy, std::memory_order_acquire) == kIdle) {
+      drainDeferred(block);
+      block->state.store(kIdle, std::memory_order_release);
+    }
+    writePending(block);
     return;
   }
 }
@@ -486,6 +545,9 @@ void resetBlock(Block* block, uint32_t thread) {
   block->previousAddress = 0;
   block->threadEvents = 0;
   block->deferredCount.store(0);
+  block->active = 0;
+  block->inFlight.store(0);
+  block->hasPending.store(false);
   block->state.store(kIdle);
 }
 
@@ -577,6 +639,7 @@ bool initialize() {
     return false;
   }
   memcpy(gPath, path, strlen(path) + 1);
+  gUseTsc = invariantTsc();
   if (const char* every = getenv(kEnvCallsites)) {
     uint32_t value = 0;
     for (const char* p = every; *p >= '0' && *p <= '9' && value < 100000000; ++p)
@@ -636,6 +699,11 @@ bool finishTrace(bool closeFile) {
       sched_yield();
     }
     if (block->state.load() != kClosed) continue;
+    writePending(block);  // sealed by its owner, which has not written it yet
+    for (int attempt = 0; block->inFlight.load(std::memory_order_acquire) != 0 && attempt < 1000;
+         ++attempt) {
+      sched_yield();  // its owner is writing the other buffer: let it finish and index it
+    }
     flush(block);
     if (block->thread != UINT32_MAX) publishThreadEvents(block);
   }
@@ -758,22 +826,11 @@ int execList(const char* first, va_list arguments, bool withEnvironment, Exec ex
 
 #define CALLER __builtin_return_address(0)
 
-// Calls the function underneath with tlsInside set, so that what it calls through our symbols
-// (glibc's reallocarray calls realloc) is not recorded a second time.
-template <typename Call>
-auto forward(Call call) {
-  bool outer = !tlsInside;
-  tlsInside = true;
-  auto result = call();
-  if (outer) tlsInside = false;
-  return result;
-}
-
 template <typename Allocate>
 void* recordAllocation(Kind kind, uint8_t flags, const void* caller, uint64_t a, uint64_t b,
                        uint64_t c, Allocate allocate) {
   Block* block = enter();
-  void* result = forward(allocate);
+  void* result = allocate();
   if (block) {
     uint64_t fields[3] = {a, b, c};
     // The fields before the result, as the kind lists them; the result goes in its slot.
@@ -909,10 +966,7 @@ TRACE_EXPORT void free(void* pointer) {
   if (tlsResolving) return;  // nothing but bootstrap blocks can be freed before resolution
   ensureResolved();
   recordRelease(Kind::kFree, 0, CALLER, pointer, 0, 0);
-  bool outer = !tlsInside;
-  tlsInside = true;
   gNext.free(pointer);
-  if (outer) tlsInside = false;
 }
 
 // A bootstrap block is moved into a real one (recorded as a malloc: its old address was never
@@ -937,7 +991,7 @@ TRACE_EXPORT void* realloc(void* pointer, size_t size) {
   ensureResolved();
   Block* block = enter();
   uint64_t start = block ? ticks() : 0;
-  void* result = forward([&] { return gNext.realloc(pointer, size); });
+  void* result = gNext.realloc(pointer, size);
   if (block) {
     record(block, makeEvent(Kind::kRealloc, 0, start, CALLER, reinterpret_cast<uintptr_t>(pointer),
                             size, reinterpret_cast<uintptr_t>(result), ticks() - start));
@@ -945,10 +999,13 @@ TRACE_EXPORT void* realloc(void* pointer, size_t size) {
   return result;
 }
 
+// Implemented on the realloc underneath: glibc's reallocarray calls realloc through its dynamic
+// symbol, which would record the call twice.
 TRACE_EXPORT void* reallocarray(void* pointer, size_t count, size_t size) {
+  size_t total;
+  bool overflow = __builtin_mul_overflow(count, size, &total);
   if (isBootstrap(pointer) && !tlsResolving) {
-    size_t total;
-    if (__builtin_mul_overflow(count, size, &total)) {
+    if (overflow) {
       errno = ENOMEM;
       return nullptr;
     }
@@ -957,7 +1014,12 @@ TRACE_EXPORT void* reallocarray(void* pointer, size_t count, size_t size) {
   ensureResolved();
   Block* block = enter();
   uint64_t start = block ? ticks() : 0;
-  void* result = forward([&] { return gNext.reallocarray(pointer, count, size); });
+  void* result = nullptr;
+  if (overflow) {
+    errno = ENOMEM;
+  } else {
+    result = gNext.realloc(pointer, total);
+  }
   if (block) {
     record(block,
            makeEvent(Kind::kReallocArray, 0, start, CALLER, reinterpret_cast<uintptr_t>(pointer),
@@ -992,7 +1054,7 @@ TRACE_EXPORT void* pvalloc(size_t size) {
 TRACE_EXPORT int posix_memalign(void** out, size_t align, size_t size) {
   ensureResolved();
   Block* block = enter();
-  int rc = forward([&] { return gNext.posixMemalign(out, align, size); });
+  int rc = gNext.posixMemalign(out, align, size);
   if (block) {
     uint64_t result = rc == 0 ? reinterpret_cast<uintptr_t>(*out) : 0;
     record(block, makeEvent(Kind::kPosixMemalign, 0, ticks(), CALLER, align, size, result,
@@ -1005,7 +1067,7 @@ TRACE_EXPORT size_t malloc_usable_size(void* pointer) {
   if (isBootstrap(pointer)) return bootstrapSize(pointer);
   ensureResolved();
   Block* block = enter();
-  size_t result = forward([&] { return gNext.usableSize(pointer); });
+  size_t result = gNext.usableSize(pointer);
   if (block) {
     record(block, makeEvent(Kind::kUsableSize, 0, ticks(), CALLER,
                             reinterpret_cast<uintptr_t>(pointer), result));
