@@ -86,8 +86,8 @@ class Writer {
       uint64_t value = event.values.at(next++);
       bool address =
           field == Field::kAddress || field == Field::kOldAddress || field == Field::kResult;
-      cursor = address ? putAddress(cursor, value, &state.previousAddress)
-                       : putVarint(cursor, value);
+      cursor =
+          address ? putAddress(cursor, value, &state.previousAddress) : putVarint(cursor, value);
     }
     state.payload.insert(state.payload.end(), buffer, cursor);
     ++state.events;
@@ -127,9 +127,9 @@ std::vector<PlannedEvent> crossThread() {
   std::vector<PlannedEvent> events;
   for (uint32_t thread = 0; thread < 4; ++thread)
     events.push_back({thread, thread, Kind::kThreadStart, 0, {1000 + thread}});
-  events.push_back({3, 0, Kind::kMalloc, 0, {uint64_t{1} << 62, 0}});  // failed: NULL
-  events.push_back({5, 1, Kind::kFree, 0, {0}});                       // free(NULL)
-  events.push_back({7, 2, Kind::kFree, 0, {0xdead0000}});              // never allocated
+  events.push_back({3, 0, Kind::kMalloc, 0, {uint64_t{1} << 62, 0}});    // failed: NULL
+  events.push_back({5, 1, Kind::kFree, 0, {0}});                         // free(NULL)
+  events.push_back({7, 2, Kind::kFree, 0, {0xdead0000}});                // never allocated
   events.push_back({9, 1, Kind::kRealloc, 0, {0, 100, 0x30000000, 1}});  // realloc(NULL), kept
   constexpr uint64_t kBlocks = 3000;
   for (uint64_t b = 0; b < kBlocks; ++b) {
@@ -172,8 +172,8 @@ std::vector<PlannedEvent> crossThread() {
         events.push_back({freeTick, freer, Kind::kFree, 0, {address}});
         break;
       case 6:
-        events.push_back({tick, allocator, Kind::kNewArray, kFlagAligned | kFlagNothrow,
-                          {size, 32, address}});
+        events.push_back(
+            {tick, allocator, Kind::kNewArray, kFlagAligned | kFlagNothrow, {size, 32, address}});
         events.push_back({freeTick, freer, Kind::kDeleteArray, kFlagAligned, {address, 32}});
         break;
       default:
