@@ -143,6 +143,7 @@ class RunTimes:
     ops: int
     waits: int
     failed_allocations: int
+    own_bytes: int  # the replayer's own tables (slot table, buffers): its share of the PSS
     kinds: Dict[str, Histogram]
 
     @property
@@ -160,7 +161,7 @@ def read_run_times(log: Optional[Path]) -> Optional[RunTimes]:
         if line.startswith(STATS_PREFIX):
             data = json.loads(line[len(STATS_PREFIX):])
             return RunTimes(int(data["wall_ns"]), int(data["ops"]), int(data["waits"]),
-                            int(data["failed_allocations"]),
+                            int(data["failed_allocations"]), int(data.get("own_bytes", 0)),
                             {kind: Histogram.from_json(value) for kind, value in data["kinds"].items()})
     return None
 
@@ -319,9 +320,11 @@ def write_times(result: Replay, directory: Path) -> Dict[str, Path]:
         for kind, histogram in [(ALL_KINDS, times.all), *times.kinds.items()]:
             rows.append([allocator, str(repetition), kind, str(histogram.calls), f"{histogram.mean_ns:.1f}"] +
                         [f"{histogram.percentile(percent):.1f}" for percent in PERCENTILES] +
-                        [f"{histogram.max_ns:.1f}", str(times.waits), str(times.failed_allocations)])
+                        [f"{histogram.max_ns:.1f}", str(times.waits), str(times.failed_allocations),
+                         str(times.own_bytes)])
     write_tsv(written["times"], ["allocator", "repetition", "call", "calls", "mean_ns"] +
-               [f"p{percent:g}_ns" for percent in PERCENTILES] + ["max_ns", "waits", "failed_allocations"], rows)
+               [f"p{percent:g}_ns" for percent in PERCENTILES] + ["max_ns", "waits", "failed_allocations", "own_bytes"],
+              rows)
     histogram_rows = []
     for allocator in [allocator.name for allocator in result.comparison.allocators]:
         for kind in result.kinds():

@@ -84,6 +84,8 @@ def test_cross_thread_replay_under_every_allocator(cross_thread, tmp_path, touch
         calls = {row["call"]: int(row["calls"]) for row in times if row["allocator"] == name and row["call"] != "all"}
         assert calls == CROSS_THREAD_CALLS, name
         assert all(row["failed_allocations"] == "0" for row in times if row["allocator"] == name)
+        # The replayer's own tables: at least the slot table (4 slots: the trace's peak live blocks).
+        assert all(int(row["own_bytes"]) >= 4 * 8 for row in times if row["allocator"] == name)
     assert "time per call" in completed.stdout
 
 

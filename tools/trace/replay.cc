@@ -535,6 +535,14 @@ int loadOps() {
   return 0;
 }
 
+// What the replayer maps for itself (its part of a replay's PSS that the program did not have):
+// the slot table, and per thread its op buffer, histograms, state and handle.
+uint64_t ownBytes() {
+  uint64_t perThread = kBufferOps * sizeof(Op) + kKindCount * sizeof(Histogram) +
+                       sizeof(ThreadState) + sizeof(pthread_t) + sizeof(OpsThread);
+  return replay.header.slots * sizeof(std::atomic<uint64_t>) + replay.header.threads * perThread;
+}
+
 // The line `meshalloc trace replay` looks for in a run's output when the stats go to stdout.
 constexpr const char* kStatsPrefix = "meshalloc-replay-stats: ";
 
@@ -557,9 +565,9 @@ void writeStats(ThreadState* states, uint64_t wallNs, uint64_t tickSpan) {
   if (toStdout) fputs(kStatsPrefix, out);
   fprintf(out,
           "{\"wall_ns\": %" PRIu64 ", \"ops\": %" PRIu64 ", \"threads\": %u, \"waits\": %" PRIu64
-          ", \"failed_allocations\": %" PRIu64
+          ", \"failed_allocations\": %" PRIu64 ", \"own_bytes\": %" PRIu64
           ", \"timing\": \"%s\", \"speed\": %g, \"touch\": \"%s\", \"kinds\": {",
-          wallNs, ops, replay.header.threads, waits, failed,
+          wallNs, ops, replay.header.threads, waits, failed, ownBytes(),
           replay.options.timed ? "recorded" : "fast", replay.options.speed,
           replay.options.touch == Touch::kNone   ? "none"
           : replay.options.touch == Touch::kPage ? "page"

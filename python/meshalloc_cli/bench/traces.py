@@ -130,6 +130,9 @@ def fidelity(context: Context, allocators, repetitions: int) -> Tuple[List[Claim
         rows.append(cells)
     table = markdown_table(["allocator", "live mean PSS MiB", "replay mean PSS MiB", "mean Δ", "live peak PSS MiB",
                             "replay peak PSS MiB", "peak Δ"], rows)
+    own = max((times.own_bytes for times in replayed.times.values()), default=0)
+    table += (f"\nThe replayer's own tables (slot table, buffers) are {own / (1 << 20):.1f} MiB of every replay's "
+              "PSS; the program had its own pointers instead.\n")
 
     def order(rows_by_name, metric):
         present = [(getattr(row, metric).median, name) for name, row in rows_by_name.items()
