@@ -4,6 +4,7 @@
 #include <linux/futex.h>
 #include <linux/membarrier.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -532,6 +533,10 @@ uint64_t threadCpuNanos() {
   struct timespec ts;
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
   return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+void yieldThread() {
+  sched_yield();
 }
 
 void sleepNanos(uint64_t nanos) {

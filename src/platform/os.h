@@ -91,6 +91,8 @@ void failMembarrierForTesting();
 uint64_t monotonicNanos();
 uint64_t threadCpuNanos();
 void sleepNanos(uint64_t nanos);
+// Gives the CPU to another runnable thread, if there is one.
+void yieldThread();
 uint64_t entropy64();
 long maxMapCount();
 int currentThreadId();
