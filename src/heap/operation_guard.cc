@@ -1,7 +1,5 @@
 #include "heap/operation_guard.h"
 
-#include <sched.h>
-
 #include "heap/thread_heap.h"
 #include "platform/os.h"
 #include "support/lock.h"
