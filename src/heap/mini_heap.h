@@ -145,6 +145,7 @@ struct MiniHeap : ListNode {
 };
 
 static_assert(sizeof(MiniHeap) % alignof(std::atomic<uint64_t>) == 0);
-// (tests/unit/mini_heap_test.cc checks that liveCount starts the second line.)
+// (heap_test.cc, MiniHeapLayout: the second cache line starts at `owner`, and the bitmap
+// follows liveCount on it.)
 
 }  // namespace meshalloc
