@@ -1,4 +1,4 @@
-"""The `meshalloc` command line: run, compare, allocators, bench, top.
+"""The `meshalloc` command line: run, compare, allocators, bench, top, trace.
 
 Everything the commands do lives in the library modules (measure, compare, output,
 plotting); this file only parses arguments and prints.
@@ -21,7 +21,7 @@ from rich.table import Table
 from rich.text import Text
 from rich import box
 
-from . import __version__, allocators as allocator_registry
+from . import __version__, allocators as allocator_registry, trace as tracing
 from .breakdown import COLUMNS as BREAKDOWN_COLUMNS
 from .compare import DEFAULT_REPEAT, Comparison, RunRecord, compare
 from .errors import EXIT_FAILURE, EXIT_OK, EXIT_SIGNAL_BASE, EXIT_USAGE, MeshallocError
@@ -179,7 +179,64 @@ def build_parser() -> argparse.ArgumentParser:
     top.add_argument("--once", action="store_true", help="print one reading and exit")
     top.add_argument("--json", action="store_true",
                      help="JSON instead of a table: one object per reading, {\"processes\": [...]}")
+    _add_trace_parser(commands)
     return parser
+
+
+def _non_negative_int(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}")
+    return int(text)
+
+
+def _add_trace_parser(commands) -> None:
+    trace = commands.add_parser("trace", help="record allocation traces and read them (docs/trace.md)",
+                                description="Record every malloc-family call and C++ new/delete of a program into "
+                                "a compact binary trace, and print or summarise a trace. See docs/trace.md.")
+    actions = trace.add_subparsers(dest="trace_command", metavar="ACTION")
+    actions.required = True
+    record = actions.add_parser("record", help="run CMD with the recorder preloaded",
+                                description="Run CMD with libmeshalloc-trace.so preloaded in front of the "
+                                "allocator. The trace goes to FILE; a forked child's to FILE.<pid>. The exit status "
+                                "of CMD is passed through.", epilog=EPILOG)
+    record.add_argument("--out", "-o", type=Path, default=tracing.DEFAULT_TRACE, metavar="FILE",
+                        help="trace file (default %(default)s); an earlier FILE and FILE.<pid> are replaced")
+    record.add_argument("--allocator", "-a", metavar="A",
+                        help="allocator underneath the recorder (default: the program's own); "
+                        "see `meshalloc allocators`")
+    record.add_argument("--callsites", type=_non_negative_int, default=0, metavar="N",
+                        help="record a call-site hash on every N-th event of each thread (default 0: none)")
+    record.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ARGS",
+                        help="the command to run, after --")
+    dump = actions.add_parser("dump", help="print a trace's events as text",
+                              description="Print the events of TRACE, one per line, all threads merged in time "
+                              "order with object ids (or one thread's, in its order, with --thread).",
+                              epilog="exit status: 0; 1 for a missing, corrupt or truncated trace; 2 for bad usage.")
+    dump.add_argument("trace", type=Path, metavar="TRACE")
+    dump.add_argument("--head", type=_non_negative_int, metavar="N", help="print the first N events only")
+    dump.add_argument("--thread", type=_non_negative_int, metavar="T", help="only thread T (the index `stats` counts)")
+    stats = actions.add_parser("stats", help="summarise a trace",
+                               description="Events by kind, threads, objects, peak live bytes, bytes per event.",
+                               epilog="exit status: 0; 1 for a missing, corrupt or truncated trace; 2 for bad usage.")
+    stats.add_argument("trace", type=Path, metavar="TRACE")
+    stats.add_argument("--json", action="store_true", help="one JSON object instead of text")
+
+
+def cmd_trace(args, command: Optional[List[str]], err: Console) -> int:
+    if args.trace_command == "record":
+        command = _command_or_error(command, args.command)
+        allocator = allocator_registry.resolve(args.allocator) if args.allocator else None
+        status = tracing.record(command, args.out, allocator, args.callsites)
+        children = tracing.child_traces(args.out)
+        more = f" and {len(children)} child trace{'s' if len(children) != 1 else ''} ({args.out}.<pid>)" if children else ""
+        err.print(f"{PROGRAM}: trace in {args.out}{more}; `{PROGRAM} trace stats {args.out}` summarises it",
+                  highlight=False)
+        return status
+    if command:
+        raise MeshallocError(f"`meshalloc trace {args.trace_command}` takes no command")
+    if args.trace_command == "dump":
+        return tracing.dump(args.trace, args.head, args.thread)
+    return tracing.stats(args.trace, args.json)
 
 
 def _split_command(argv: Sequence[str]):
@@ -578,6 +635,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if command:
                 raise MeshallocError("`meshalloc top` takes no command")
             return cmd_top(args, out_console)
+        if args.subcommand == "trace":
+            return cmd_trace(args, command, err)
         command = _command_or_error(command, args.command)
         if args.subcommand == "run":
             return cmd_run(args, command, err)
