@@ -145,7 +145,6 @@ struct MiniHeap : ListNode {
 };
 
 static_assert(sizeof(MiniHeap) % alignof(std::atomic<uint64_t>) == 0);
-// (heap_test.cc, MiniHeapLayout: the second cache line starts at `owner`, and the bitmap
-// follows liveCount on it.)
+// (heap_test.cc, MiniHeapLayout.FreePathFieldsShareTheSecondCacheLine, checks the two lines.)
 
 }  // namespace meshalloc

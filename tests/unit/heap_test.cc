@@ -704,23 +704,3 @@ TEST_F(HeapTest, MeshCandidatesAreOfferedOncePerSweep) {
 
 }  // namespace
 }  // namespace meshalloc
-
-namespace meshalloc {
-namespace {
-
-// MiniHeap's layout (heap/mini_heap.h): allocation's fields fill the first cache line, and
-// everything a free that reaches the span touches (owner, remote frees, liveCount, the start
-// of the bitmap) shares the second, so such a free costs one cache miss.
-TEST(MiniHeapLayout, AFreesFieldsShareTheSecondCacheLine) {
-  alignas(kCacheLine) static MiniHeap span;
-  auto offset = [](const void* field) {
-    return reinterpret_cast<const char*>(field) - reinterpret_cast<const char*>(&span);
-  };
-  EXPECT_EQ(offset(&span.owner), static_cast<ptrdiff_t>(kCacheLine));
-  EXPECT_LT(offset(&span.liveCount), static_cast<ptrdiff_t>(2 * kCacheLine));
-  EXPECT_LT(offset(&span + 1), static_cast<ptrdiff_t>(2 * kCacheLine))
-      << "the bitmap no longer starts on the second line";
-}
-
-}  // namespace
-}  // namespace meshalloc
