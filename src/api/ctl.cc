@@ -198,6 +198,7 @@ int handleValue(const char* name, void* oldp, size_t* oldlenp) {
       {"pauses", gCounters.waits.load(std::memory_order_relaxed)},
       {"pause_total_ns", gCounters.waitTotalNs.load(std::memory_order_relaxed)},
       {"pause_max_ns", gCounters.waitMaxNs.load(std::memory_order_relaxed)},
+      {"move_hold_max_ns", gCounters.moveHoldMaxNs.load(std::memory_order_relaxed)},
   };
   for (const Entry& e : entries) {
     if (!strcmp(name, e.name)) return readValue<uint64_t>(oldp, oldlenp, e.value);

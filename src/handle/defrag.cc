@@ -88,9 +88,12 @@ bool Defragmenter::evacuate(Chunk* source, uint64_t deadlineNs, size_t maxMovedB
     }
     // The lock is taken per object: the class's allocations and frees wait for one copy only.
     LockGuard guard(Store::classLock(sizeClass));
+    uint64_t start = os::monotonicNanos();
     slot = nextUsedSlot(source, slot);
     if (slot == Store::layout(sizeClass).slotCount) return true;
-    if (!moveLocked(source, slot)) return false;
+    bool moved = moveLocked(source, slot);
+    raiseMaximum(gCounters.moveHoldMaxNs, os::monotonicNanos() - start);
+    if (!moved) return false;
     result.movedBytes += slotSize;
     slot++;
   }
@@ -135,7 +138,9 @@ PassResult Defragmenter::pass(uint64_t deadlineNs, size_t maxMovedBytes) {
       blocked = next;
     }
   }
-  if (!result.budgetExhausted) result.releasedBytes += Store::releaseSpares();
+  // A full pass (mh_compact(0)) leaves no spare; others only those unused since the last pass.
+  if (!result.budgetExhausted)
+    result.releasedBytes += Store::releaseSpares(deadlineNs == 0 && maxMovedBytes == 0);
   gCounters.passes.fetch_add(1, std::memory_order_relaxed);
   gCounters.releasedBytes.fetch_add(result.releasedBytes, std::memory_order_relaxed);
   gCounters.cpuNs.fetch_add(os::threadCpuNanos() - cpuStart, std::memory_order_relaxed);

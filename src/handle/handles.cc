@@ -46,10 +46,7 @@ void recordWait(uint64_t startNs) {
   uint64_t waited = os::monotonicNanos() - startNs;
   gCounters.waits.fetch_add(1, std::memory_order_relaxed);
   gCounters.waitTotalNs.fetch_add(waited, std::memory_order_relaxed);
-  uint64_t max = gCounters.waitMaxNs.load(std::memory_order_relaxed);
-  while (waited > max &&
-         !gCounters.waitMaxNs.compare_exchange_weak(max, waited, std::memory_order_relaxed)) {
-  }
+  raiseMaximum(gCounters.waitMaxNs, waited);
 }
 
 // Returns the state once the moving bit is clear (acquire: the object word is then current).

@@ -93,8 +93,10 @@ class Store {
   // Ends an evacuation: an empty source is released to the OS at once, anything else goes back
   // on its list.
   static void endEvacuationLocked(Chunk* chunk);
-  // Returns every class's spare chunk to the OS; the bytes released.
-  static size_t releaseSpares();
+  // Returns spare chunks to the OS: every one if `all`, else those that were already spare at
+  // the previous call (a class churning around a chunk boundary keeps its spare). The bytes
+  // released.
+  static size_t releaseSpares(bool all);
 
   // --- Measurement ---
   // Bytes the store holds in the arena (chunks, including their bookkeeping, and large runs).
@@ -114,7 +116,8 @@ class Store {
   struct alignas(64) ClassStore {
     Mutex lock;
     Chunk* bins[kBinLists];
-    Chunk* spare;  // one empty chunk kept, so that a count going 0 -> 1 -> 0 makes no syscalls
+    Chunk* spare;      // one empty chunk kept, so that a count going 0 -> 1 -> 0 makes no syscalls
+    Chunk* agedSpare;  // the spare at the last releaseSpares
     std::atomic<size_t> chunks;
     std::atomic<size_t> liveSlots;
     size_t freeSlots;  // in chunks on the lists (not evacuating, not the spare)

@@ -1,10 +1,12 @@
 // Mutator threads pin, check, write, unpin, resize and free handle objects while a thread runs
 // defragmentation passes back to back (run under TSan too: `ctest --preset tsan -L unit`).
 // Every object holds words derived from its handle and a version; a lost or torn write, or a
-// pin that returned a stale copy, shows as a word of another version.
+// pin that returned a stale copy, shows as a word of another version. The stress label runs
+// it again with MESHALLOC_TEST_HANDLE_OPS operations per mutator (tests/stress/CMakeLists.txt).
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <random>
 #include <thread>
 #include <vector>
@@ -103,6 +105,12 @@ void mutator(uint64_t seed, size_t operations, const std::vector<Object>& shared
   totals.wrong.fetch_add(wrong, std::memory_order_relaxed);
 }
 
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+constexpr size_t kDefaultOperations = 20000;  // the sanitizers make each about 50 times slower
+#else
+constexpr size_t kDefaultOperations = 150000;
+#endif
+
 TEST(HandleConcurrencyTest, MutatorsAndAMoverLoseNoWrite) {
   gHeapConfig.handlesDefrag = false;
   ASSERT_TRUE(ensureInitialized());
@@ -120,13 +128,15 @@ TEST(HandleConcurrencyTest, MutatorsAndAMoverLoseNoWrite) {
   uint64_t movedBefore = gCounters.movedObjects.load();
   std::atomic<bool> stop{false};
   std::thread mover([&] {
-    while (!stop.load(std::memory_order_relaxed)) Defragmenter::pass(0, 0);
+    // Passes as the controller makes them (a bounded move budget), back to back.
+    while (!stop.load(std::memory_order_relaxed)) Defragmenter::pass(0, size_t{1} << 20);
   });
   Totals totals;
-  constexpr size_t kOperations = 150000;
+  const char* ops = getenv("MESHALLOC_TEST_HANDLE_OPS");
+  const size_t operations = ops ? strtoull(ops, nullptr, 10) : kDefaultOperations;
   std::vector<std::thread> threads;
   for (uint64_t t = 0; t < 3; t++)
-    threads.emplace_back(mutator, 100 + t, kOperations, std::cref(shared), std::ref(totals));
+    threads.emplace_back(mutator, 100 + t, operations, std::cref(shared), std::ref(totals));
   for (std::thread& t : threads) t.join();
   stop.store(true);
   mover.join();
@@ -135,7 +145,7 @@ TEST(HandleConcurrencyTest, MutatorsAndAMoverLoseNoWrite) {
     free(o.handle);
   }
   EXPECT_EQ(totals.wrong.load(), 0u);
-  EXPECT_EQ(totals.checked.load(), 3 * kOperations);
+  EXPECT_EQ(totals.checked.load(), 3 * operations);
   EXPECT_GT(gCounters.movedObjects.load(), movedBefore);
 }
 
