@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <random>
 #include <thread>
@@ -48,6 +49,20 @@ Object make(std::mt19937_64& rng, unsigned phase = 0) {
   for (size_t i = 0; i < o.words; i++) p[i] = word(o.handle, 1, i);
   unpin(o.handle);
   return o;
+}
+
+// `count` objects of `phase`'s sizes, all but every `keep`-th freed once all are made.
+std::vector<Object> sparseObjects(std::mt19937_64& rng, size_t count, size_t keep, unsigned phase) {
+  std::vector<Object> all, kept;
+  for (size_t i = 0; i < count; i++) all.push_back(make(rng, phase));
+  for (size_t i = 0; i < all.size(); i++) {
+    if (i % keep == 0) {
+      kept.push_back(all[i]);
+    } else {
+      free(all[i].handle);
+    }
+  }
+  return kept;
 }
 
 struct Totals {
@@ -116,15 +131,7 @@ TEST(HandleConcurrencyTest, MutatorsAndAMoverLoseNoWrite) {
   ASSERT_TRUE(ensureInitialized());
   std::mt19937_64 rng(7);
   // Shared objects between freed ones: they sit in sparse chunks, so they move.
-  std::vector<Object> shared;
-  for (int i = 0; i < 4000; i++) {
-    Object o = make(rng);
-    if (i % 4 == 0) {
-      shared.push_back(o);
-    } else {
-      free(o.handle);
-    }
-  }
+  std::vector<Object> shared = sparseObjects(rng, 4000, 4, 0);
   uint64_t movedBefore = gCounters.movedObjects.load();
   std::atomic<bool> stop{false};
   std::thread mover([&] {
@@ -147,6 +154,44 @@ TEST(HandleConcurrencyTest, MutatorsAndAMoverLoseNoWrite) {
   EXPECT_EQ(totals.wrong.load(), 0u);
   EXPECT_EQ(totals.checked.load(), 3 * operations);
   EXPECT_GT(gCounters.movedObjects.load(), movedBefore);
+}
+
+// Pins that land in the middle of a copy (slowed down to 50 us) cancel the move instead of
+// waiting for it, and none of their writes is lost to the copy being published.
+TEST(HandleConcurrencyTest, PinsDuringACopyCancelTheMove) {
+  gHeapConfig.handlesDefrag = false;
+  ASSERT_TRUE(ensureInitialized());
+  std::mt19937_64 rng(11);
+  uint64_t abandoned = gCounters.abandonedMoves.load();
+  Defragmenter::delayCopiesForTesting(50000);
+  std::atomic<bool> stop{false};
+  std::thread mover([&] {
+    while (!stop.load(std::memory_order_relaxed)) Defragmenter::pass(0, 0);
+  });
+  size_t wrong = 0;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  // Rounds of a freshly fragmented set of a few hundred objects, each pinned and written
+  // until the mover has had time to take most of them.
+  for (unsigned round = 0; gCounters.abandonedMoves.load() < abandoned + 50 &&
+                           std::chrono::steady_clock::now() < deadline;
+       round++) {
+    std::vector<Object> objects = sparseObjects(rng, 3200, 8, round);
+    auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+    while (std::chrono::steady_clock::now() < end) {
+      Object& o = objects[rng() % objects.size()];
+      wrong += checkAndWrite(o, o.version + 1);
+      o.version++;
+    }
+    for (const Object& o : objects) {
+      wrong += checkAndWrite(o, 0);
+      free(o.handle);
+    }
+  }
+  stop.store(true);
+  mover.join();
+  Defragmenter::delayCopiesForTesting(0);
+  EXPECT_EQ(wrong, 0u);
+  EXPECT_GE(gCounters.abandonedMoves.load(), abandoned + 50);
 }
 
 }  // namespace
