@@ -83,8 +83,10 @@ TEST(HandleApi, BadHandlesAbortWithTheHandleOnStderr) {
                "invalid handle 0x[0-9a-f]+ \\(not made by mh_alloc\\)");
   free(p);
   mh_t live = mh_alloc(64);
-  mh_pin(live);
+  void* address = mh_pin(live);
   EXPECT_DEATH(mh_free(live), "is pinned");
+  // A handle object is not malloc's: free() of its address is an invalid free.
+  EXPECT_DEATH(free(address), "invalid pointer");
   mh_unpin(live);
   EXPECT_DEATH(mh_unpin(live), "is not pinned");
   mh_free(live);

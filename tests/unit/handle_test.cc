@@ -229,16 +229,22 @@ size_t randomisedRun(uint64_t seed, size_t operations) {
   return wrong;
 }
 
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+constexpr size_t kRandomOperations = 10000;  // each about 20 times slower
+#else
+constexpr size_t kRandomOperations = 30000;
+#endif
+
 TEST_F(HandleTest, RandomisedOperationsKeepEveryPattern) {
   uint64_t moved = gCounters.movedObjects.load();
-  EXPECT_EQ(randomisedRun(1, 30000), 0u);
+  EXPECT_EQ(randomisedRun(1, kRandomOperations), 0u);
   EXPECT_GT(gCounters.movedObjects.load(), moved);
 }
 
 // The mutation check: with one byte of every move corrupted, the same test must see it.
 TEST_F(HandleTest, RandomisedOperationsCatchACorruptedMove) {
   Defragmenter::corruptMovesForTesting(true);
-  EXPECT_GT(randomisedRun(2, 30000), 0u);
+  EXPECT_GT(randomisedRun(2, kRandomOperations), 0u);
 }
 
 TEST_F(HandleTest, ControllerRunsBetweenTheBounds) {
