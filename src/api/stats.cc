@@ -1,5 +1,7 @@
 #include "api/stats.h"
 
+#include "handle/store.h"
+#include "handle/table.h"
 #include "heap/arena.h"
 #include "heap/config.h"
 #include "heap/heap.h"
@@ -122,6 +124,11 @@ MemoryBreakdown collectBreakdown() {
   b.retiredMeshed = bytes(retired.virtualBytes);
   miniHeapBytes += retired.metadataBytes;
   b.dirtyCache = bytes(Arena::stats().dirtyBytes);
+  size_t handleCommitted = handles::Store::committedBytes();
+  size_t handleLive = handles::Store::liveBytes();
+  b.handlesLive = bytes(handleLive);
+  b.handlesFree = bytes(handleCommitted > handleLive ? handleCommitted - handleLive : 0);
+  b.handlesTable = bytes(handles::Table::touchedBytes());
   b.meshSaving = bytes(SpanBacking::stats().releasedBytes);
 
   b.pageMaps = bytes(Arena::mapResidentBytes());

@@ -45,6 +45,12 @@ namespace meshalloc::api {
   X(largeLive, "large_live", "large", 1, "counted", "large objects: the bytes requested")   \
   X(largeSlack, "large_slack", "large", 1, "counted",                                       \
     "large objects: their pages beyond the bytes requested")                                \
+  X(handlesLive, "handles_live", "handles", 1, "counted",                                   \
+    "live handle objects at their size class, large ones at their usable bytes")            \
+  X(handlesFree, "handles_free", "handles", 1, "counted",                                   \
+    "the handle store beyond its live objects: free slots, bookkeeping, spare chunks")      \
+  X(handlesTable, "handles_table", "handles", 1, "counted",                                 \
+    "the handle table's entries, 16 bytes per handle at the high-water mark")               \
   X(pageMaps, "page_maps", "metadata", 1, "resident",                                       \
     "page maps, compact class maps and their top-level tables")                             \
   X(miniHeaps, "miniheaps", "metadata", 1, "counted",                                       \

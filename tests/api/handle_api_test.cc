@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -110,6 +111,28 @@ TEST(HandleApi, StatisticsCountObjectsAndPins) {
   uint64_t unused = 0;
   size_t length = sizeof(unused);
   EXPECT_EQ(meshalloc_mallctl("handles.nonsense", &unused, &length, nullptr, 0), ENOENT);
+}
+
+int64_t breakdown(const char* component) {
+  uint64_t epoch = 1;
+  size_t length = sizeof(epoch);
+  EXPECT_EQ(meshalloc_mallctl("epoch", &epoch, &length, &epoch, sizeof(epoch)), 0);
+  std::string name = std::string("stats.breakdown.") + component;
+  int64_t value = 0;
+  length = sizeof(value);
+  EXPECT_EQ(meshalloc_mallctl(name.c_str(), &value, &length, nullptr, 0), 0) << name;
+  return value;
+}
+
+TEST(HandleApi, TheMemoryBreakdownCountsTheHandleStore) {
+  int64_t live = breakdown("handles_live"), table = breakdown("handles_table");
+  int64_t total = breakdown("heap_total");
+  std::vector<mh_t> objects(20000);
+  for (mh_t& h : objects) h = mh_alloc(1000);
+  EXPECT_GE(breakdown("handles_live") - live, 20000 * 1000);
+  EXPECT_GE(breakdown("handles_table"), table);
+  EXPECT_GE(breakdown("heap_total") - total, 20000 * 1000);
+  for (mh_t h : objects) mh_free(h);
 }
 
 // Objects of `size`, every `keep`-th kept: a handle heap far above F_ub.
