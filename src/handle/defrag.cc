@@ -110,14 +110,16 @@ bool Defragmenter::evacuate(Chunk* source, uint64_t deadlineNs, size_t maxMovedB
     if (!began) return slot == Store::layout(sizeClass).slotCount;
     bool published = copyAndPublish(move);
     LockGuard guard(lock);
+    start = os::monotonicNanos();
+    // The slot the object no longer needs: the destination if a pin came first (it keeps the
+    // object where it was), else the source.
+    Chunk* freed = published ? source : Store::chunkOf(move.to, sizeClass);
+    Store::freeSlotLocked(freed, published ? slot : Store::slotOf(freed, move.to));
+    raiseMaximum(gCounters.moveHoldMaxNs, os::monotonicNanos() - start);
     if (!published) {
-      // A pin came first: it keeps the object where it was.
-      Chunk* destination = Store::chunkOf(move.to, sizeClass);
-      Store::freeSlotLocked(destination, Store::slotOf(destination, move.to));
       gCounters.abandonedMoves.fetch_add(1, std::memory_order_relaxed);
       return false;
     }
-    Store::freeSlotLocked(source, slot);
     gCounters.movedObjects.fetch_add(1, std::memory_order_relaxed);
     gCounters.movedBytes.fetch_add(slotSize, std::memory_order_relaxed);
     result.movedBytes += slotSize;

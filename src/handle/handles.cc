@@ -72,7 +72,8 @@ Entry& entryOf(uint64_t handle, const char* operation) {
   return *entry;
 }
 
-// Takes the entry exclusively (the moving bit) for a resize: it must be live and unpinned.
+// Takes the entry exclusively (moving and commit bits: pins wait) for a resize; it must be live
+// and unpinned.
 uint64_t takeExclusive(Entry& entry, uint64_t handle, const char* operation) {
   for (;;) {
     uint64_t state = waitWhileMoving(entry);
