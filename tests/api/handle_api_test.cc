@@ -158,7 +158,7 @@ TEST(HandleApi, TheControllerCompactsAFragmentedHeapOnItsOwn) {
   std::vector<mh_t> kept = fragment(200000, 160, 10);
   uint64_t released = handleStat("handles.released");
   // F_ub is 1.4 and F_lb 1.05 by default; the controller wakes every 10 ms.
-  for (int i = 0; i < 400 && handleStat("handles.fragmentation_permille") > 1400; i++)
+  for (int i = 0; i < 1000 && handleStat("handles.fragmentation_permille") > 1400; i++)
     usleep(10000);
   EXPECT_LE(handleStat("handles.fragmentation_permille"), 1400u);
   EXPECT_GT(handleStat("handles.released"), released);

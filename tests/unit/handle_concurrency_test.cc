@@ -96,13 +96,14 @@ void mutator(uint64_t seed, size_t operations, const std::vector<Object>& shared
       auto* p = static_cast<uint64_t*>(pin(o.handle));
       for (size_t i = 0; i < o.words; i++) p[i] = word(o.handle, o.version, i);
       unpin(o.handle);
-    } else if (kind < 998) {
+    } else if (kind < 998 || rng() % 10) {
       Object& o = own[rng() % own.size()];
       wrong += checkAndWrite(o, 0);
       free(o.handle);
       o = make(rng, phase);
     } else {
-      // Replace most objects by ones of the next phase: sparse chunks for the mover.
+      // One operation in 5,000: most objects replaced by ones of the next phase, which leaves
+      // sparse chunks for the mover.
       phase++;
       for (size_t i = 0; i < own.size(); i++) {
         if (rng() % 5 == 0) continue;
