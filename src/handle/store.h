@@ -64,8 +64,9 @@ class Store {
   }
   static uint32_t slotOf(const Chunk* chunk, uintptr_t address) {
     const ClassLayout& l = layouts_[chunk->sizeClass];
-    return static_cast<uint32_t>((address - reinterpret_cast<uintptr_t>(chunk) - l.firstSlot) /
-                                 l.slotSize);
+    uint64_t delta = address - reinterpret_cast<uintptr_t>(chunk) - l.firstSlot;
+    // A multiply by the class's reciprocal, exact for multiples of the size (SpanPlan).
+    return static_cast<uint32_t>((delta * SizeClasses::plan(chunk->sizeClass).reciprocal) >> 32);
   }
   static uintptr_t slotAddress(const Chunk* chunk, uint32_t slot) {
     const ClassLayout& l = layouts_[chunk->sizeClass];

@@ -60,6 +60,22 @@ TEST_F(HandleTest, HandlesAreTaggedAndNeverPointers) {
   free(h);
 }
 
+TEST_F(HandleTest, EveryChunkLayoutFitsAndMapsSlotsBothWays) {
+  for (unsigned c = 0; c < kNumSizeClasses; c++) {
+    const ClassLayout& l = Store::layout(c);
+    EXPECT_LE(size_t{l.firstSlot} + size_t{l.slotCount} * l.slotSize, l.chunkBytes) << c;
+    EXPECT_GE(l.slotCount, 15u) << c;
+    uint64_t h = allocate(l.slotSize);
+    auto address = reinterpret_cast<uintptr_t>(pin(h));
+    unpin(h);
+    Chunk* chunk = Store::chunkOf(address, c);
+    EXPECT_EQ(chunk->sizeClass, c);
+    for (uint32_t slot = 0; slot < l.slotCount; slot++)
+      ASSERT_EQ(Store::slotOf(chunk, Store::slotAddress(chunk, slot)), slot) << c;
+    free(h);
+  }
+}
+
 TEST_F(HandleTest, CallocZeroesAndChecksOverflow) {
   uint64_t dirty = allocate(400);
   memset(pin(dirty), 0xab, 400);
