@@ -1,5 +1,6 @@
 #include "api/stats.h"
 
+#include "handle/handles.h"
 #include "handle/store.h"
 #include "handle/table.h"
 #include "heap/arena.h"
@@ -251,9 +252,37 @@ bool expandStatsPath(const char* pattern, long pid, char* out, size_t capacity) 
   return true;
 }
 
+void collectHandleStatistics(HandleStatistic (&out)[kHandleStatisticCount]) {
+  using handles::gCounters;
+  size_t committed = handles::Store::committedBytes();
+  size_t live = handles::Store::liveBytes();
+  const HandleStatistic statistics[] = {
+      {"live", handles::Store::liveObjects()},
+      {"live_bytes", live},
+      {"committed", committed},
+      {"table_bytes", handles::Table::touchedBytes()},
+      {"fragmentation_permille", live ? committed * 1000 / live : 0},
+      {"pinned", handles::pinnedCount()},
+      {"moved", gCounters.movedObjects.load(std::memory_order_relaxed)},
+      {"moved_bytes", gCounters.movedBytes.load(std::memory_order_relaxed)},
+      {"moves_abandoned", gCounters.abandonedMoves.load(std::memory_order_relaxed)},
+      {"passes", gCounters.passes.load(std::memory_order_relaxed)},
+      {"released", gCounters.releasedBytes.load(std::memory_order_relaxed)},
+      {"cpu_ns", gCounters.cpuNs.load(std::memory_order_relaxed)},
+      {"pauses", gCounters.waits.load(std::memory_order_relaxed)},
+      {"pause_total_ns", gCounters.waitTotalNs.load(std::memory_order_relaxed)},
+      {"pause_max_ns", gCounters.waitMaxNs.load(std::memory_order_relaxed)},
+      {"move_hold_max_ns", gCounters.moveHoldMaxNs.load(std::memory_order_relaxed)},
+  };
+  static_assert(sizeof(statistics) / sizeof(statistics[0]) == kHandleStatisticCount);
+  for (size_t i = 0; i < kHandleStatisticCount; i++) out[i] = statistics[i];
+}
+
 void writeStats(int fd, bool json) {
   HeapStats stats = collectStats();
   MemoryBreakdown breakdown = collectBreakdown();
+  HandleStatistic handleStatistics[kHandleStatisticCount];
+  collectHandleStatistics(handleStatistics);
   static char buffer[kReportCapacity];  // static: a 32 KiB stack frame could overflow small stacks
   static Mutex bufferLock;
   LockGuard guard(bufferLock);
@@ -318,6 +347,14 @@ void writeStats(int fd, bool json) {
       first = false;
       out.put('"').text(f.name).text("\":").unsignedValue(f.value);
     }
+    out.text("},\"handles\":{");
+    for (size_t i = 0; i < kHandleStatisticCount; i++) {
+      if (i) out.put(',');
+      out.put('"')
+          .text(handleStatistics[i].name)
+          .text("\":")
+          .unsignedValue(handleStatistics[i].value);
+    }
     out.text("},\"breakdown\":{");
     for (size_t i = 0; i < kBreakdownComponentCount; i++) {
       const BreakdownComponent& c = kBreakdownComponents[i];
@@ -359,8 +396,11 @@ void writeStats(int fd, bool json) {
       for (size_t pad = 0; pad + __builtin_strlen(f.name) < 20; pad++) out.put(' ');
       out.unsignedValue(f.value).text("\n");
     }
+    out.text("  handles:");
+    for (const HandleStatistic& h : handleStatistics)
+      out.put(' ').text(h.name).put('=').unsignedValue(h.value);
     out.text(
-        "  breakdown (bytes; counted: committed by the heap's books, resident: present now)\n");
+        "\n  breakdown (bytes; counted: committed by the heap's books, resident: present now)\n");
     for (size_t i = 0; i < kBreakdownComponentCount; i++) {
       const BreakdownComponent& c = kBreakdownComponents[i];
       char number[24];

@@ -91,6 +91,15 @@ struct BreakdownComponent {
 extern const BreakdownComponent kBreakdownComponents[];
 extern const size_t kBreakdownComponentCount;
 
+// The handle layer's statistics (docs/handles.md#statistics), read when asked: one list for
+// mallctl's "handles.<name>" and the report's "handles" section.
+struct HandleStatistic {
+  const char* name;
+  uint64_t value;
+};
+constexpr size_t kHandleStatisticCount = 16;
+void collectHandleStatistics(HandleStatistic (&out)[kHandleStatisticCount]);
+
 // Computed on demand, never maintained on the fast path: walks the global heap's lists, every
 // thread heap and the arena's maps, and reads /proc/self/status and /proc/self/smaps_rollup
 // (the latter walks every mapping). Milliseconds, not microseconds. Never allocates.

@@ -135,6 +135,22 @@ TEST(HandleApi, TheMemoryBreakdownCountsTheHandleStore) {
   for (mh_t h : objects) mh_free(h);
 }
 
+TEST(HandleApi, TheReportHasAHandlesSection) {
+  mh_t h = mh_alloc(100);
+  for (int json = 0; json < 2; json++) {
+    FILE* file = tmpfile();
+    ASSERT_NE(file, nullptr);
+    meshalloc_print_stats(fileno(file), json);
+    std::string text(1 << 16, '\0');
+    rewind(file);
+    text.resize(fread(text.data(), 1, text.size(), file));
+    fclose(file);
+    EXPECT_NE(text.find(json ? "\"handles\":{\"live\":" : "  handles: live="), std::string::npos)
+        << text.substr(0, 400);
+  }
+  mh_free(h);
+}
+
 // Objects of `size`, every `keep`-th kept: a handle heap far above F_ub.
 std::vector<mh_t> fragment(size_t count, size_t size, size_t keep) {
   std::vector<mh_t> all(count), kept;
