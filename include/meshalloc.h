@@ -65,6 +65,8 @@ extern "C" {
  *                                 bytes they gave back to the OS, their CPU time
  *   "handles.pauses" / "handles.pause_total_ns" / "handles.pause_max_ns"  waits of mh_pin,
  *                                 mh_free, mh_realloc and mh_usable_size for a move in progress
+ *   "handles.move_hold_max_ns"    the longest a move held its size class's lock (what an
+ *                                 mh_alloc or mh_free of that class can wait for one)
  * Actions (no value): "arena.<i>.purge", "arena.<i>.decay", "thread.tcache.flush",
  *   "mesh.compact", "handles.compact" (a full pass; reads the bytes released as size_t).
  * Diagnostics: "debug.class_dump" (write an unsigned class index j) prints every span of

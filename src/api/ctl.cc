@@ -9,7 +9,6 @@
 #include "api/stats.h"
 #include "handle/defrag.h"
 #include "handle/handles.h"
-#include "handle/store.h"
 #include "heap/arena.h"
 #include "heap/config.h"
 #include "heap/heap.h"
@@ -139,34 +138,11 @@ int statValue(const char* name, void* oldp, size_t* oldlenp) {
   return ENOENT;
 }
 
-// The handle statistics, read when asked (not at the epoch): counters and the store's sums.
 int handleValue(const char* name, void* oldp, size_t* oldlenp) {
-  using handles::gCounters;
-  size_t committed = handles::Store::committedBytes();
-  size_t live = handles::Store::liveBytes();
-  struct Entry {
-    const char* name;
-    uint64_t value;
-  };
-  const Entry entries[] = {
-      {"live", handles::Store::liveObjects()},
-      {"live_bytes", live},
-      {"committed", committed},
-      {"table_bytes", handles::Table::touchedBytes()},
-      {"fragmentation_permille", live ? committed * 1000 / live : 0},
-      {"pinned", handles::pinnedCount()},
-      {"moved", gCounters.movedObjects.load(std::memory_order_relaxed)},
-      {"moved_bytes", gCounters.movedBytes.load(std::memory_order_relaxed)},
-      {"moves_abandoned", gCounters.abandonedMoves.load(std::memory_order_relaxed)},
-      {"passes", gCounters.passes.load(std::memory_order_relaxed)},
-      {"released", gCounters.releasedBytes.load(std::memory_order_relaxed)},
-      {"cpu_ns", gCounters.cpuNs.load(std::memory_order_relaxed)},
-      {"pauses", gCounters.waits.load(std::memory_order_relaxed)},
-      {"pause_total_ns", gCounters.waitTotalNs.load(std::memory_order_relaxed)},
-      {"pause_max_ns", gCounters.waitMaxNs.load(std::memory_order_relaxed)},
-  };
-  for (const Entry& e : entries) {
-    if (!strcmp(name, e.name)) return readValue<uint64_t>(oldp, oldlenp, e.value);
+  HandleStatistic statistics[kHandleStatisticCount];
+  collectHandleStatistics(statistics);
+  for (const HandleStatistic& s : statistics) {
+    if (!strcmp(name, s.name)) return readValue<uint64_t>(oldp, oldlenp, s.value);
   }
   return ENOENT;
 }

@@ -1,5 +1,8 @@
 #include "api/stats.h"
 
+#include "handle/handles.h"
+#include "handle/store.h"
+#include "handle/table.h"
 #include "heap/arena.h"
 #include "heap/config.h"
 #include "heap/heap.h"
@@ -131,6 +134,11 @@ MemoryBreakdown collectBreakdown() {
   b.retiredMeshed = bytes(retired.virtualBytes);
   miniHeapBytes += retired.metadataBytes;
   b.dirtyCache = bytes(Arena::stats().dirtyBytes);
+  size_t handleCommitted = handles::Store::committedBytes();
+  size_t handleLive = handles::Store::liveBytes();
+  b.handlesLive = bytes(handleLive);
+  b.handlesFree = bytes(handleCommitted > handleLive ? handleCommitted - handleLive : 0);
+  b.handlesTable = bytes(handles::Table::touchedBytes());
   b.meshSaving = bytes(SpanBacking::stats().releasedBytes);
 
   b.pageMaps = bytes(Arena::mapResidentBytes());
@@ -254,9 +262,37 @@ bool expandStatsPath(const char* pattern, long pid, char* out, size_t capacity) 
   return true;
 }
 
+void collectHandleStatistics(HandleStatistic (&out)[kHandleStatisticCount]) {
+  using handles::gCounters;
+  size_t committed = handles::Store::committedBytes();
+  size_t live = handles::Store::liveBytes();
+  const HandleStatistic statistics[] = {
+      {"live", handles::Store::liveObjects()},
+      {"live_bytes", live},
+      {"committed", committed},
+      {"table_bytes", handles::Table::touchedBytes()},
+      {"fragmentation_permille", live ? committed * 1000 / live : 0},
+      {"pinned", handles::pinnedCount()},
+      {"moved", gCounters.movedObjects.load(std::memory_order_relaxed)},
+      {"moved_bytes", gCounters.movedBytes.load(std::memory_order_relaxed)},
+      {"moves_abandoned", gCounters.abandonedMoves.load(std::memory_order_relaxed)},
+      {"passes", gCounters.passes.load(std::memory_order_relaxed)},
+      {"released", gCounters.releasedBytes.load(std::memory_order_relaxed)},
+      {"cpu_ns", gCounters.cpuNs.load(std::memory_order_relaxed)},
+      {"pauses", gCounters.waits.load(std::memory_order_relaxed)},
+      {"pause_total_ns", gCounters.waitTotalNs.load(std::memory_order_relaxed)},
+      {"pause_max_ns", gCounters.waitMaxNs.load(std::memory_order_relaxed)},
+      {"move_hold_max_ns", gCounters.moveHoldMaxNs.load(std::memory_order_relaxed)},
+  };
+  static_assert(sizeof(statistics) / sizeof(statistics[0]) == kHandleStatisticCount);
+  for (size_t i = 0; i < kHandleStatisticCount; i++) out[i] = statistics[i];
+}
+
 void writeStats(int fd, bool json) {
   HeapStats stats = collectStats();
   MemoryBreakdown breakdown = collectBreakdown();
+  HandleStatistic handleStatistics[kHandleStatisticCount];
+  collectHandleStatistics(handleStatistics);
   static char buffer[kReportCapacity];  // static: a 32 KiB stack frame could overflow small stacks
   static Mutex bufferLock(LockRank::kStatsReport);
   LockGuard guard(bufferLock);
@@ -281,6 +317,14 @@ void writeStats(int fd, bool json) {
       if (!first) out.put(',');
       first = false;
       out.put('"').text(f.reportName).text("\":").unsignedValue(stats.*f.field);
+    }
+    out.text("},\"handles\":{");
+    for (size_t i = 0; i < kHandleStatisticCount; i++) {
+      if (i) out.put(',');
+      out.put('"')
+          .text(handleStatistics[i].name)
+          .text("\":")
+          .unsignedValue(handleStatistics[i].value);
     }
     out.text("},\"breakdown\":{");
     for (size_t i = 0; i < kBreakdownComponentCount; i++) {
@@ -326,8 +370,11 @@ void writeStats(int fd, bool json) {
       for (size_t pad = 0; pad == 0 || pad + width < kReportNameColumn; pad++) out.put(' ');
       out.unsignedValue(stats.*f.field).text("\n");
     }
+    out.text("  handles:");
+    for (const HandleStatistic& h : handleStatistics)
+      out.put(' ').text(h.name).put('=').unsignedValue(h.value);
     out.text(
-        "  breakdown (bytes; counted: committed by the heap's books, resident: present now)\n");
+        "\n  breakdown (bytes; counted: committed by the heap's books, resident: present now)\n");
     for (size_t i = 0; i < kBreakdownComponentCount; i++) {
       const BreakdownComponent& c = kBreakdownComponents[i];
       char number[24];

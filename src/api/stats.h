@@ -45,6 +45,12 @@ namespace meshalloc::api {
   X(largeLive, "large_live", "large", 1, "counted", "large objects: the bytes requested")   \
   X(largeSlack, "large_slack", "large", 1, "counted",                                       \
     "large objects: their pages beyond the bytes requested")                                \
+  X(handlesLive, "handles_live", "handles", 1, "counted",                                   \
+    "live handle objects at their size class, large ones at their usable bytes")            \
+  X(handlesFree, "handles_free", "handles", 1, "counted",                                   \
+    "the handle store beyond its live objects: free slots, bookkeeping, spare chunks")      \
+  X(handlesTable, "handles_table", "handles", 1, "counted",                                 \
+    "the handle table's entries, 16 bytes per handle at the high-water mark")               \
   X(pageMaps, "page_maps", "metadata", 1, "resident",                                       \
     "page maps, compact class maps and their top-level tables")                             \
   X(miniHeaps, "miniheaps", "metadata", 1, "counted",                                       \
@@ -84,6 +90,15 @@ struct BreakdownComponent {
 };
 extern const BreakdownComponent kBreakdownComponents[];
 extern const size_t kBreakdownComponentCount;
+
+// The handle layer's statistics (docs/handles.md#statistics), read when asked: one list for
+// mallctl's "handles.<name>" and the report's "handles" section.
+struct HandleStatistic {
+  const char* name;
+  uint64_t value;
+};
+constexpr size_t kHandleStatisticCount = 16;
+void collectHandleStatistics(HandleStatistic (&out)[kHandleStatisticCount]);
 
 // Computed on demand, never maintained on the fast path: walks the global heap's lists, every
 // thread heap and the arena's maps, and reads /proc/self/status and /proc/self/smaps_rollup

@@ -33,14 +33,24 @@ uint32_t nextUsedSlot(const Chunk* chunk, uint32_t slot) {
   return l.slotCount;
 }
 
+// A pin that cancels a move may write the object while it is being copied: the copy is then
+// never published, but the race is real, so ThreadSanitizer is told to leave this copy alone
+// (and the volatile reads keep the compiler from turning it into a memcpy call, which it would
+// check anyway). Objects are 16-byte multiples, 16-byte aligned.
+__attribute__((no_sanitize("thread"))) void copyObject(uintptr_t to, uintptr_t from, size_t bytes) {
+  auto* source = reinterpret_cast<const volatile uint64_t*>(from);
+  auto* destination = reinterpret_cast<uint64_t*>(to);
+  for (size_t i = 0; i < bytes / sizeof(uint64_t); i++) destination[i] = source[i];
+}
+
 }  // namespace
 
-bool Defragmenter::moveLocked(Chunk* source, uint32_t slot) {
+bool Defragmenter::beginMoveLocked(Chunk* source, uint32_t slot, Move& move) {
   uint32_t index = Store::owners(source)[slot];
   if (index >= Table::highWater()) return false;
   Entry& entry = Table::at(index);
   uint64_t state = entry.state.load(std::memory_order_acquire);
-  if (!(state & kLiveBit) || (state & (kPinMask | kMovingBit))) return false;
+  if (!(state & kLiveBit) || (state & (kPinMask | kHeldBits))) return false;
   if (!entry.state.compare_exchange_strong(state, state | kMovingBit, std::memory_order_acquire))
     return false;
   uintptr_t from = Store::slotAddress(source, slot);
@@ -52,27 +62,29 @@ bool Defragmenter::moveLocked(Chunk* source, uint32_t slot) {
   if (addressOf(object) == from && classOfObject(object) == sizeClass)
     to = Store::takeSlotInUsedChunkLocked(sizeClass, index);
   if (!to) {
-    entry.state.fetch_and(~kMovingBit, std::memory_order_release);
+    entry.state.fetch_and(~kHeldBits, std::memory_order_release);
     return false;
   }
-  size_t bytes = Store::layout(sizeClass).slotSize;
-  memcpy(reinterpret_cast<void*>(to), reinterpret_cast<const void*>(from), bytes);
-  if (corruptMoves_) reinterpret_cast<unsigned char*>(to)[bytes / 2] ^= 1;
-  entry.object.store(makeObject(to, sizeClass), std::memory_order_relaxed);
-  uint64_t held = state | kMovingBit;
-  // Publish, only if no pin arrived during the copy (state has no pin).
-  if (entry.state.compare_exchange_strong(held, state, std::memory_order_acq_rel)) {
-    Store::freeSlotLocked(source, slot);
-    gCounters.movedObjects.fetch_add(1, std::memory_order_relaxed);
-    gCounters.movedBytes.fetch_add(bytes, std::memory_order_relaxed);
+  move = {&entry, state, from, to, sizeClass};
+  return true;
+}
+
+bool Defragmenter::copyAndPublish(const Move& move) {
+  size_t bytes = Store::layout(move.sizeClass).slotSize;
+  copyObject(move.to, move.from, bytes);
+  if (corruptMoves_) reinterpret_cast<unsigned char*>(move.to)[bytes / 2] ^= 1;
+  if (uint64_t delay = copyDelayNs_.load(std::memory_order_relaxed)) {
+    for (uint64_t end = os::monotonicNanos() + delay; os::monotonicNanos() < end;) cpuRelax();
+  }
+  Entry& entry = *move.entry;
+  uint64_t held = move.state | kMovingBit;
+  // Commit only if no pin arrived (a pin holds the count up, a cancelled one left its bit).
+  if (entry.state.compare_exchange_strong(held, held | kCommitBit, std::memory_order_acq_rel)) {
+    entry.object.store(makeObject(move.to, move.sizeClass), std::memory_order_relaxed);
+    entry.state.fetch_and(~kHeldBits, std::memory_order_release);
     return true;
   }
-  // A pin came first: it keeps the object where it was.
-  entry.object.store(object, std::memory_order_relaxed);
-  entry.state.fetch_and(~kMovingBit, std::memory_order_release);
-  Chunk* destination = Store::chunkOf(to, sizeClass);
-  Store::freeSlotLocked(destination, Store::slotOf(destination, to));
-  gCounters.abandonedMoves.fetch_add(1, std::memory_order_relaxed);
+  entry.state.fetch_and(~kHeldBits, std::memory_order_release);
   return false;
 }
 
@@ -86,11 +98,30 @@ bool Defragmenter::evacuate(Chunk* source, uint64_t deadlineNs, size_t maxMovedB
       result.budgetExhausted = true;
       return false;
     }
-    // The lock is taken per object: the class's allocations and frees wait for one copy only.
-    LockGuard guard(Store::classLock(sizeClass));
+    // The class's lock is held to pick the slots and to free one of them, not for the copy.
+    Move move;
+    Mutex& lock = Store::classLock(sizeClass);
+    lock.lock();
+    uint64_t start = os::monotonicNanos();
     slot = nextUsedSlot(source, slot);
-    if (slot == Store::layout(sizeClass).slotCount) return true;
-    if (!moveLocked(source, slot)) return false;
+    bool began = slot < Store::layout(sizeClass).slotCount && beginMoveLocked(source, slot, move);
+    raiseMaximum(gCounters.moveHoldMaxNs, os::monotonicNanos() - start);
+    lock.unlock();
+    if (!began) return slot == Store::layout(sizeClass).slotCount;
+    bool published = copyAndPublish(move);
+    LockGuard guard(lock);
+    start = os::monotonicNanos();
+    // The slot the object no longer needs: the destination if a pin came first (it keeps the
+    // object where it was), else the source.
+    Chunk* freed = published ? source : Store::chunkOf(move.to, sizeClass);
+    Store::freeSlotLocked(freed, published ? slot : Store::slotOf(freed, move.to));
+    raiseMaximum(gCounters.moveHoldMaxNs, os::monotonicNanos() - start);
+    if (!published) {
+      gCounters.abandonedMoves.fetch_add(1, std::memory_order_relaxed);
+      return false;
+    }
+    gCounters.movedObjects.fetch_add(1, std::memory_order_relaxed);
+    gCounters.movedBytes.fetch_add(slotSize, std::memory_order_relaxed);
     result.movedBytes += slotSize;
     slot++;
   }
@@ -135,7 +166,9 @@ PassResult Defragmenter::pass(uint64_t deadlineNs, size_t maxMovedBytes) {
       blocked = next;
     }
   }
-  if (!result.budgetExhausted) result.releasedBytes += Store::releaseSpares();
+  // A full pass (mh_compact(0)) leaves no spare; others only those unused since the last pass.
+  if (!result.budgetExhausted)
+    result.releasedBytes += Store::releaseSpares(deadlineNs == 0 && maxMovedBytes == 0);
   gCounters.passes.fetch_add(1, std::memory_order_relaxed);
   gCounters.releasedBytes.fetch_add(result.releasedBytes, std::memory_order_relaxed);
   gCounters.cpuNs.fetch_add(os::threadCpuNanos() - cpuStart, std::memory_order_relaxed);

@@ -1,12 +1,14 @@
 // The defragmenter: moves the objects of a class's sparsest chunks into free slots of its
 // fullest ones, then gives the emptied chunks back to the OS. A move runs concurrently with
 // the program: it takes the object's entry with the moving bit only while no pin is held,
-// copies, and publishes the new address with one compare-and-swap that fails if a pin arrived
-// meanwhile (the copy is then dropped and the pinner, which waited for that entry only, gets
-// the old address). Pinned objects are never moved. Each object moves under its class's lock
-// alone, so allocation and freeing in that class wait at most one copy.
+// copies, and commits with one compare-and-swap that fails if a pin arrived meanwhile: such a
+// pin does not wait for the copy, it cancels the move and uses the object where it is (the
+// copy is dropped). Only a pin that arrives in the few instructions between the commit and
+// the new address's publication waits, for that entry. Pinned objects are never moved. The
+// class's lock is held to choose the slots and to free one, never during a copy.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 
@@ -15,6 +17,7 @@
 namespace meshalloc::handles {
 
 struct Chunk;
+struct Entry;
 
 struct PassResult {
   size_t movedBytes = 0;
@@ -39,11 +42,23 @@ class Defragmenter {
 
   // Tests only: every move copies one byte wrong (the randomised tests must then fail).
   static void corruptMovesForTesting(bool on) { corruptMoves_ = on; }
+  // Tests only: every copy takes at least this long, so that pins land in the middle of moves.
+  static void delayCopiesForTesting(uint64_t ns) { copyDelayNs_.store(ns); }
 
  private:
-  // Moves the object in `slot` of `source` (its class's lock held); false if it is pinned, held
-  // by another operation, or has no place to go.
-  static bool moveLocked(Chunk* source, uint32_t slot);
+  // A move under way: the entry held with the moving bit, a destination slot taken.
+  struct Move {
+    Entry* entry;
+    uint64_t state;  // the entry's state before the move (live, no pin)
+    uintptr_t from;
+    uintptr_t to;
+    unsigned sizeClass;
+  };
+  // Starts moving the object in `slot` of `source` (its class's lock held); false if it is
+  // pinned, held by another operation, or has no place to go.
+  static bool beginMoveLocked(Chunk* source, uint32_t slot, Move& move);
+  // Copies without the lock and publishes the copy; false if a pin cancelled the move.
+  static bool copyAndPublish(const Move& move);
   // Moves the objects of one source chunk; false if one could not move or the budget ran out.
   static bool evacuate(Chunk* source, uint64_t deadlineNs, size_t maxMovedBytes,
                        PassResult& result);
@@ -51,6 +66,7 @@ class Defragmenter {
   static inline Mutex passLock_;  // one pass at a time (mh_compact and the controller)
   static inline Mutex stepLock_;  // held while one class is evacuated
   static inline bool corruptMoves_ = false;
+  static inline std::atomic<uint64_t> copyDelayNs_{0};
 };
 
 }  // namespace meshalloc::handles

@@ -16,8 +16,9 @@ namespace meshalloc::handles {
 
 namespace {
 
-// A move copies one object of at most 16 KiB, a few microseconds: spin that long, then sleep
-// in short steps (a resize holding the entry may copy a large object).
+// A move holds an entry for a copy of at most 16 KiB (a few microseconds) and publishes in a
+// few instructions: spin that long, then sleep in short steps (a resize holding the entry may
+// copy a large object, and the holder may be preempted).
 constexpr int kSpinsBeforeSleeping = 2000;
 constexpr uint64_t kWaitSleepNs = 20000;
 
@@ -46,10 +47,7 @@ void recordWait(uint64_t startNs) {
   uint64_t waited = os::monotonicNanos() - startNs;
   gCounters.waits.fetch_add(1, std::memory_order_relaxed);
   gCounters.waitTotalNs.fetch_add(waited, std::memory_order_relaxed);
-  uint64_t max = gCounters.waitMaxNs.load(std::memory_order_relaxed);
-  while (waited > max &&
-         !gCounters.waitMaxNs.compare_exchange_weak(max, waited, std::memory_order_relaxed)) {
-  }
+  raiseMaximum(gCounters.waitMaxNs, waited);
 }
 
 // Returns the state once the moving bit is clear (acquire: the object word is then current).
@@ -74,7 +72,8 @@ Entry& entryOf(uint64_t handle, const char* operation) {
   return *entry;
 }
 
-// Takes the entry exclusively (the moving bit) for a resize: it must be live and unpinned.
+// Takes the entry exclusively (moving and commit bits: pins wait) for a resize; it must be live
+// and unpinned.
 uint64_t takeExclusive(Entry& entry, uint64_t handle, const char* operation) {
   for (;;) {
     uint64_t state = waitWhileMoving(entry);
@@ -82,7 +81,8 @@ uint64_t takeExclusive(Entry& entry, uint64_t handle, const char* operation) {
       reportHeapError(HeapError::kStaleHandle, operation, reinterpret_cast<void*>(handle));
     if (state & kPinMask)
       reportHeapError(HeapError::kPinnedHandle, operation, reinterpret_cast<void*>(handle));
-    if (entry.state.compare_exchange_weak(state, state | kMovingBit, std::memory_order_acquire))
+    if (entry.state.compare_exchange_weak(state, state | kMovingBit | kCommitBit,
+                                          std::memory_order_acquire))
       return state;
   }
 }
@@ -168,8 +168,8 @@ uint64_t reallocate(uint64_t handle, size_t size) {
     // with the old object word in mind.
     Store::free(object);
   }
-  // Pins that arrived meanwhile are kept (they wait for the moving bit to clear).
-  entry.state.fetch_and(~kMovingBit, std::memory_order_release);
+  // Pins that arrived meanwhile are kept (they wait for the bits to clear).
+  entry.state.fetch_and(~kHeldBits, std::memory_order_release);
   return handle;
 }
 
@@ -210,8 +210,14 @@ void* pinSlow(uint64_t handle, Entry* entry, uint64_t previous) {
     reportHeapError(HeapError::kPinnedHandle, "mh_pin (pinned too often)",
                     reinterpret_cast<void*>(handle));
   }
-  // A move holds the entry: our pin makes it abandon its copy (or it has published it already);
-  // either way the object word is right once the bit clears.
+  // A move holds the entry. Until it commits, cancel it and use the object where it is: the
+  // mover writes the object word only after committing, which our pin (and the cancel bit,
+  // which outlives our unpin) makes impossible. Once it has committed, or for a resize, wait.
+  uint64_t state = previous + 1;
+  while ((state & (kMovingBit | kCommitBit)) == kMovingBit) {
+    if (entry->state.compare_exchange_weak(state, state | kCancelBit, std::memory_order_acquire))
+      return reinterpret_cast<void*>(addressOf(entry->object.load(std::memory_order_relaxed)));
+  }
   waitWhileMoving(*entry);
   return reinterpret_cast<void*>(addressOf(entry->object.load(std::memory_order_relaxed)));
 }

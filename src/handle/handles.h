@@ -23,7 +23,17 @@ struct Counters {
   std::atomic<uint64_t> waits{0};          // a pin, free or realloc waited for a move
   std::atomic<uint64_t> waitMaxNs{0};
   std::atomic<uint64_t> waitTotalNs{0};
+  // The longest a move held its class's lock (allocation and freeing in the class wait that
+  // long at most, unless the mover is preempted meanwhile, which this includes).
+  std::atomic<uint64_t> moveHoldMaxNs{0};
 };
+
+// Raises `maximum` to `value`.
+inline void raiseMaximum(std::atomic<uint64_t>& maximum, uint64_t value) {
+  uint64_t seen = maximum.load(std::memory_order_relaxed);
+  while (value > seen && !maximum.compare_exchange_weak(seen, value, std::memory_order_relaxed)) {
+  }
+}
 inline Counters gCounters;
 
 // Registers the fork participant and plans the store; idempotent. False if the heap could not

@@ -270,13 +270,16 @@ void Store::endEvacuationLocked(Chunk* chunk) {
   link(c, chunk, binFor(chunk));
 }
 
-size_t Store::releaseSpares() {
+size_t Store::releaseSpares(bool all) {
   size_t released = 0;
   for (unsigned sizeClass = 0; sizeClass < kNumSizeClasses; sizeClass++) {
     ClassStore& c = classes_[sizeClass];
     LockGuard guard(c.lock);
     Chunk* spare = c.spare;
-    if (!spare) continue;
+    bool aged = spare == c.agedSpare;
+    c.agedSpare = spare;
+    if (!spare || (!all && !aged)) continue;
+    c.agedSpare = nullptr;
     c.spare = nullptr;
     releaseChunkLocked(c, spare, false);
     released += layouts_[sizeClass].chunkBytes;

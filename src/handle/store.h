@@ -64,8 +64,9 @@ class Store {
   }
   static uint32_t slotOf(const Chunk* chunk, uintptr_t address) {
     const ClassLayout& l = layouts_[chunk->sizeClass];
-    return static_cast<uint32_t>((address - reinterpret_cast<uintptr_t>(chunk) - l.firstSlot) /
-                                 l.slotSize);
+    uint64_t delta = address - reinterpret_cast<uintptr_t>(chunk) - l.firstSlot;
+    // A multiply by the class's reciprocal, exact for multiples of the size (SpanPlan).
+    return static_cast<uint32_t>((delta * SizeClasses::plan(chunk->sizeClass).reciprocal) >> 32);
   }
   static uintptr_t slotAddress(const Chunk* chunk, uint32_t slot) {
     const ClassLayout& l = layouts_[chunk->sizeClass];
@@ -93,8 +94,10 @@ class Store {
   // Ends an evacuation: an empty source is released to the OS at once, anything else goes back
   // on its list.
   static void endEvacuationLocked(Chunk* chunk);
-  // Returns every class's spare chunk to the OS; the bytes released.
-  static size_t releaseSpares();
+  // Returns spare chunks to the OS: every one if `all`, else those that were already spare at
+  // the previous call (a class churning around a chunk boundary keeps its spare). The bytes
+  // released.
+  static size_t releaseSpares(bool all);
 
   // --- Measurement ---
   // Bytes the store holds in the arena (chunks, including their bookkeeping, and large runs).
@@ -114,7 +117,8 @@ class Store {
   struct alignas(64) ClassStore {
     Mutex lock;
     Chunk* bins[kBinLists];
-    Chunk* spare;  // one empty chunk kept, so that a count going 0 -> 1 -> 0 makes no syscalls
+    Chunk* spare;      // one empty chunk kept, so that a count going 0 -> 1 -> 0 makes no syscalls
+    Chunk* agedSpare;  // the spare at the last releaseSpares
     std::atomic<size_t> chunks;
     std::atomic<size_t> liveSlots;
     size_t freeSlots;  // in chunks on the lists (not evacuating, not the spare)

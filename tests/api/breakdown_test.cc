@@ -206,7 +206,8 @@ TEST(Breakdown, ComponentsFollowKnownPatternsAndAddUpToPss) {
   for (const char* part :
        {"small_live", "attached_free", "detached_free_0", "detached_free_1", "detached_free_2",
         "detached_free_3", "span_tail", "in_transit", "dirty_cache", "large_live", "large_slack",
-        "page_maps", "miniheaps", "thread_heaps", "internal_other"}) {
+        "handles_live", "handles_free", "handles_table", "page_maps", "miniheaps", "thread_heaps",
+        "internal_other"}) {
     sum += after[part];
   }
   EXPECT_EQ(after["heap_total"], sum);

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -83,8 +84,10 @@ TEST(HandleApi, BadHandlesAbortWithTheHandleOnStderr) {
                "invalid handle 0x[0-9a-f]+ \\(not made by mh_alloc\\)");
   free(p);
   mh_t live = mh_alloc(64);
-  mh_pin(live);
+  void* address = mh_pin(live);
   EXPECT_DEATH(mh_free(live), "is pinned");
+  // A handle object is not malloc's: free() of its address is an invalid free.
+  EXPECT_DEATH(free(address), "invalid pointer");
   mh_unpin(live);
   EXPECT_DEATH(mh_unpin(live), "is not pinned");
   mh_free(live);
@@ -110,6 +113,44 @@ TEST(HandleApi, StatisticsCountObjectsAndPins) {
   EXPECT_EQ(meshalloc_mallctl("handles.nonsense", &unused, &length, nullptr, 0), ENOENT);
 }
 
+int64_t breakdown(const char* component) {
+  uint64_t epoch = 1;
+  size_t length = sizeof(epoch);
+  EXPECT_EQ(meshalloc_mallctl("epoch", &epoch, &length, &epoch, sizeof(epoch)), 0);
+  std::string name = std::string("stats.breakdown.") + component;
+  int64_t value = 0;
+  length = sizeof(value);
+  EXPECT_EQ(meshalloc_mallctl(name.c_str(), &value, &length, nullptr, 0), 0) << name;
+  return value;
+}
+
+TEST(HandleApi, TheMemoryBreakdownCountsTheHandleStore) {
+  int64_t live = breakdown("handles_live"), table = breakdown("handles_table");
+  int64_t total = breakdown("heap_total");
+  std::vector<mh_t> objects(20000);
+  for (mh_t& h : objects) h = mh_alloc(1000);
+  EXPECT_GE(breakdown("handles_live") - live, 20000 * 1000);
+  EXPECT_GE(breakdown("handles_table"), table);
+  EXPECT_GE(breakdown("heap_total") - total, 20000 * 1000);
+  for (mh_t h : objects) mh_free(h);
+}
+
+TEST(HandleApi, TheReportHasAHandlesSection) {
+  mh_t h = mh_alloc(100);
+  for (int json = 0; json < 2; json++) {
+    FILE* file = tmpfile();
+    ASSERT_NE(file, nullptr);
+    meshalloc_print_stats(fileno(file), json);
+    std::string text(1 << 16, '\0');
+    rewind(file);
+    text.resize(fread(text.data(), 1, text.size(), file));
+    fclose(file);
+    EXPECT_NE(text.find(json ? "\"handles\":{\"live\":" : "  handles: live="), std::string::npos)
+        << text.substr(0, 400);
+  }
+  mh_free(h);
+}
+
 // Objects of `size`, every `keep`-th kept: a handle heap far above F_ub.
 std::vector<mh_t> fragment(size_t count, size_t size, size_t keep) {
   std::vector<mh_t> all(count), kept;
@@ -133,7 +174,7 @@ TEST(HandleApi, TheControllerCompactsAFragmentedHeapOnItsOwn) {
   std::vector<mh_t> kept = fragment(200000, 160, 10);
   uint64_t released = handleStat("handles.released");
   // F_ub is 1.4 and F_lb 1.05 by default; the controller wakes every 10 ms.
-  for (int i = 0; i < 400 && handleStat("handles.fragmentation_permille") > 1400; i++)
+  for (int i = 0; i < 1000 && handleStat("handles.fragmentation_permille") > 1400; i++)
     usleep(10000);
   EXPECT_LE(handleStat("handles.fragmentation_permille"), 1400u);
   EXPECT_GT(handleStat("handles.released"), released);

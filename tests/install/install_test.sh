@@ -69,7 +69,7 @@ case $case in
 files)
   install_prefix
   for file in "$lib/libmeshalloc.so" "$lib/libmeshalloc.so.$major" "$lib/libmeshalloc.so.$version" \
-    "$lib/libmeshalloc.a" "$prefix/include/meshalloc.h" "$lib/pkgconfig/meshalloc.pc" \
+    "$lib/libmeshalloc.a" "$prefix/include/meshalloc.h" "$prefix/include/meshalloc_handle.h" "$lib/pkgconfig/meshalloc.pc" \
     "$lib/cmake/meshalloc/meshallocConfig.cmake" "$lib/cmake/meshalloc/meshallocConfigVersion.cmake" \
     "$lib/cmake/meshalloc/meshallocTargets.cmake" "$prefix/bin/meshalloc" \
     "$lib/meshalloc/python/meshalloc_cli/cli.py" "$lib/meshalloc/src/libmeshalloc.so" \
@@ -228,7 +228,7 @@ deb)
   contents=$(dpkg-deb -c "$deb")
   # The libraries in /usr/lib or /usr/lib/<multiarch>; the rest in the usual places.
   for file in "usr/lib/\(.*/\)\?libmeshalloc.so.$version" "usr/lib/\(.*/\)\?libmeshalloc.so.$major " \
-    "usr/lib/\(.*/\)\?libmeshalloc.so " "usr/lib/\(.*/\)\?libmeshalloc.a" "usr/include/meshalloc.h" \
+    "usr/lib/\(.*/\)\?libmeshalloc.so " "usr/lib/\(.*/\)\?libmeshalloc.a" "usr/include/meshalloc.h" "usr/include/meshalloc_handle.h" \
     "usr/lib/\(.*/\)\?pkgconfig/meshalloc.pc" "usr/lib/\(.*/\)\?cmake/meshalloc/meshallocConfig.cmake" \
     "usr/bin/meshalloc" "usr/share/doc/meshalloc/options.md" "usr/share/man/man3/meshalloc.3"; do
     grep -q "\./$file" <<<"$contents" || fail "the package lacks /$file"

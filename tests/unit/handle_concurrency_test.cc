@@ -1,10 +1,13 @@
 // Mutator threads pin, check, write, unpin, resize and free handle objects while a thread runs
 // defragmentation passes back to back (run under TSan too: `ctest --preset tsan -L unit`).
 // Every object holds words derived from its handle and a version; a lost or torn write, or a
-// pin that returned a stale copy, shows as a word of another version.
+// pin that returned a stale copy, shows as a word of another version. The stress label runs
+// it again with MESHALLOC_TEST_HANDLE_OPS operations per mutator (tests/stress/CMakeLists.txt).
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <cstdlib>
 #include <random>
 #include <thread>
 #include <vector>
@@ -48,6 +51,20 @@ Object make(std::mt19937_64& rng, unsigned phase = 0) {
   return o;
 }
 
+// `count` objects of `phase`'s sizes, all but every `keep`-th freed once all are made.
+std::vector<Object> sparseObjects(std::mt19937_64& rng, size_t count, size_t keep, unsigned phase) {
+  std::vector<Object> all, kept;
+  for (size_t i = 0; i < count; i++) all.push_back(make(rng, phase));
+  for (size_t i = 0; i < all.size(); i++) {
+    if (i % keep == 0) {
+      kept.push_back(all[i]);
+    } else {
+      free(all[i].handle);
+    }
+  }
+  return kept;
+}
+
 struct Totals {
   std::atomic<uint64_t> checked{0};
   std::atomic<uint64_t> wrong{0};
@@ -79,13 +96,14 @@ void mutator(uint64_t seed, size_t operations, const std::vector<Object>& shared
       auto* p = static_cast<uint64_t*>(pin(o.handle));
       for (size_t i = 0; i < o.words; i++) p[i] = word(o.handle, o.version, i);
       unpin(o.handle);
-    } else if (kind < 998) {
+    } else if (kind < 998 || rng() % 10) {
       Object& o = own[rng() % own.size()];
       wrong += checkAndWrite(o, 0);
       free(o.handle);
       o = make(rng, phase);
     } else {
-      // Replace most objects by ones of the next phase: sparse chunks for the mover.
+      // One operation in 5,000: most objects replaced by ones of the next phase, which leaves
+      // sparse chunks for the mover.
       phase++;
       for (size_t i = 0; i < own.size(); i++) {
         if (rng() % 5 == 0) continue;
@@ -103,30 +121,30 @@ void mutator(uint64_t seed, size_t operations, const std::vector<Object>& shared
   totals.wrong.fetch_add(wrong, std::memory_order_relaxed);
 }
 
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+constexpr size_t kDefaultOperations = 20000;  // the sanitizers make each about 50 times slower
+#else
+constexpr size_t kDefaultOperations = 150000;
+#endif
+
 TEST(HandleConcurrencyTest, MutatorsAndAMoverLoseNoWrite) {
   gHeapConfig.handlesDefrag = false;
   ASSERT_TRUE(ensureInitialized());
   std::mt19937_64 rng(7);
   // Shared objects between freed ones: they sit in sparse chunks, so they move.
-  std::vector<Object> shared;
-  for (int i = 0; i < 4000; i++) {
-    Object o = make(rng);
-    if (i % 4 == 0) {
-      shared.push_back(o);
-    } else {
-      free(o.handle);
-    }
-  }
+  std::vector<Object> shared = sparseObjects(rng, 4000, 4, 0);
   uint64_t movedBefore = gCounters.movedObjects.load();
   std::atomic<bool> stop{false};
   std::thread mover([&] {
-    while (!stop.load(std::memory_order_relaxed)) Defragmenter::pass(0, 0);
+    // Passes as the controller makes them (a bounded move budget), back to back.
+    while (!stop.load(std::memory_order_relaxed)) Defragmenter::pass(0, size_t{1} << 20);
   });
   Totals totals;
-  constexpr size_t kOperations = 150000;
+  const char* ops = getenv("MESHALLOC_TEST_HANDLE_OPS");
+  const size_t operations = ops ? strtoull(ops, nullptr, 10) : kDefaultOperations;
   std::vector<std::thread> threads;
   for (uint64_t t = 0; t < 3; t++)
-    threads.emplace_back(mutator, 100 + t, kOperations, std::cref(shared), std::ref(totals));
+    threads.emplace_back(mutator, 100 + t, operations, std::cref(shared), std::ref(totals));
   for (std::thread& t : threads) t.join();
   stop.store(true);
   mover.join();
@@ -135,8 +153,46 @@ TEST(HandleConcurrencyTest, MutatorsAndAMoverLoseNoWrite) {
     free(o.handle);
   }
   EXPECT_EQ(totals.wrong.load(), 0u);
-  EXPECT_EQ(totals.checked.load(), 3 * kOperations);
+  EXPECT_EQ(totals.checked.load(), 3 * operations);
   EXPECT_GT(gCounters.movedObjects.load(), movedBefore);
+}
+
+// Pins that land in the middle of a copy (slowed down to 50 us) cancel the move instead of
+// waiting for it, and none of their writes is lost to the copy being published.
+TEST(HandleConcurrencyTest, PinsDuringACopyCancelTheMove) {
+  gHeapConfig.handlesDefrag = false;
+  ASSERT_TRUE(ensureInitialized());
+  std::mt19937_64 rng(11);
+  uint64_t abandoned = gCounters.abandonedMoves.load();
+  Defragmenter::delayCopiesForTesting(50000);
+  std::atomic<bool> stop{false};
+  std::thread mover([&] {
+    while (!stop.load(std::memory_order_relaxed)) Defragmenter::pass(0, 0);
+  });
+  size_t wrong = 0;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  // Rounds of a freshly fragmented set of a few hundred objects, each pinned and written
+  // until the mover has had time to take most of them.
+  for (unsigned round = 0; gCounters.abandonedMoves.load() < abandoned + 50 &&
+                           std::chrono::steady_clock::now() < deadline;
+       round++) {
+    std::vector<Object> objects = sparseObjects(rng, 3200, 8, round);
+    auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+    while (std::chrono::steady_clock::now() < end) {
+      Object& o = objects[rng() % objects.size()];
+      wrong += checkAndWrite(o, o.version + 1);
+      o.version++;
+    }
+    for (const Object& o : objects) {
+      wrong += checkAndWrite(o, 0);
+      free(o.handle);
+    }
+  }
+  stop.store(true);
+  mover.join();
+  Defragmenter::delayCopiesForTesting(0);
+  EXPECT_EQ(wrong, 0u);
+  EXPECT_GE(gCounters.abandonedMoves.load(), abandoned + 50);
 }
 
 }  // namespace

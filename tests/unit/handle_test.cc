@@ -60,6 +60,22 @@ TEST_F(HandleTest, HandlesAreTaggedAndNeverPointers) {
   free(h);
 }
 
+TEST_F(HandleTest, EveryChunkLayoutFitsAndMapsSlotsBothWays) {
+  for (unsigned c = 0; c < kNumSizeClasses; c++) {
+    const ClassLayout& l = Store::layout(c);
+    EXPECT_LE(size_t{l.firstSlot} + size_t{l.slotCount} * l.slotSize, l.chunkBytes) << c;
+    EXPECT_GE(l.slotCount, 15u) << c;
+    uint64_t h = allocate(l.slotSize);
+    auto address = reinterpret_cast<uintptr_t>(pin(h));
+    unpin(h);
+    Chunk* chunk = Store::chunkOf(address, c);
+    EXPECT_EQ(chunk->sizeClass, c);
+    for (uint32_t slot = 0; slot < l.slotCount; slot++)
+      ASSERT_EQ(Store::slotOf(chunk, Store::slotAddress(chunk, slot)), slot) << c;
+    free(h);
+  }
+}
+
 TEST_F(HandleTest, CallocZeroesAndChecksOverflow) {
   uint64_t dirty = allocate(400);
   memset(pin(dirty), 0xab, 400);
@@ -229,16 +245,22 @@ size_t randomisedRun(uint64_t seed, size_t operations) {
   return wrong;
 }
 
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+constexpr size_t kRandomOperations = 10000;  // each about 20 times slower
+#else
+constexpr size_t kRandomOperations = 30000;
+#endif
+
 TEST_F(HandleTest, RandomisedOperationsKeepEveryPattern) {
   uint64_t moved = gCounters.movedObjects.load();
-  EXPECT_EQ(randomisedRun(1, 30000), 0u);
+  EXPECT_EQ(randomisedRun(1, kRandomOperations), 0u);
   EXPECT_GT(gCounters.movedObjects.load(), moved);
 }
 
 // The mutation check: with one byte of every move corrupted, the same test must see it.
 TEST_F(HandleTest, RandomisedOperationsCatchACorruptedMove) {
   Defragmenter::corruptMovesForTesting(true);
-  EXPECT_GT(randomisedRun(2, 30000), 0u);
+  EXPECT_GT(randomisedRun(2, kRandomOperations), 0u);
 }
 
 TEST_F(HandleTest, ControllerRunsBetweenTheBounds) {
