@@ -63,8 +63,9 @@ class Defragmenter {
   static bool evacuate(Chunk* source, uint64_t deadlineNs, size_t maxMovedBytes,
                        PassResult& result);
 
-  static inline Mutex passLock_;  // one pass at a time (mh_compact and the controller)
-  static inline Mutex stepLock_;  // held while one class is evacuated
+  static inline Mutex passLock_{
+      LockRank::kHandlePass};  // one pass at a time (mh_compact and the controller)
+  static inline Mutex stepLock_{LockRank::kHandleStep};  // held while one class is evacuated
   static inline bool corruptMoves_ = false;
   static inline std::atomic<uint64_t> copyDelayNs_{0};
 };

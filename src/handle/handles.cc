@@ -40,8 +40,8 @@ void forkChild() {
 
 // Before every heap lock: a chunk is made or released under a class lock, with the arena's
 // lock inside it.
-constexpr heap::ForkParticipant kForkHandles = {"handles", heap::ForkRank::kBeforeHeapLocks,
-                                                forkPrepare, forkParent, forkChild};
+constexpr heap::ForkParticipant kForkHandles = {"handles", heap::ForkRank::kHandles, forkPrepare,
+                                                forkParent, forkChild};
 
 void recordWait(uint64_t startNs) {
   uint64_t waited = os::monotonicNanos() - startNs;

@@ -8,6 +8,8 @@
 
 namespace meshalloc::handles {
 
+constinit Store::ClassStore Store::classes_[kNumSizeClasses] = {};
+
 namespace {
 
 // A chunk holds at least this many slots (of 16 KiB objects: 256 KiB chunks), so that the tail a

@@ -114,14 +114,16 @@ class Store {
   static void resetAfterFork();
 
  private:
+  // Constant-initialised: no constructor runs at load time, where it would wipe what a handle
+  // allocated by an earlier library's constructor had put here.
   struct alignas(64) ClassStore {
-    Mutex lock;
-    Chunk* bins[kBinLists];
-    Chunk* spare;      // one empty chunk kept, so that a count going 0 -> 1 -> 0 makes no syscalls
-    Chunk* agedSpare;  // the spare at the last releaseSpares
-    std::atomic<size_t> chunks;
-    std::atomic<size_t> liveSlots;
-    size_t freeSlots;  // in chunks on the lists (not evacuating, not the spare)
+    Mutex lock{LockRank::kHandleClass};
+    Chunk* bins[kBinLists] = {};
+    Chunk* spare = nullptr;      // one empty chunk kept, so that 0 -> 1 -> 0 makes no syscalls
+    Chunk* agedSpare = nullptr;  // the spare at the last releaseSpares
+    std::atomic<size_t> chunks{0};
+    std::atomic<size_t> liveSlots{0};
+    size_t freeSlots = 0;  // in chunks on the lists (not evacuating, not the spare)
   };
   struct LargeHeader {
     size_t pages;
@@ -139,8 +141,8 @@ class Store {
   static uintptr_t takeSlot(Chunk* chunk, uint32_t owner);
   static uint64_t allocateLarge(size_t size, uint32_t owner, bool zero);
 
-  static inline ClassLayout layouts_[kNumSizeClasses];
-  static inline ClassStore classes_[kNumSizeClasses];
+  static inline constinit ClassLayout layouts_[kNumSizeClasses] = {};
+  static ClassStore classes_[kNumSizeClasses];  // defined in store.cc (constinit)
   static inline std::atomic<bool> planned_{false};
   static inline std::atomic<size_t> largeObjects_{0};
   static inline std::atomic<size_t> largeBytes_{0};      // pages held

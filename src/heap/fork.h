@@ -15,6 +15,7 @@ namespace meshalloc::heap {
 enum class ForkRank : uint8_t {
   kOperationGuard,   // the heap's OperationGuard: nothing to lock, reset last in the child
   kBeforeHeapLocks,  // layers above, before any heap lock (the mesher's pass and batch locks)
+  kHandles,          // the handle layer's pass, step and store locks (after the mesher's)
   kIdleReclaim,      // the idle-reclaim lock: no heap is half reclaimed
   kThreadRegistry,   // the thread-heap registry lock
   kGlobalHeap,       // every size-class lock, the large lock, the retired-span lock

@@ -20,7 +20,8 @@ inline void cpuRelax() {
 }
 
 // The lock order, outermost first: a thread holding a lock of some rank takes only locks of a
-// higher rank (several size-class locks at once only in index order, which fork does). The one
+// higher rank (several size-class locks at once only in index order, which fork does; the same
+// for the handle store's). The one
 // list of the core's locks; checked in the builds with MESHALLOC_CHECKS (lock_order_test.cc).
 // The fork participants (heap/fork.h) take them in the same order.
 enum class LockRank : uint8_t {
@@ -29,6 +30,9 @@ enum class LockRank : uint8_t {
   kStatsSnapshot,   // api/ctl.cc: the mallctl statistics snapshot
   kMeshPass,        // mesh/mesher.cc: one pass at a time
   kMeshBatch,       // mesh/mesher.cc: held across each batch of meshes
+  kHandlePass,      // handle/defrag.h: one defragmentation pass at a time
+  kHandleStep,      // handle/defrag.h: one class evacuated at a time
+  kHandleClass,     // handle/store.h: one size class of the handle store (arena inside it)
   kWriteBarrier,    // mesh/write_barrier.cc: installing the fault handler
   kIdleReclaim,     // heap/thread_heap.cc: one idle-heap reclaim at a time
   kThreadRegistry,  // heap/thread_heap.cc: the list of thread heaps
@@ -48,7 +52,7 @@ class HeldLocks {
   static void acquiring(LockRank rank) {
     if (rank == LockRank::kUnranked || count_ == 0) return;
     LockRank innermost = ranks_[count_ - 1];
-    MESHALLOC_ASSERT_MSG(rank > innermost || (rank == innermost && rank == LockRank::kSizeClass),
+    MESHALLOC_ASSERT_MSG(rank > innermost || (rank == innermost && severalAtOnce(rank)),
                          "lock order: a lock taken inside one of the same or a later rank");
   }
   static void acquired(LockRank rank, const void* mutex) {
@@ -75,6 +79,9 @@ class HeldLocks {
   static unsigned count() { return count_; }
 
  private:
+  static bool severalAtOnce(LockRank rank) {
+    return rank == LockRank::kSizeClass || rank == LockRank::kHandleClass;
+  }
   // Fork holds every size-class lock at once.
   static constexpr unsigned kCapacity = 128;
   static inline thread_local unsigned count_ = 0;
