@@ -9,4 +9,5 @@ EXPERIMENT_MODULES = {
     "speed": "speed",
     "real-apps": "real_apps",
     "large-heap": "large_heap",
+    "handles": "handles",
 }

@@ -19,7 +19,7 @@ import json
 import os
 from dataclasses import replace
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from .. import allocators as allocator_registry
 from ..allocators import Allocator
@@ -160,15 +160,28 @@ def workload(context: Context) -> Workload:
 # Configurations
 
 def wanted_configs(context: Context) -> Tuple[str, ...]:
-    chosen = os.environ.get(CONFIGS_VARIABLE)
+    return chosen_configs(context, CONFIGS_VARIABLE, CONFIG_ORDER, SMOKE_CONFIGS)
+
+
+def chosen_configs(context: Context, variable: str, order: Sequence[str], smoke: Sequence[str]) -> Tuple[str, ...]:
+    """The configurations `variable` names (a comma-separated subset of `order`), else the
+    mode's: `smoke` in smoke mode, every one of `order` otherwise."""
+    chosen = os.environ.get(variable)
     if chosen:
         names = tuple(name.strip() for name in chosen.split(",") if name.strip())
-        unknown = sorted(set(names) - set(CONFIG_ORDER))
+        unknown = sorted(set(names) - set(order))
         if unknown:
-            raise ExperimentUnavailable(f"{CONFIGS_VARIABLE}: unknown configuration(s) {', '.join(unknown)} "
-                                        f"(known: {', '.join(CONFIG_ORDER)})")
-        return tuple(name for name in CONFIG_ORDER if name in names)
-    return SMOKE_CONFIGS if context.mode == SMOKE else CONFIG_ORDER
+            raise ExperimentUnavailable(f"{variable}: unknown configuration(s) {', '.join(unknown)} "
+                                        f"(known: {', '.join(order)})")
+        return tuple(name for name in order if name in names)
+    return tuple(smoke) if context.mode == SMOKE else tuple(order)
+
+
+def meshalloc_allocator(name: str, library: Path) -> Allocator:
+    """meshalloc preloaded from `library` in the configuration `name` names ("meshalloc:3y")."""
+    config = name.partition(":")[2]
+    return Allocator(name=name, library=library, description=f"meshalloc, MESHALLOC_CONFIG={config}",
+                     set_env={"MESHALLOC_CONFIG": config}, unset_env=allocator_registry.MESHALLOC_CONFIG_OVERRIDES)
 
 
 def build_configs(names: Sequence[str], install: RedisInstall, meshalloc: Optional[Path]) -> Tuple[
@@ -196,12 +209,8 @@ def build_configs(names: Sequence[str], install: RedisInstall, meshalloc: Option
             if meshalloc is None:
                 skipped.append(f"{name}: libmeshalloc.so is not built (`make release`)")
                 continue
-            config = name.partition(":")[2]
-            allocator = Allocator(name=name, library=meshalloc,
-                                  description=f"meshalloc, MESHALLOC_CONFIG={config}",
-                                  set_env={"MESHALLOC_CONFIG": config},
-                                  unset_env=allocator_registry.MESHALLOC_CONFIG_OVERRIDES)
-            configs.append(Config(name, install.preload_server, allocator, meshalloc=True))
+            configs.append(Config(name, install.preload_server, meshalloc_allocator(name, meshalloc),
+                                  meshalloc=True))
         else:  # mimalloc, tcmalloc: Debian's libraries, preloaded
             try:
                 configs.append(Config(name, install.preload_server, allocator_registry.resolve(name)))
@@ -214,7 +223,7 @@ def build_configs(names: Sequence[str], install: RedisInstall, meshalloc: Option
 # Numbers
 
 def stats_by_config(runs: Sequence[Run], configs: Sequence[Config], rounds: Rounds,
-                    cpu_rounds: Rounds) -> Table:
+                    cpu_rounds: Rounds, baseline: str = BASELINE) -> Table:
     """Median and range of every metric over each configuration's successful runs, and ratios
     to the baseline's median (so a ratio's range is each run's spread around it); the insertion
     columns over the timing rounds instead (apply_paired_insertion)."""
@@ -223,7 +232,7 @@ def stats_by_config(runs: Sequence[Run], configs: Sequence[Config], rounds: Roun
         good = [run for run in runs if run.config is config and run.ok]
         table[config.name] = {metric: Stat.of([run.metric(metric) for run in good])
                               for metric in RUN_METRICS if metric not in PAIRED_KEYS}
-    base = table.get(BASELINE, {})
+    base = table.get(baseline, {})
     for row in table.values():
         for ratio, metric in RATIOS.items():
             if ratio in PAIRED_KEYS:
@@ -231,7 +240,7 @@ def stats_by_config(runs: Sequence[Run], configs: Sequence[Config], rounds: Roun
             mine, theirs = row.get(metric), base.get(metric)
             row[ratio] = (Stat(mine.median / theirs.median, mine.low / theirs.median, mine.high / theirs.median)
                           if mine and theirs and theirs.median else None)
-    apply_paired_insertion(table, rounds, cpu_rounds)
+    apply_paired_insertion(table, rounds, cpu_rounds, baseline)
     return table
 
 
@@ -261,13 +270,14 @@ def round_key(item) -> str:
     return f"repetition {item.repetition}"
 
 
-def round_ratios(rounds: Rounds, name: str) -> List[float]:
+def round_ratios(rounds: Rounds, name: str, baseline: str = BASELINE) -> List[float]:
     """name's insertion over the baseline's, in every round where both succeeded."""
-    return [times[name] / times[BASELINE] for times in rounds.values()
-            if name in times and times.get(BASELINE)]
+    return [times[name] / times[baseline] for times in rounds.values()
+            if name in times and times.get(baseline)]
 
 
-def apply_paired_insertion(table: Table, rounds: Rounds, cpu_rounds: Optional[Rounds] = None) -> None:
+def apply_paired_insertion(table: Table, rounds: Rounds, cpu_rounds: Optional[Rounds] = None,
+                           baseline: str = BASELINE) -> None:
     """insertion_s over every unsampled insertion, insertion_ratio the median of the per-round
     ratios (so its range is the rounds' spread, not two medians' quotient); the same for the
     server's main-thread CPU time from cpu_rounds."""
@@ -276,7 +286,7 @@ def apply_paired_insertion(table: Table, rounds: Rounds, cpu_rounds: Optional[Ro
             continue
         for name, row in table.items():
             row[prefix + "_s"] = Stat.of([times[name] for times in by_round.values() if name in times])
-            row[prefix + "_ratio"] = Stat.of(round_ratios(by_round, name))
+            row[prefix + "_ratio"] = Stat.of(round_ratios(by_round, name, baseline))
 
 
 def stat_text(stat: Optional[Stat], scale: Optional[float], decimals: int, show_range: bool) -> str:
@@ -290,13 +300,13 @@ def stat_text(stat: Optional[Stat], scale: Optional[float], decimals: int, show_
 
 
 def markdown_table(runs: Sequence[Run], configs: Sequence[Config], table: Table, columns: Sequence[Column],
-                   repetitions: int) -> str:
+                   repetitions: int, baseline: str = BASELINE) -> str:
     headers = ["config", "ok"] + [header for _, header, _, _ in columns]
     lines = ["| " + " | ".join(headers) + " |",
              "|" + "|".join("---" if index == 0 else "---:" for index in range(len(headers))) + "|"]
     for config in configs:
         mine = [run for run in runs if run.config is config]
-        name = config.name + (" (baseline)" if config.name == BASELINE else "")
+        name = config.name + (" (baseline)" if config.name == baseline else "")
         cells = [name, f"{sum(run.ok for run in mine)}/{len(mine)}"]
         cells += [stat_text(table[config.name].get(key), scale, decimals, repetitions > 1 or key in PAIRED_KEYS)
                   for key, _, scale, decimals in columns]
@@ -371,12 +381,26 @@ def seconds_text(stat: Optional[Stat], count: int, decimals: int = 2) -> str:
     return f"{stat.median:.{decimals}f} s"
 
 
-def insertion_text(insertion: Optional[Stat], rounds: Optional[Rounds], name: str, runs: int) -> str:
+def insertion_text(insertion: Optional[Stat], rounds: Optional[Rounds], name: str, runs: int,
+                   baseline: str = BASELINE) -> str:
     """A configuration's insertion ratio, counted in paired rounds when there were any, else in runs."""
-    paired = len(round_ratios(rounds, name)) if rounds is not None else 0
+    paired = len(round_ratios(rounds, name, baseline)) if rounds is not None else 0
     if paired:
         return ratio_text(insertion, paired).replace(" run", " paired round")
     return ratio_text(insertion, runs)
+
+
+def claim_adder(result: List[Claim], checked: bool) -> Callable[..., None]:
+    """add(claim, paper, ours, holds, note=""), which appends a Claim to result; with checked
+    False (smoke) the verdict is left open, and a claim nobody could measure says so."""
+    def add(claim: str, paper: str, ours: str, holds: Optional[bool], note: str = "") -> None:
+        if not checked:
+            holds, note = None, "smoke run (tiny parameters): not checked" + (f"; {note}" if note else "")
+        elif holds is None and not note:
+            note = "not measured here (a configuration is missing or failed)"
+        result.append(Claim(claim, paper, ours, holds, note))
+
+    return add
 
 
 def claims(table: Table, runs: Sequence[Run], checked: bool, rounds: Optional[Rounds] = None) -> List[Claim]:
@@ -389,12 +413,7 @@ def claims(table: Table, runs: Sequence[Run], checked: bool, rounds: Optional[Ro
     n_mesh = count(MESHALLOC)
     result: List[Claim] = []
 
-    def add(claim: str, paper: str, ours: str, holds: Optional[bool], note: str = "") -> None:
-        if not checked:
-            holds, note = None, "smoke run (tiny parameters): not checked" + (f"; {note}" if note else "")
-        elif holds is None and not note:
-            note = "not measured here (a configuration is missing or failed)"
-        result.append(Claim(claim, paper, ours, holds, note))
+    add = claim_adder(result, checked)
 
     mean = mesh.get("mean_ratio")
     after = mesh.get("after_ratio")
@@ -516,7 +535,7 @@ def write_tables(out: Path, runs: Sequence[Run], configs: Sequence[Config], tabl
 
 
 def write_timing(out: Path, insertions: Sequence[Insertion], runs: Sequence[Run], rounds: Rounds,
-                 cpu_rounds: Rounds) -> Path:
+                 cpu_rounds: Rounds, baseline: str = BASELINE) -> Path:
     """timing.tsv: every unsampled insertion (the repetitions' timed runs, then the timing
     rounds) with its ratios to jemalloc's of the same round."""
     path = out / "timing.tsv"
@@ -527,7 +546,7 @@ def write_timing(out: Path, insertions: Sequence[Insertion], runs: Sequence[Run]
                  insertion.problem or "") for insertion in insertions]
 
     def ratio(value: Optional[float], by_round: Rounds, key: str) -> Optional[float]:
-        base = by_round.get(key, {}).get(BASELINE)
+        base = by_round.get(key, {}).get(baseline)
         return value / base if value is not None and base else None
 
     for key, name, seconds, cpu, problem in entries:
@@ -567,7 +586,11 @@ def write_summary(out: Path, context: Context, load: Workload, install: RedisIns
     return path
 
 
-def plot(out: Path, runs: Sequence[Run], configs: Sequence[Config], maxmemory_mib: Optional[float]) -> List[Path]:
+PLOT_TITLE = "Redis as an LRU cache (Mesh §6.2.2): server PSS over time"
+
+
+def plot(out: Path, runs: Sequence[Run], configs: Sequence[Config], maxmemory_mib: Optional[float],
+         title: str = PLOT_TITLE) -> List[Path]:
     """memory.png and memory.svg: PSS over time per configuration (the median run by mean PSS
     bold, the other repetitions faint, a dot at the end of the insertion), mappings below."""
     import matplotlib
@@ -607,8 +630,7 @@ def plot(out: Path, runs: Sequence[Run], configs: Sequence[Config], maxmemory_mi
     memory.set_ylabel("PSS MiB")
     memory.set_ylim(bottom=0)
     memory.legend(loc="lower right", fontsize=8)
-    memory.set_title("Redis as an LRU cache (Mesh §6.2.2): server PSS over time\n"
-                     "median run bold, dot = end of insertion")
+    memory.set_title(title + "\nmedian run bold, dot = end of insertion")
     maps.set_ylabel("mappings")
     maps.set_yscale("log")
     maps.set_xlabel("seconds since the server started")
