@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import time
 from pathlib import Path
-from typing import List, Optional
+from typing import List
 
 import pytest
-from bench_support import ROOT, assert_figure, assert_ran_once, assert_registered, read_tsv, require_built, run_smoke
+from bench_support import (assert_figure, assert_ran_once, assert_registered, read_tsv, require_built,
+                           require_redis_and_client_compiler, run_smoke)
 
 from meshalloc_cli.bench import handles, redis_support
 from meshalloc_cli.bench.handles import OpsResult
@@ -220,10 +220,7 @@ def test_handle_ops_reports_every_operation_it_can_run():
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
-    if redis_support.any_install(ROOT) is None:
-        pytest.skip("no redis-server (neither scripts/redis/build.sh's builds nor Debian's redis-server)")
-    if shutil.which("cc") is None:
-        pytest.skip("no C compiler for the client (bench/redis/lru_client.c)")
+    require_redis_and_client_compiler()
     require_built(SERVER, OPS, LIBRARY)
     work = tmp_path_factory.mktemp("work")
     directory = run_smoke("handles", Path("bench"), cwd=work)
