@@ -80,12 +80,13 @@ TARGET_ALLOC_RATIO = 1.2
 TARGET_PIN_NS = 10.0
 RATIO_SLACK = redis_lru.RATIO_SLACK
 
-MAIN_COLUMNS = [column for column in redis_lru.MAIN_COLUMNS
-                if column[0] in ("mean_pss", "mean_ratio", "final_pss", "peak_pss", "insertion_s", "insertion_ratio",
-                                 "mesh_cpu_s", "defrag_s")]
-DETAIL_COLUMNS = [column for column in redis_lru.DETAIL_COLUMNS
-                  if column[0] in ("mean_pss_after_insertion", "after_ratio", "insertion_cpu_s", "insertion_cpu_ratio",
-                                   "server_cpu_s", "peak_maps", "evicted_keys")]
+# The cache inserts faster than Redis, and a whole-run mean rewards a slow insertion (the cache
+# fills later), so the mean after the insertion is in the main table beside it.
+_COLUMNS = {column[0]: column for column in redis_lru.MAIN_COLUMNS + redis_lru.DETAIL_COLUMNS}
+MAIN_COLUMNS = [_COLUMNS[key] for key in ("mean_pss", "mean_ratio", "mean_pss_after_insertion", "after_ratio",
+                                          "peak_pss", "insertion_s", "insertion_ratio", "mesh_cpu_s", "defrag_s")]
+DETAIL_COLUMNS = [_COLUMNS[key] for key in ("final_pss", "insertion_cpu_s", "insertion_cpu_ratio", "server_cpu_s",
+                                            "sampled_insertion_s", "peak_maps", "evicted_keys")]
 
 
 def wanted_configs(context: Context) -> Tuple[str, ...]:
@@ -254,11 +255,13 @@ def claims(table: redis_lru.Table, runs: Sequence[Run], rounds: redis_lru.Rounds
         return table.get(name, {}).get("mean_ratio")
 
     handles = mean_ratio(CACHE_HANDLES)
+    after = table.get(CACHE_HANDLES, {}).get("after_ratio")
     n_handles = count(CACHE_HANDLES)
     add("handle cache mean PSS vs Redis + jemalloc",
         f"{ALASKA_MEAN_RATIO:.2f}× (Alaska: 40 % less; target ≤ {TARGET_MEAN_RATIO:.2f}×)",
         redis_lru.ratio_text(handles, n_handles), handles.median <= TARGET_MEAN_RATIO if handles else None,
-        f"issue 27's target ≤ {TARGET_MEAN_RATIO:.2f}×")
+        f"issue 27's target ≤ {TARGET_MEAN_RATIO:.2f}×" + (f"; after the insertion alone: {after.median:.2f}×"
+                                                            if after else ""))
 
     defrag = mean_ratio(REDIS_DEFRAG)
     ours = (f"handles {redis_lru.ratio_text(handles, n_handles)} vs activedefrag "
