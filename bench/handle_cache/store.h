@@ -89,16 +89,12 @@ class Store {
 
   // Appends the value of `key` to `out`; false when there is none.
   bool get(std::string_view key, std::string& out) {
-    Ref ref = find(key, nullptr);
-    if (ref == 0) {
-      stats_.misses++;
-      return false;
-    }
-    View entry(ref);
-    entry->lru = clock_;
-    out.append(entry->value());
-    stats_.hits++;
-    return true;
+    Ref ref = find(key, nullptr, [&](Entry* entry) {
+      entry->lru = clock_;
+      out.append(entry->value());
+    });
+    (ref != 0 ? stats_.hits : stats_.misses)++;
+    return ref != 0;
   }
 
   // Stores key = value, replacing any earlier value. False when the allocator has no memory.
@@ -153,7 +149,7 @@ class Store {
     return true;
   }
 
-  // Frees every entry and the table (so that a leak checker sees a clean exit).
+  // Frees every entry and the table.
   void clear() {
     for (size_t i = 0; i <= mask_; i++) {
       for (Ref ref = table_[i]; ref != 0;) {
@@ -174,8 +170,11 @@ class Store {
   };
 
   // The entry of `key` (0 if none), and in *previous the entry before it in its chain (0 when
-  // it is the first). A link inside an entry is read only while that entry is pinned.
-  Ref find(std::string_view key, Ref* previous) {
+  // it is the first); `found` runs on the entry while the lookup still holds its pin. A link
+  // inside an entry is read only while that entry is pinned.
+  template <typename Found = void (*)(Entry*)>
+  Ref find(
+      std::string_view key, Ref* previous, Found found = [](Entry*) {}) {
     uint32_t hash = hashKey(key);
     Ref before = 0;
     for (Ref ref = table_[hash & mask_]; ref != 0;) {
@@ -184,6 +183,7 @@ class Store {
         View entry(ref);
         if (entry->hash == hash && entry->key() == key) {
           if (previous != nullptr) *previous = before;
+          found(entry.get());
           return ref;
         }
         next = entry->next;
