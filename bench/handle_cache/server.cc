@@ -306,7 +306,7 @@ class Server {
     } else if (is("CONFIG")) {
       config(out);
     } else if (is("SHUTDOWN")) {
-      if (argc == 2 && !is_any(arguments_[1], {"NOSAVE", "SAVE"})) {
+      if (argc == 2 && !isAny(arguments_[1], {"NOSAVE", "SAVE"})) {
         replyError(out, "ERR syntax error");
         return;
       }
@@ -322,7 +322,7 @@ class Server {
     }
   }
 
-  static bool is_any(std::string_view word, std::initializer_list<std::string_view> names) {
+  static bool isAny(std::string_view word, std::initializer_list<std::string_view> names) {
     for (std::string_view name : names) {
       if (equalsIgnoreCase(word, name)) return true;
     }

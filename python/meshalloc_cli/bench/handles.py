@@ -159,7 +159,7 @@ class OpsResult:
         return Stat.of(ratios)
 
 
-def ops_allocators(context: Context, meshalloc: Optional[Path]) -> Tuple[List[Allocator], List[str]]:
+def ops_allocators(meshalloc: Optional[Path]) -> Tuple[List[Allocator], List[str]]:
     found: List[Allocator] = []
     skipped: List[str] = []
     for name in OPS_ALLOCATORS:
@@ -353,7 +353,7 @@ class Handles(ExperimentBase):
         cpu_rounds = redis_lru.insertion_rounds(runs, insertions, cpu=True)
         table = redis_lru.stats_by_config(runs, configs, rounds, cpu_rounds, BASELINE)
 
-        allocators, ops_skipped = ops_allocators(context, meshalloc)
+        allocators, ops_skipped = ops_allocators(meshalloc)
         notes += ops_skipped
         ops_result = run_ops(context, ops, allocators)
         found = claims(table, runs, rounds, ops_result, checked=context.mode != SMOKE)
