@@ -245,8 +245,15 @@ def test_smoke_outcome_tables_and_figure(smoke):
     for row in runs:
         assert row["ok"] == "1", row["problems"]
         assert int(row["keys"]) > 0 and int(row["evicted_keys"]) > 0  # full and evicting
+        assert float(row["insertion_s"]) > 0
         if row["config"].startswith("cache/"):
             assert float(row["used_memory"]) <= 4 * 1024 * 1024 + 1024  # smoke's maxmemory 4mb
+    # The read phase ran in every timed run, and some GETs found their key.
+    for row in runs:
+        report = dict(word.split("=", 1) for word in
+                      ((out / row["samples_tsv"]).parent / "timed-client.txt").read_text().split() if "=" in word)
+        assert report["reads"] == str(handles.READS["smoke"]) and int(report["hits"]) > 0
+    assert "GETs s" in outcome["table_md"]
     _, ops = read_tsv(out / "ops.tsv")
     assert {(row["allocator"], row["operation"]) for row in ops} >= {("meshalloc", "malloc_free"),
                                                                         ("glibc", "malloc_free")}
@@ -267,11 +274,15 @@ def test_claims_on_made_up_numbers():
     def verdicts(pin: float, alloc: float) -> dict:
         ops = OpsResult({("meshalloc", "malloc_free"): [10.0], ("meshalloc", "mh_alloc_free"): [10.0 * alloc],
                          ("meshalloc", "pin_unpin"): [pin]}, [])
-        return {claim.claim: claim.holds for claim in handles.claims(table, [], rounds, ops, checked=True)}
+        found = handles.claims(table, [], rounds, ops, checked=True, reads=rounds)
+        return {claim.claim: claim.holds for claim in found}
 
     assert all(verdicts(4.0, 1.1).values())
     failing = verdicts(12.0, 1.5)
     assert [name for name, holds in failing.items() if not holds] == [
         "mh_alloc + mh_free vs malloc + free (meshalloc, same process)", "mh_pin + mh_unpin, uncontended"]
-    slow = dict(rounds["timing round 1"], **{handles.CACHE_HANDLES: 1.3})
-    assert handles.claims(table, [], {"r": slow}, OpsResult({}, []), checked=True)[4].holds is False
+    slow = {"r": dict(rounds["timing round 1"], **{handles.CACHE_HANDLES: 1.3})}
+    found = {claim.claim: claim.holds for claim in handles.claims(table, [], slow, OpsResult({}, []), checked=True,
+                                                                   reads=slow)}
+    assert found["handle cache insertion time vs the same cache on malloc (both meshalloc)"] is False
+    assert found["handle cache GET time vs the same cache on malloc (both meshalloc)"] is False

@@ -28,9 +28,9 @@ from ..errors import MeshallocError
 from ..measure import DEFAULT_INTERVAL_S, KIB, MIB
 from .common import ExperimentBase, checked_repetitions, machine_json, number, private_meshalloc_copy, write_tsv
 from .framework import FULL, QUICK, SMOKE, Claim, Context, ExperimentUnavailable, Outcome
-from .redis_support import (ACTIVEDEFRAG_OPTIONS, BUILD_SCRIPT, SERVER_OPTIONS, Config, Insertion, RedisInstall,
-                            Run, Workload, any_install, compile_client, describe_runs, ensure_source_build, one_run,
-                            time_insertion, timed_run)
+from .redis_support import (ACTIVEDEFRAG_OPTIONS, BUILD_SCRIPT, MAIN_THREAD_CPU_KEY, SERVER_OPTIONS, Config,
+                            Insertion, RedisInstall, Run, Workload, any_install, compile_client, describe_runs,
+                            ensure_source_build, one_run, time_insertion, timed_run)
 
 NAME = "redis-lru"
 
@@ -248,19 +248,21 @@ def stats_by_config(runs: Sequence[Run], configs: Sequence[Config], rounds: Roun
 Rounds = Dict[str, Dict[str, float]]
 
 
-def insertion_rounds(runs: Sequence[Run], insertions: Sequence[Insertion], cpu: bool = False) -> Rounds:
+def insertion_rounds(runs: Sequence[Run], insertions: Sequence[Insertion], cpu: bool = False,
+                     key: Optional[str] = None) -> Rounds:
     """Every unsampled insertion by round: each repetition's timed runs form a round, and so
-    does each timing round. Failed runs are left out. The client's wall time, or with cpu the
-    server's main-thread CPU time."""
+    does each timing round. Failed runs are left out. The client's wall time, with cpu the
+    server's main-thread CPU time, or with key that field of the client's report."""
+    key = key or (MAIN_THREAD_CPU_KEY if cpu else "total_s")
     rounds: Rounds = {}
     for run in runs:
-        value = run.insertion_cpu_s if cpu else run.insertion_s
+        value = run.timed_client.get(key)
         if run.ok and value is not None:
-            rounds.setdefault(round_key(run), {})[run.config.name] = value
+            rounds.setdefault(round_key(run), {})[run.config.name] = float(value)
     for insertion in insertions:
-        value = insertion.server_cpu_s if cpu else insertion.seconds
-        if value is not None:
-            rounds.setdefault(round_key(insertion), {})[insertion.config.name] = value
+        value = insertion.report.get(key)
+        if insertion.problem is None and value is not None:
+            rounds.setdefault(round_key(insertion), {})[insertion.config.name] = float(value)
     return rounds
 
 
