@@ -49,8 +49,20 @@ extern "C" {
  *   "mesh.pinned_spans"           size_t    spans never meshed: they hold buffers glibc's
  *                                 internal reads fill (stdio's)
  *   "opt.<name>"                  the value of an option (see docs/options.md)
+ * Handles (meshalloc_handle.h, docs/handles.md), uint64_t, read when asked (not at the epoch):
+ *   "handles.live" / "handles.live_bytes"  live handle objects and their bytes (slot sizes)
+ *   "handles.committed"           bytes of the arena the handle store holds
+ *   "handles.table_bytes"         bytes of the handle table touched
+ *   "handles.fragmentation_permille"  committed over live bytes, x 1000 (0 with nothing live)
+ *   "handles.pinned"              handles pinned now
+ *   "handles.moved" / "handles.moved_bytes"  objects and bytes the defragmenter moved
+ *   "handles.moves_abandoned"     moves dropped because a pin arrived during the copy
+ *   "handles.passes" / "handles.released" / "handles.cpu_ns"  defragmentation passes, the
+ *                                 bytes they gave back to the OS, their CPU time
+ *   "handles.pauses" / "handles.pause_total_ns" / "handles.pause_max_ns"  waits of mh_pin,
+ *                                 mh_free, mh_realloc and mh_usable_size for a move in progress
  * Actions (no value): "arena.<i>.purge", "arena.<i>.decay", "thread.tcache.flush",
- *   "mesh.compact".
+ *   "mesh.compact", "handles.compact" (a full pass; reads the bytes released as size_t).
  * Diagnostics: "debug.class_dump" (write an unsigned class index j) prints every span of
  *   class j on stderr: detached partial spans and each thread's attached spans, with live
  *   count, set bitmap bits, virtual spans, remote-free state and pinning.

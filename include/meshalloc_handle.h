@@ -32,9 +32,9 @@ mh_t mh_alloc(size_t size);
 /* As mh_alloc, zero-filled; MH_NULL with ENOMEM when n * size overflows. */
 mh_t mh_calloc(size_t n, size_t size);
 /* Resizes the object of `h`, keeping its contents up to the smaller size. The handle stays
- * the same; pointers from earlier pins of it must not be held across the call (an object
- * pinned by another thread makes this abort). Returns `h`, or MH_NULL with ENOMEM and the
- * object unchanged. mh_realloc(MH_NULL, n) is mh_alloc(n). */
+ * the same; no pin of it may be held across the call (resizing a pinned object aborts).
+ * Returns `h`, or MH_NULL with ENOMEM and the object unchanged. mh_realloc(MH_NULL, n) is
+ * mh_alloc(n). */
 mh_t mh_realloc(mh_t h, size_t size);
 /* Frees the object and retires the handle. MH_NULL is a no-op; freeing a pinned object
  * aborts. */

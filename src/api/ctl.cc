@@ -7,6 +7,9 @@
 
 #include "api/entry_points.h"
 #include "api/stats.h"
+#include "handle/defrag.h"
+#include "handle/handles.h"
+#include "handle/store.h"
 #include "heap/arena.h"
 #include "heap/config.h"
 #include "heap/heap.h"
@@ -19,7 +22,7 @@ namespace {
 
 constexpr char kVersionString[] = "0.1.0";
 
-Mutex gSnapshotLock;
+Mutex gSnapshotLock(LockRank::kStatsSnapshot);
 HeapStats gSnapshot;
 bool gHaveSnapshot = false;
 uint64_t gEpoch = 0;
@@ -170,6 +173,38 @@ int statValue(const char* name, void* oldp, size_t* oldlenp) {
   return ENOENT;
 }
 
+// The handle statistics, read when asked (not at the epoch): counters and the store's sums.
+int handleValue(const char* name, void* oldp, size_t* oldlenp) {
+  using handles::gCounters;
+  size_t committed = handles::Store::committedBytes();
+  size_t live = handles::Store::liveBytes();
+  struct Entry {
+    const char* name;
+    uint64_t value;
+  };
+  const Entry entries[] = {
+      {"live", handles::Store::liveObjects()},
+      {"live_bytes", live},
+      {"committed", committed},
+      {"table_bytes", handles::Table::touchedBytes()},
+      {"fragmentation_permille", live ? committed * 1000 / live : 0},
+      {"pinned", handles::pinnedCount()},
+      {"moved", gCounters.movedObjects.load(std::memory_order_relaxed)},
+      {"moved_bytes", gCounters.movedBytes.load(std::memory_order_relaxed)},
+      {"moves_abandoned", gCounters.abandonedMoves.load(std::memory_order_relaxed)},
+      {"passes", gCounters.passes.load(std::memory_order_relaxed)},
+      {"released", gCounters.releasedBytes.load(std::memory_order_relaxed)},
+      {"cpu_ns", gCounters.cpuNs.load(std::memory_order_relaxed)},
+      {"pauses", gCounters.waits.load(std::memory_order_relaxed)},
+      {"pause_total_ns", gCounters.waitTotalNs.load(std::memory_order_relaxed)},
+      {"pause_max_ns", gCounters.waitMaxNs.load(std::memory_order_relaxed)},
+  };
+  for (const Entry& e : entries) {
+    if (!strcmp(name, e.name)) return readValue<uint64_t>(oldp, oldlenp, e.value);
+  }
+  return ENOENT;
+}
+
 }  // namespace
 
 int control(const char* name, void* oldp, size_t* oldlenp, void* newp, size_t newlen) {
@@ -199,6 +234,16 @@ int control(const char* name, void* oldp, size_t* oldlenp, void* newp, size_t ne
     GlobalHeap::debugDump(sizeClass);
     return 0;
   }
+  if (!strcmp(name, "handles.compact")) {
+    if (!handles::ensureInitialized()) return EAGAIN;
+    size_t released = handles::Defragmenter::pass(0, 0).releasedBytes;
+    return oldp ? readValue<size_t>(oldp, oldlenp, released) : 0;
+  }
+  if (startsWith(cursor, "handles.")) {
+    if (!readOnly(newp, newlen)) return EPERM;
+    return handleValue(cursor, oldp, oldlenp);
+  }
+  cursor = name;
   if (!strcmp(name, "mesh.compact")) {
     size_t released = compactImpl();
     return oldp ? readValue<size_t>(oldp, oldlenp, released) : 0;

@@ -11,6 +11,7 @@
 #include "api/libc_buffers.h"
 #include "api/live_stats.h"
 #include "api/stats.h"
+#include "handle/handles.h"
 #include "heap/config.h"
 #include "heap/heap.h"
 #include "mesh/policy.h"
@@ -117,6 +118,8 @@ int gSavedStderr = -1;
 __attribute__((constructor)) void initializeAtLoad() {
   api::findLibcBufferCallers();
   if (heap::ensureInitialized()) MeshPolicy::init();
+  // Before the program's threads exist: the fork participants are changed only at start-up.
+  handles::ensureInitialized();
   api::startLiveStats();
   if (gHeapConfig.statsAtExit != StatsFormat::kNone && !gHeapConfig.statsFile) {
     gSavedStderr = fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, kLowestSavedFd);

@@ -248,7 +248,7 @@ void writeStats(int fd, bool json) {
   HeapStats stats = collectStats();
   MemoryBreakdown breakdown = collectBreakdown();
   static char buffer[kReportCapacity];  // static: a 32 KiB stack frame could overflow small stacks
-  static Mutex bufferLock;
+  static Mutex bufferLock(LockRank::kStatsReport);
   LockGuard guard(bufferLock);
   TextWriter out(buffer, sizeof(buffer));
   struct Field {

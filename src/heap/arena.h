@@ -273,7 +273,7 @@ class Arena {
   static void ageReuseCountersLocked(uint64_t nowNs);
   static void splitAndTake(FreeRun* run, uintptr_t start, size_t pages);
 
-  static inline Mutex lock_;
+  static inline Mutex lock_{LockRank::kArena};
   static inline std::atomic<uintptr_t>* pageMaps_ = nullptr;   // biased page-map base per granule
   static inline std::atomic<uintptr_t>* classMaps_ = nullptr;  // biased compact-map base
   static inline std::atomic<Segment*>* segments_ = nullptr;

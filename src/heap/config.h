@@ -67,6 +67,20 @@ struct HeapConfig {
   uint64_t meshOccupancyPercent = 75;
   // A pass is skipped while partial spans hold less free memory than this: little to gain.
   size_t meshMinGainBytes = size_t{1} << 20;
+  // Handles (docs/handles.md): the defragmenter's controller (Anchorage's, ASPLOS 2024 section
+  // 4.3) wakes every handles_period_ms; it starts moving objects when the handle store's
+  // committed bytes exceed its live bytes by the high ratio (F_ub, per mille) and stops below
+  // the low one (F_lb), or when a pass makes no progress; a pass moves at most
+  // handles_move_permille of the committed bytes (alpha), and it sleeps so that its CPU time
+  // stays under handles_budget_permille of the wall time (O_ub). Less than handles_min_gain of
+  // difference is left alone.
+  bool handlesDefrag = true;
+  uint64_t handlesPeriodMs = 10;
+  uint64_t handlesFragHighPermille = 1400;
+  uint64_t handlesFragLowPermille = 1050;
+  uint64_t handlesBudgetPermille = 50;
+  uint64_t handlesMovePermille = 100;
+  size_t handlesMinGainBytes = size_t{1} << 20;
   StatsFormat statsAtExit = StatsFormat::kNone;
   const char* statsFile = nullptr;  // a copy of the variable's value
   // Publish the statistics for `meshalloc top` every this many milliseconds (0: never), from

@@ -29,6 +29,18 @@ void reportHeapError(HeapError error, const char* operation, const void* address
           .pointer(address)
           .text(" (its span holds no live objects)");
       break;
+    case HeapError::kInvalidHandle:
+      out.text("invalid handle ").pointer(address).text(" (not made by mh_alloc)");
+      break;
+    case HeapError::kStaleHandle:
+      out.text("stale handle ").pointer(address).text(" (its object was freed)");
+      break;
+    case HeapError::kPinnedHandle:
+      out.text("handle ").pointer(address).text(" is pinned");
+      break;
+    case HeapError::kUnpinnedHandle:
+      out.text("handle ").pointer(address).text(" is not pinned");
+      break;
   }
   out.text(" in ").text(operation).text("; aborting\n");
   os::writeStderr(out.data(), out.length());

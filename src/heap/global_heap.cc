@@ -193,7 +193,7 @@ void GlobalHeap::placeDetached(ClassState& state, MiniHeap* heap) {
   uint32_t live = heap->liveCount.load(std::memory_order_seq_cst);
   if (live == 0) {
     destroySpan(state, heap);
-  } else if (live >= heap->objectCount) {
+  } else if (live >= heap->objectCount || heap->allocationClosed) {
     heap->state = SpanState::kFull;
     state.fullSpans++;
   } else {

@@ -100,7 +100,8 @@ class GlobalHeap {
   static void debugDump(unsigned sizeClass);
   static size_t largeBytes();
   static size_t largeCount();
-  // Pins `heap` (attached to the calling thread) against meshing: see MiniHeap::pinned.
+  // Pins `heap` against meshing, for good: a span attached to the calling thread, or a mesh
+  // candidate the mesher holds. See MiniHeap::pinned.
   static void pin(MiniHeap* heap);
   // Spans that are pinned now.
   static size_t pinnedSpans() { return pinnedSpans_.load(std::memory_order_relaxed); }
@@ -127,7 +128,7 @@ class GlobalHeap {
 
  private:
   struct alignas(64) ClassState {
-    Mutex lock;
+    Mutex lock{LockRank::kSizeClass};
     IntrusiveList<MiniHeap> partial[kOccupancyBins];
     // Full detached spans are only counted, not listed: nothing takes a span from them, and the
     // first free into one (which moves it to a bin) then touches no neighbours' lines.
@@ -150,14 +151,14 @@ class GlobalHeap {
 
   static ClassState classes_[kNumSizeClasses];
   static inline constinit thread_local bool tlsBypassDirtyCache_ = false;
-  static inline Mutex largeLock_;
+  static inline Mutex largeLock_{LockRank::kLarge};
   static inline size_t largeBytes_ = 0;
   static inline size_t largeCount_ = 0;
   static inline size_t largeRequested_ = 0;
   static inline std::atomic<size_t> pinnedSpans_{0};
   static void retireMeshedSpan(MiniHeap* heap);
   // A leaf lock: taken under a class lock, never the other way round.
-  static inline Mutex retiredLock_;
+  static inline Mutex retiredLock_{LockRank::kRetired};
   static inline IntrusiveList<MiniHeap> retired_;
   static inline size_t retiredCount_ = 0;
   static inline bool restoreRequested_ = false;

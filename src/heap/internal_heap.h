@@ -37,7 +37,7 @@ class InternalHeap {
   };
   static constexpr size_t kPools = kMaxPooledSize / kGranule;
 
-  static inline Mutex lock_;
+  static inline Mutex lock_{LockRank::kInternalHeap};
   static inline FreeBlock* pools_[kPools] = {};
   static inline char* bump_ = nullptr;
   static inline char* bumpEnd_ = nullptr;

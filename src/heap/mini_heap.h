@@ -52,6 +52,11 @@ struct MiniHeap : ListNode {
   // heap/cache_tag.h), so the owner's first claim after attaching tags the slots it takes.
   // Written by the attaching owner only.
   bool claimsNeedTags : 1 = false;
+  // Never refilled again: a virtual span of it was stranded on another span's pages by a failed
+  // mesh (Mesher::absorbMeshedSource), so a slot handed out through its own view could land on
+  // that span's live objects. It stays listed as full until its last object is freed. Set by the
+  // mesher while the span is a mesh candidate (no owner, no list), read under the class's lock.
+  bool allocationClosed : 1 = false;
   // Large objects: the object starts this many bytes into its span (see largeColouring).
   uint32_t largeOffset = 0;
   uintptr_t spanStart = 0;

@@ -105,7 +105,7 @@ class SpanBacking {
     size_t bytes;
   };
 
-  static inline Mutex lock_;
+  static inline Mutex lock_{LockRank::kSpanBacking};
   static inline int fd_ = -1;
   static inline size_t fileSize_ = 0;
   static inline size_t fileEnd_ = 0;  // bump pointer

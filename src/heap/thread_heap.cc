@@ -22,12 +22,12 @@ constinit thread_local ThreadHeap* tlsParkedHeap __attribute__((tls_model("initi
     nullptr;
 
 namespace {
-Mutex gRegistryLock;
+Mutex gRegistryLock(LockRank::kThreadRegistry);
 ThreadHeap* gRegistry = nullptr;
 ThreadHeap* gPool = nullptr;  // heaps of finished threads, reused before allocating new ones
 // Held for a whole reclaim pass, and by fork's prepare handler: a child never inherits a heap
 // half reclaimed.
-Mutex gReclaimLock;
+Mutex gReclaimLock(LockRank::kIdleReclaim);
 std::atomic<uint64_t> gIdleReclaims{0};
 
 // Reverses entries [first, end).

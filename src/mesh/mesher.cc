@@ -20,14 +20,14 @@ namespace meshalloc {
 
 namespace {
 
-Mutex gPassLock;   // one pass at a time (background thread, meshalloc_compact)
-Mutex gBatchLock;  // held across each batch; fork takes it first
+Mutex gPassLock(LockRank::kMeshPass);  // one pass at a time (background thread, meshalloc_compact)
+Mutex gBatchLock(LockRank::kMeshBatch);  // held across each batch; fork takes it first
 std::atomic<bool> gForkPending{false};
 // Written by the mesh thread, the commit thread and meshalloc_compact's caller (restores run
 // outside the pass lock), read by statistics from any thread: every access under gStatsLock, a
 // leaf lock held for a few stores or one copy.
 MeshStats gStats = {};
-Mutex gStatsLock;
+Mutex gStatsLock(LockRank::kMeshStats);
 template <typename Update>
 void updateStats(Update update) {
   LockGuard guard(gStatsLock);
@@ -160,6 +160,13 @@ bool Mesher::absorbMeshedSource(MiniHeap* destination, MiniHeap* source) {
     // differ.
     destination->liveCount.fetch_add(claimSourceSlots(destination, source),
                                      std::memory_order_acq_rel);
+    // Neither may ever be meshed again: copying source's pages would miss the writes made
+    // through the stranded span, and giving the destination's file range back would leave that
+    // span showing whatever reuses it. And source hands out no more slots: if the stranded
+    // span is its own, a new block there would be one of the destination's live objects.
+    GlobalHeap::pin(destination);
+    GlobalHeap::pin(source);
+    source->allocationClosed = true;
     updateStats([](MeshStats& s) { s.strandedSpans++; });
   }
   // Writable again: on the destination's pages if the move succeeded, else on its own.

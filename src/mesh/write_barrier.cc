@@ -18,7 +18,7 @@ namespace {
 // while sigaction() replaces it.
 struct sigaction gApplicationActions[2];
 std::atomic<unsigned> gCurrentAction{0};
-Mutex gActionLock;
+Mutex gActionLock(LockRank::kWriteBarrier);
 
 // A fault in the arena seen when no barrier is active may still be a barrier fault whose
 // barrier ended just before we looked: retry it once. A second fault at the same address

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "platform/os.h"
+#include "support/assert.h"
 
 namespace meshalloc {
 
@@ -18,34 +19,121 @@ inline void cpuRelax() {
 #endif
 }
 
+// The lock order, outermost first: a thread holding a lock of some rank takes only locks of a
+// higher rank (several size-class locks at once only in index order, which fork does). The one
+// list of the core's locks; checked in the builds with MESHALLOC_CHECKS (lock_order_test.cc).
+// The fork participants (heap/fork.h) take them in the same order.
+enum class LockRank : uint8_t {
+  kUnranked,        // not checked: tests' own locks
+  kStatsReport,     // api/stats.cc: the exit report's buffer
+  kStatsSnapshot,   // api/ctl.cc: the mallctl statistics snapshot
+  kMeshPass,        // mesh/mesher.cc: one pass at a time
+  kMeshBatch,       // mesh/mesher.cc: held across each batch of meshes
+  kWriteBarrier,    // mesh/write_barrier.cc: installing the fault handler
+  kIdleReclaim,     // heap/thread_heap.cc: one idle-heap reclaim at a time
+  kThreadRegistry,  // heap/thread_heap.cc: the list of thread heaps
+  kSizeClass,       // heap/global_heap.h: one size class's spans
+  kLarge,           // heap/global_heap.h: large objects
+  kRetired,         // heap/global_heap.h: meshed spans that died, waiting to be restored
+  kSpanBacking,     // heap/span_backing.h: the shared file and its ranges
+  kArena,           // heap/arena.h: segments, free runs, the dirty cache
+  kInternalHeap,    // heap/internal_heap.h: the metadata heap
+  kMeshStats,       // mesh/mesher.cc: the mesher's counters (a leaf)
+};
+
+#if MESHALLOC_CHECKS_ENABLED
+// The ranked locks this thread holds, in the order taken.
+class HeldLocks {
+ public:
+  static void acquiring(LockRank rank) {
+    if (rank == LockRank::kUnranked || count_ == 0) return;
+    LockRank innermost = ranks_[count_ - 1];
+    MESHALLOC_ASSERT_MSG(rank > innermost || (rank == innermost && rank == LockRank::kSizeClass),
+                         "lock order: a lock taken inside one of the same or a later rank");
+  }
+  static void acquired(LockRank rank, const void* mutex) {
+    if (rank == LockRank::kUnranked) return;
+    MESHALLOC_ASSERT_MSG(count_ < kCapacity, "lock order: too many locks held at once");
+    if (count_ < kCapacity) {
+      ranks_[count_] = rank;
+      mutexes_[count_++] = mutex;
+    }
+  }
+  // Released, or reset in a fork child: forgotten wherever it is in the stack.
+  static void released(LockRank rank, const void* mutex) {
+    if (rank == LockRank::kUnranked) return;
+    for (unsigned i = count_; i-- > 0;) {
+      if (mutexes_[i] != mutex) continue;
+      for (unsigned j = i + 1; j < count_; j++) {
+        ranks_[j - 1] = ranks_[j];
+        mutexes_[j - 1] = mutexes_[j];
+      }
+      count_--;
+      return;
+    }
+  }
+  static unsigned count() { return count_; }
+
+ private:
+  // Fork holds every size-class lock at once.
+  static constexpr unsigned kCapacity = 128;
+  static inline thread_local unsigned count_ = 0;
+  static inline thread_local LockRank ranks_[kCapacity];
+  static inline thread_local const void* mutexes_[kCapacity];
+};
+#endif
+
 class Mutex {
  public:
   constexpr Mutex() = default;
+  constexpr explicit Mutex(LockRank rank) : rank_(rank) {}
   Mutex(const Mutex&) = delete;
   Mutex& operator=(const Mutex&) = delete;
 
   void lock() {
+#if MESHALLOC_CHECKS_ENABLED
+    HeldLocks::acquiring(rank_);
+#endif
     uint32_t expected = kUnlocked;
     if (__builtin_expect(
-            state_.compare_exchange_strong(expected, kLocked, std::memory_order_acquire), 1)) {
-      return;
+            !state_.compare_exchange_strong(expected, kLocked, std::memory_order_acquire), 0)) {
+      lockSlow();
     }
-    lockSlow();
+#if MESHALLOC_CHECKS_ENABLED
+    HeldLocks::acquired(rank_, this);
+#endif
   }
 
   bool tryLock() {
     uint32_t expected = kUnlocked;
-    return state_.compare_exchange_strong(expected, kLocked, std::memory_order_acquire);
+    bool taken = state_.compare_exchange_strong(expected, kLocked, std::memory_order_acquire);
+#if MESHALLOC_CHECKS_ENABLED
+    // A try never waits, so it cannot deadlock whatever is held: recorded, not checked.
+    if (taken) HeldLocks::acquired(rank_, this);
+#endif
+    return taken;
   }
 
   void unlock() {
+#if MESHALLOC_CHECKS_ENABLED
+    HeldLocks::released(rank_, this);
+#endif
     if (state_.exchange(kUnlocked, std::memory_order_release) == kContended)
       os::futexWakeOne(&state_);
   }
 
   // After fork() only the forking thread exists; a lock it took in the prepare handler is
   // simply reset rather than unlocked, since no waiter can exist in the child.
-  void resetAfterFork() { state_.store(kUnlocked, std::memory_order_relaxed); }
+  void resetAfterFork() {
+#if MESHALLOC_CHECKS_ENABLED
+    HeldLocks::released(rank_, this);
+#endif
+    state_.store(kUnlocked, std::memory_order_relaxed);
+  }
+
+  LockRank rank() const {
+    return rank_;
+  }
 
  private:
   static constexpr uint32_t kUnlocked = 0;
@@ -68,6 +156,7 @@ class Mutex {
   }
 
   std::atomic<uint32_t> state_{kUnlocked};
+  LockRank rank_ = LockRank::kUnranked;
 };
 
 class LockGuard {

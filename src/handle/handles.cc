@@ -1,0 +1,235 @@
+#include "handle/handles.h"
+
+#include <errno.h>
+#include <string.h>
+
+#include "handle/controller.h"
+#include "handle/defrag.h"
+#include "handle/store.h"
+#include "heap/errors.h"
+#include "heap/fork.h"
+#include "heap/heap.h"
+#include "platform/os.h"
+#include "support/lock.h"
+
+namespace meshalloc::handles {
+
+namespace {
+
+// A move copies one object of at most 16 KiB, a few microseconds: spin that long, then sleep
+// in short steps (a resize holding the entry may copy a large object).
+constexpr int kSpinsBeforeSleeping = 2000;
+constexpr uint64_t kWaitSleepNs = 20000;
+
+std::atomic<bool> gInitialized{false};
+
+void forkPrepare() {
+  Defragmenter::lockForFork();
+  Store::lockAll();
+}
+void forkParent() {
+  Store::unlockAll();
+  Defragmenter::unlockAfterFork();
+}
+void forkChild() {
+  Store::resetAfterFork();
+  Defragmenter::resetAfterFork();
+  Controller::forgetAfterFork();
+}
+
+// Before every heap lock: a chunk is made or released under a class lock, with the arena's
+// lock inside it.
+constexpr heap::ForkParticipant kForkHandles = {"handles", heap::ForkRank::kBeforeHeapLocks,
+                                                forkPrepare, forkParent, forkChild};
+
+void recordWait(uint64_t startNs) {
+  uint64_t waited = os::monotonicNanos() - startNs;
+  gCounters.waits.fetch_add(1, std::memory_order_relaxed);
+  gCounters.waitTotalNs.fetch_add(waited, std::memory_order_relaxed);
+  uint64_t max = gCounters.waitMaxNs.load(std::memory_order_relaxed);
+  while (waited > max &&
+         !gCounters.waitMaxNs.compare_exchange_weak(max, waited, std::memory_order_relaxed)) {
+  }
+}
+
+// Returns the state once the moving bit is clear (acquire: the object word is then current).
+uint64_t waitWhileMoving(Entry& entry) {
+  uint64_t state = entry.state.load(std::memory_order_acquire);
+  if (!(state & kMovingBit)) return state;
+  uint64_t start = os::monotonicNanos();
+  for (int spins = 0; (state = entry.state.load(std::memory_order_acquire)) & kMovingBit; spins++) {
+    if (spins < kSpinsBeforeSleeping) {
+      cpuRelax();
+    } else {
+      os::sleepNanos(kWaitSleepNs);
+    }
+  }
+  recordWait(start);
+  return state;
+}
+
+Entry& entryOf(uint64_t handle, const char* operation) {
+  Entry* entry = Table::find(handle);
+  if (!entry) reportInvalid(handle, operation);
+  return *entry;
+}
+
+// Takes the entry exclusively (the moving bit) for a resize: it must be live and unpinned.
+uint64_t takeExclusive(Entry& entry, uint64_t handle, const char* operation) {
+  for (;;) {
+    uint64_t state = waitWhileMoving(entry);
+    if (!Table::matches(state, handle))
+      reportHeapError(HeapError::kStaleHandle, operation, reinterpret_cast<void*>(handle));
+    if (state & kPinMask)
+      reportHeapError(HeapError::kPinnedHandle, operation, reinterpret_cast<void*>(handle));
+    if (entry.state.compare_exchange_weak(state, state | kMovingBit, std::memory_order_acquire))
+      return state;
+  }
+}
+
+// A new handle and object; the entry is published live only once its object word is set, so
+// that a defragmenter pass finding the slot's owner meanwhile leaves it alone.
+uint64_t allocateBytes(size_t size, bool zero) {
+  if (size > heap::kMaxRequest || !ensureInitialized()) {
+    errno = ENOMEM;
+    return 0;
+  }
+  uint64_t handle = Table::acquire();
+  if (!handle) {
+    errno = ENOMEM;
+    return 0;
+  }
+  uint32_t index = indexOf(handle);
+  uint64_t object = Store::allocate(size, index, zero);
+  if (!object) {
+    Table::release(index);
+    return 0;
+  }
+  Entry& entry = Table::at(index);
+  entry.object.store(object, std::memory_order_relaxed);
+  entry.state.store((handle & kGenerationMask) | kLiveBit, std::memory_order_release);
+  Controller::noteAllocation();
+  return handle;
+}
+
+}  // namespace
+
+bool ensureInitialized() {
+  if (gInitialized.load(std::memory_order_acquire)) return true;
+  if (!heap::ensureInitialized()) return false;
+  Store::init();
+  if (!gInitialized.exchange(true)) heap::forkParticipants().add(kForkHandles);
+  return true;
+}
+
+void reportInvalid(uint64_t handle, const char* operation) {
+  reportHeapError(HeapError::kInvalidHandle, operation, reinterpret_cast<void*>(handle));
+}
+
+uint64_t allocate(size_t size) {
+  return allocateBytes(size, false);
+}
+
+uint64_t allocateZeroed(size_t count, size_t size) {
+  size_t bytes;
+  if (__builtin_mul_overflow(count, size, &bytes)) {
+    errno = ENOMEM;
+    return 0;
+  }
+  return allocateBytes(bytes, true);
+}
+
+uint64_t reallocate(uint64_t handle, size_t size) {
+  if (handle == 0) return allocate(size);
+  Entry& entry = entryOf(handle, "mh_realloc");
+  uint64_t state = takeExclusive(entry, handle, "mh_realloc");
+  uint64_t object = entry.object.load(std::memory_order_relaxed);
+  unsigned storeClass = classOfObject(object);
+  size_t usable = Store::usableSize(object);
+  // Same small class, or a large run that fits and is not more than twice too big: in place.
+  bool fits = size <= kMaxSmallSize
+                  ? storeClass != kLargeStoreClass && SizeClasses::classOf(size) == storeClass
+                  : storeClass == kLargeStoreClass && size <= usable && size >= usable / 2;
+  if (size > heap::kMaxRequest) {
+    entry.state.store(state, std::memory_order_release);
+    errno = ENOMEM;
+    return 0;
+  }
+  if (!fits) {
+    uint64_t replacement = Store::allocate(size, indexOf(handle), false);
+    if (!replacement) {
+      entry.state.store(state, std::memory_order_release);
+      return 0;
+    }
+    memcpy(reinterpret_cast<void*>(addressOf(replacement)),
+           reinterpret_cast<const void*>(addressOf(object)), usable < size ? usable : size);
+    entry.object.store(replacement, std::memory_order_relaxed);
+    // Freed while the entry is still held, so that no defragmenter pass can take it meanwhile
+    // with the old object word in mind.
+    Store::free(object);
+  }
+  // Pins that arrived meanwhile are kept (they wait for the moving bit to clear).
+  entry.state.fetch_and(~kMovingBit, std::memory_order_release);
+  return handle;
+}
+
+void free(uint64_t handle) {
+  if (handle == 0) return;
+  Entry& entry = entryOf(handle, "mh_free");
+  uint64_t state;
+  for (;;) {
+    state = waitWhileMoving(entry);
+    if (!Table::matches(state, handle))
+      reportHeapError(HeapError::kStaleHandle, "mh_free", reinterpret_cast<void*>(handle));
+    if (state & kPinMask)
+      reportHeapError(HeapError::kPinnedHandle, "mh_free", reinterpret_cast<void*>(handle));
+    // Not live, the generation kept: a later use of the handle finds it stale.
+    if (entry.state.compare_exchange_weak(state, state & kGenerationMask,
+                                          std::memory_order_acquire))
+      break;
+  }
+  Store::free(entry.object.load(std::memory_order_relaxed));
+  Table::release(indexOf(handle));
+}
+
+size_t usableSize(uint64_t handle) {
+  if (handle == 0) return 0;
+  Entry& entry = entryOf(handle, "mh_usable_size");
+  uint64_t state = waitWhileMoving(entry);
+  if (!Table::matches(state, handle))
+    reportHeapError(HeapError::kStaleHandle, "mh_usable_size", reinterpret_cast<void*>(handle));
+  // A move keeps the class, so the size holds whichever copy the word names.
+  return Store::usableSize(entry.object.load(std::memory_order_relaxed));
+}
+
+void* pinSlow(uint64_t handle, Entry* entry, uint64_t previous) {
+  if (!Table::matches(previous, handle))
+    reportHeapError(HeapError::kStaleHandle, "mh_pin", reinterpret_cast<void*>(handle));
+  if ((previous & kPinMask) >= kPinMask - 1) {
+    entry->state.fetch_sub(1, std::memory_order_relaxed);
+    reportHeapError(HeapError::kPinnedHandle, "mh_pin (pinned too often)",
+                    reinterpret_cast<void*>(handle));
+  }
+  // A move holds the entry: our pin makes it abandon its copy (or it has published it already);
+  // either way the object word is right once the bit clears.
+  waitWhileMoving(*entry);
+  return reinterpret_cast<void*>(addressOf(entry->object.load(std::memory_order_relaxed)));
+}
+
+void unpinFailed(uint64_t handle, uint64_t previous) {
+  if (!Table::matches(previous, handle))
+    reportHeapError(HeapError::kStaleHandle, "mh_unpin", reinterpret_cast<void*>(handle));
+  reportHeapError(HeapError::kUnpinnedHandle, "mh_unpin", reinterpret_cast<void*>(handle));
+}
+
+size_t pinnedCount() {
+  size_t pinned = 0;
+  uint32_t entries = Table::highWater();
+  for (uint32_t i = 0; i < entries; i++) {
+    uint64_t state = Table::at(i).state.load(std::memory_order_relaxed);
+    if ((state & kLiveBit) && (state & kPinMask)) pinned++;
+  }
+  return pinned;
+}
+
+}  // namespace meshalloc::handles

@@ -1,0 +1,327 @@
+#include "handle/store.h"
+
+#include <errno.h>
+#include <string.h>
+
+#include "heap/arena.h"
+#include "support/assert.h"
+
+namespace meshalloc::handles {
+
+namespace {
+
+// A chunk holds at least this many slots (of 16 KiB objects: 256 KiB chunks), so that the tail a
+// chunk cannot use stays small; and it is at least kMinChunkBytes, so that the bookkeeping at
+// its start is a small share.
+constexpr size_t kMinSlotsPerChunk = 16;
+constexpr size_t kMinChunkBytes = size_t{64} << 10;
+constexpr size_t kSlotAlignment = 64;
+
+size_t alignUp(size_t value, size_t alignment) {
+  return (value + alignment - 1) & ~(alignment - 1);
+}
+
+size_t headerBytes(size_t slots) {
+  return alignUp(sizeof(Chunk) + (slots + 63) / 64 * sizeof(uint64_t) + slots * sizeof(uint32_t),
+                 kSlotAlignment);
+}
+
+}  // namespace
+
+void Store::init() {
+  if (planned_.load(std::memory_order_acquire)) return;
+  size_t pageSize = Arena::pageSize();
+  for (unsigned c = 0; c < kNumSizeClasses; c++) {
+    ClassLayout& l = layouts_[c];
+    l.slotSize = kSizeClassSizes[c];
+    size_t chunkBytes = kMinChunkBytes < pageSize ? pageSize : kMinChunkBytes;
+    while (chunkBytes < kMinSlotsPerChunk * l.slotSize) chunkBytes *= 2;
+    size_t slots = chunkBytes / l.slotSize;
+    while (headerBytes(slots) + slots * l.slotSize > chunkBytes) slots--;
+    l.chunkBytes = chunkBytes;
+    l.slotCount = static_cast<uint32_t>(slots);
+    l.bitmapWords = static_cast<uint32_t>((slots + 63) / 64);
+    l.ownersOffset = static_cast<uint32_t>(sizeof(Chunk) + l.bitmapWords * sizeof(uint64_t));
+    l.firstSlot = static_cast<uint32_t>(headerBytes(slots));
+  }
+  planned_.store(true, std::memory_order_release);
+}
+
+unsigned Store::binFor(const Chunk* chunk) {
+  uint32_t slots = layouts_[chunk->sizeClass].slotCount;
+  if (chunk->liveCount == slots) return kFullBin;
+  return static_cast<unsigned>(uint64_t{chunk->liveCount} * kOccupancyBins / slots);
+}
+
+void Store::link(ClassStore& c, Chunk* chunk, unsigned bin) {
+  chunk->bin = bin;
+  chunk->prev = nullptr;
+  chunk->next = c.bins[bin];
+  if (chunk->next) chunk->next->prev = chunk;
+  c.bins[bin] = chunk;
+  c.freeSlots += layouts_[chunk->sizeClass].slotCount - chunk->liveCount;
+}
+
+void Store::unlink(ClassStore& c, Chunk* chunk) {
+  if (chunk->prev) {
+    chunk->prev->next = chunk->next;
+  } else {
+    c.bins[chunk->bin] = chunk->next;
+  }
+  if (chunk->next) chunk->next->prev = chunk->prev;
+  chunk->prev = chunk->next = nullptr;
+  c.freeSlots -= layouts_[chunk->sizeClass].slotCount - chunk->liveCount;
+}
+
+// After liveCount changed by one: freeSlots is kept by the caller, the list here.
+void Store::rebin(ClassStore& c, Chunk* chunk) {
+  unsigned bin = binFor(chunk);
+  if (bin == chunk->bin) return;
+  if (chunk->prev) {
+    chunk->prev->next = chunk->next;
+  } else {
+    c.bins[chunk->bin] = chunk->next;
+  }
+  if (chunk->next) chunk->next->prev = chunk->prev;
+  chunk->bin = bin;
+  chunk->prev = nullptr;
+  chunk->next = c.bins[bin];
+  if (chunk->next) chunk->next->prev = chunk;
+  c.bins[bin] = chunk;
+}
+
+Chunk* Store::newChunkLocked(ClassStore& c, unsigned sizeClass) {
+  Chunk* chunk = c.spare;
+  if (chunk) {
+    c.spare = nullptr;
+  } else {
+    const ClassLayout& l = layouts_[sizeClass];
+    bool zeroed = false;
+    uintptr_t start = Arena::allocate(l.chunkBytes >> Arena::pageShift(), l.chunkBytes, &zeroed);
+    if (!start) return nullptr;
+    chunk = reinterpret_cast<Chunk*>(start);
+    chunk->sizeClass = sizeClass;
+    // Every slot free; the bits past the last slot stay clear.
+    memset(chunk->freeBits, 0, l.bitmapWords * sizeof(uint64_t));
+    for (uint32_t w = 0; w < l.bitmapWords; w++) {
+      uint32_t bits = l.slotCount - w * 64 >= 64 ? 64 : l.slotCount - w * 64;
+      chunk->freeBits[w] = bits == 64 ? ~uint64_t{0} : (uint64_t{1} << bits) - 1;
+    }
+    chunk->liveCount = 0;
+    chunk->hintWord = 0;
+    c.chunks.fetch_add(1, std::memory_order_relaxed);
+  }
+  link(c, chunk, 0);
+  return chunk;
+}
+
+void Store::releaseChunkLocked(ClassStore& c, Chunk* chunk, bool keepAsSpare) {
+  MESHALLOC_ASSERT(chunk->liveCount == 0);
+  if (keepAsSpare && !c.spare) {
+    chunk->hintWord = 0;
+    c.spare = chunk;
+    return;
+  }
+  const ClassLayout& l = layouts_[chunk->sizeClass];
+  c.chunks.fetch_sub(1, std::memory_order_relaxed);
+  // Not into the dirty cache: the point of emptying a chunk is to give its pages back, and
+  // aligned requests are never served from the cache anyway.
+  Arena::release(reinterpret_cast<uintptr_t>(chunk), l.chunkBytes >> Arena::pageShift(), false);
+}
+
+uintptr_t Store::takeSlot(Chunk* chunk, uint32_t owner) {
+  const ClassLayout& l = layouts_[chunk->sizeClass];
+  for (uint32_t w = chunk->hintWord; w < l.bitmapWords; w++) {
+    uint64_t bits = chunk->freeBits[w];
+    if (!bits) continue;
+    uint32_t slot = w * 64 + static_cast<uint32_t>(__builtin_ctzll(bits));
+    chunk->freeBits[w] = bits & (bits - 1);
+    chunk->hintWord = w;
+    chunk->liveCount++;
+    owners(chunk)[slot] = owner;
+    return slotAddress(chunk, slot);
+  }
+  MESHALLOC_ASSERT(false);
+  return 0;
+}
+
+uintptr_t Store::takeSlotInUsedChunkLocked(unsigned sizeClass, uint32_t owner) {
+  ClassStore& c = classes_[sizeClass];
+  for (unsigned bin = kOccupancyBins; bin-- > 0;) {
+    Chunk* chunk = c.bins[bin];
+    if (!chunk) continue;
+    uintptr_t address = takeSlot(chunk, owner);
+    c.freeSlots--;
+    c.liveSlots.fetch_add(1, std::memory_order_relaxed);
+    rebin(c, chunk);
+    return address;
+  }
+  return 0;
+}
+
+uint64_t Store::allocate(size_t size, uint32_t owner, bool zero) {
+  if (size > kMaxSmallSize) return allocateLarge(size, owner, zero);
+  unsigned sizeClass = SizeClasses::classOf(size);
+  ClassStore& c = classes_[sizeClass];
+  uintptr_t address;
+  {
+    LockGuard guard(c.lock);
+    address = takeSlotInUsedChunkLocked(sizeClass, owner);
+    if (!address) {
+      if (!newChunkLocked(c, sizeClass)) {
+        errno = ENOMEM;
+        return 0;
+      }
+      address = takeSlotInUsedChunkLocked(sizeClass, owner);
+    }
+  }
+  if (zero) memset(reinterpret_cast<void*>(address), 0, layouts_[sizeClass].slotSize);
+  return makeObject(address, sizeClass);
+}
+
+uint64_t Store::allocateLarge(size_t size, uint32_t owner, bool zero) {
+  size_t pageSize = Arena::pageSize();
+  if (size > (size_t{1} << Arena::kAddressBits) - kLargeHeaderBytes - pageSize) {
+    errno = ENOMEM;
+    return 0;
+  }
+  size_t pages = (size + kLargeHeaderBytes + pageSize - 1) >> Arena::pageShift();
+  bool zeroed = false;
+  uintptr_t start = Arena::allocate(pages, 0, &zeroed);
+  if (!start) {
+    errno = ENOMEM;
+    return 0;
+  }
+  LargeHeader* header = reinterpret_cast<LargeHeader*>(start);
+  header->pages = pages;
+  header->owner = owner;
+  size_t usable = (pages << Arena::pageShift()) - kLargeHeaderBytes;
+  if (zero && !zeroed) memset(reinterpret_cast<void*>(start + kLargeHeaderBytes), 0, usable);
+  largeObjects_.fetch_add(1, std::memory_order_relaxed);
+  largeBytes_.fetch_add(pages << Arena::pageShift(), std::memory_order_relaxed);
+  largeLiveBytes_.fetch_add(usable, std::memory_order_relaxed);
+  return makeObject(start + kLargeHeaderBytes, kLargeStoreClass);
+}
+
+void Store::freeSlotLocked(Chunk* chunk, uint32_t slot) {
+  ClassStore& c = classes_[chunk->sizeClass];
+  MESHALLOC_ASSERT(!slotIsFree(chunk, slot));
+  chunk->freeBits[slot / 64] |= uint64_t{1} << (slot % 64);
+  if (slot / 64 < chunk->hintWord) chunk->hintWord = slot / 64;
+  chunk->liveCount--;
+  c.liveSlots.fetch_sub(1, std::memory_order_relaxed);
+  if (chunk->bin == kEvacuating) return;  // its evacuation releases it
+  c.freeSlots++;
+  if (chunk->liveCount == 0) {
+    unlink(c, chunk);
+    releaseChunkLocked(c, chunk, true);
+    return;
+  }
+  rebin(c, chunk);
+}
+
+void Store::free(uint64_t object) {
+  unsigned sizeClass = classOfObject(object);
+  uintptr_t address = addressOf(object);
+  if (sizeClass == kLargeStoreClass) {
+    uintptr_t start = address - kLargeHeaderBytes;
+    size_t pages = reinterpret_cast<LargeHeader*>(start)->pages;
+    largeObjects_.fetch_sub(1, std::memory_order_relaxed);
+    largeBytes_.fetch_sub(pages << Arena::pageShift(), std::memory_order_relaxed);
+    largeLiveBytes_.fetch_sub((pages << Arena::pageShift()) - kLargeHeaderBytes,
+                              std::memory_order_relaxed);
+    Arena::release(start, pages, true);
+    return;
+  }
+  Chunk* chunk = chunkOf(address, sizeClass);
+  LockGuard guard(classes_[sizeClass].lock);
+  freeSlotLocked(chunk, slotOf(chunk, address));
+}
+
+size_t Store::usableSize(uint64_t object) {
+  unsigned sizeClass = classOfObject(object);
+  if (sizeClass != kLargeStoreClass) return layouts_[sizeClass].slotSize;
+  auto* header = reinterpret_cast<const LargeHeader*>(addressOf(object) - kLargeHeaderBytes);
+  return (header->pages << Arena::pageShift()) - kLargeHeaderBytes;
+}
+
+Chunk* Store::takeSourceLocked(unsigned sizeClass, unsigned maxSourceBin) {
+  ClassStore& c = classes_[sizeClass];
+  for (unsigned bin = 0; bin < maxSourceBin && bin < kOccupancyBins; bin++) {
+    // The first chunk of the lowest bin is about the sparsest (within an eighth).
+    for (Chunk* chunk = c.bins[bin]; chunk; chunk = chunk->next) {
+      uint32_t free = layouts_[sizeClass].slotCount - chunk->liveCount;
+      if (c.freeSlots - free < chunk->liveCount) continue;  // its objects would not fit elsewhere
+      unlink(c, chunk);
+      chunk->bin = kEvacuating;
+      return chunk;
+    }
+  }
+  return nullptr;
+}
+
+void Store::endEvacuationLocked(Chunk* chunk) {
+  ClassStore& c = classes_[chunk->sizeClass];
+  MESHALLOC_ASSERT(chunk->bin == kEvacuating);
+  if (chunk->liveCount == 0) {
+    releaseChunkLocked(c, chunk, false);
+    return;
+  }
+  link(c, chunk, binFor(chunk));
+}
+
+size_t Store::releaseSpares() {
+  size_t released = 0;
+  for (unsigned sizeClass = 0; sizeClass < kNumSizeClasses; sizeClass++) {
+    ClassStore& c = classes_[sizeClass];
+    LockGuard guard(c.lock);
+    Chunk* spare = c.spare;
+    if (!spare) continue;
+    c.spare = nullptr;
+    releaseChunkLocked(c, spare, false);
+    released += layouts_[sizeClass].chunkBytes;
+  }
+  return released;
+}
+
+size_t Store::classCommittedBytes(unsigned sizeClass) {
+  return classes_[sizeClass].chunks.load(std::memory_order_relaxed) *
+         layouts_[sizeClass].chunkBytes;
+}
+
+size_t Store::classLiveBytes(unsigned sizeClass) {
+  return classes_[sizeClass].liveSlots.load(std::memory_order_relaxed) *
+         layouts_[sizeClass].slotSize;
+}
+
+size_t Store::committedBytes() {
+  size_t total = largeBytes_.load(std::memory_order_relaxed);
+  for (unsigned c = 0; c < kNumSizeClasses; c++) total += classCommittedBytes(c);
+  return total;
+}
+
+size_t Store::liveBytes() {
+  size_t total = largeLiveBytes_.load(std::memory_order_relaxed);
+  for (unsigned c = 0; c < kNumSizeClasses; c++) total += classLiveBytes(c);
+  return total;
+}
+
+size_t Store::liveObjects() {
+  size_t total = largeObjects_.load(std::memory_order_relaxed);
+  for (const ClassStore& c : classes_) total += c.liveSlots.load(std::memory_order_relaxed);
+  return total;
+}
+
+void Store::lockAll() {
+  for (ClassStore& c : classes_) c.lock.lock();
+}
+
+void Store::unlockAll() {
+  for (unsigned c = kNumSizeClasses; c-- > 0;) classes_[c].lock.unlock();
+}
+
+void Store::resetAfterFork() {
+  for (ClassStore& c : classes_) c.lock.resetAfterFork();
+}
+
+}  // namespace meshalloc::handles

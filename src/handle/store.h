@@ -1,0 +1,146 @@
+// Where handle objects live: pages of the heap's arena, apart from malloc's spans. Objects up
+// to kMaxSmallSize go into chunks of one size class (malloc's classes), each chunk aligned to
+// its size with its bookkeeping at its start: a bitmap of free slots and, per slot, the index
+// of the handle that owns it, which is what lets the defragmenter find the entry to update for
+// every object of a sparse chunk. New objects go into the fullest chunk of their class that has
+// room, so sparse chunks are not refilled and become the defragmenter's sources. Larger objects
+// get a run of pages of their own and are never moved (moving them would give no page back).
+// Every chunk list of a class is guarded by the class's lock.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "handle/table.h"
+#include "heap/size_class.h"
+#include "support/lock.h"
+
+namespace meshalloc::handles {
+
+// The object word's class for objects in page runs of their own.
+constexpr unsigned kLargeStoreClass = kNumSizeClasses;
+
+struct Chunk {
+  Chunk* prev;
+  Chunk* next;
+  uint32_t sizeClass;
+  uint32_t liveCount;
+  uint32_t bin;         // the list it is on (ClassStore::bins_ index, or kEvacuating)
+  uint32_t hintWord;    // the first bitmap word that may have a free slot
+  uint64_t freeBits[];  // then owners[], then the slots (see ClassLayout)
+};
+
+struct ClassLayout {
+  uint32_t slotSize;
+  uint32_t slotCount;
+  uint32_t firstSlot;     // offset of slot 0 from the chunk's start
+  uint32_t ownersOffset;  // offset of the uint32_t owner array
+  uint32_t bitmapWords;
+  size_t chunkBytes;  // also the chunk's alignment
+};
+
+class Store {
+ public:
+  // Occupancy bins of partly used chunks (by eighths), then the full chunks' list.
+  static constexpr unsigned kOccupancyBins = 8;
+  static constexpr unsigned kFullBin = kOccupancyBins;
+  static constexpr unsigned kBinLists = kOccupancyBins + 1;
+  static constexpr uint32_t kEvacuating = kBinLists;  // a defragmenter's source, on no list
+
+  // Plans the chunk layouts (after SizeClasses::init). Idempotent.
+  static void init();
+  static const ClassLayout& layout(unsigned sizeClass) { return layouts_[sizeClass]; }
+
+  // Storage for `size` bytes owned by handle index `owner`, zeroed if `zero`: the object word,
+  // or 0 if memory is exhausted.
+  static uint64_t allocate(size_t size, uint32_t owner, bool zero);
+  static void free(uint64_t object);
+  static size_t usableSize(uint64_t object);
+
+  // The chunk holding a small object's address, its slot, and the reverse.
+  static Chunk* chunkOf(uintptr_t address, unsigned sizeClass) {
+    return reinterpret_cast<Chunk*>(address & ~(layouts_[sizeClass].chunkBytes - 1));
+  }
+  static uint32_t slotOf(const Chunk* chunk, uintptr_t address) {
+    const ClassLayout& l = layouts_[chunk->sizeClass];
+    return static_cast<uint32_t>((address - reinterpret_cast<uintptr_t>(chunk) - l.firstSlot) /
+                                 l.slotSize);
+  }
+  static uintptr_t slotAddress(const Chunk* chunk, uint32_t slot) {
+    const ClassLayout& l = layouts_[chunk->sizeClass];
+    return reinterpret_cast<uintptr_t>(chunk) + l.firstSlot + size_t{slot} * l.slotSize;
+  }
+  static uint32_t* owners(Chunk* chunk) {
+    return reinterpret_cast<uint32_t*>(reinterpret_cast<char*>(chunk) +
+                                       layouts_[chunk->sizeClass].ownersOffset);
+  }
+  static bool slotIsFree(const Chunk* chunk, uint32_t slot) {
+    return (chunk->freeBits[slot / 64] >> (slot % 64)) & 1;
+  }
+
+  // --- For the defragmenter, with the class's lock held ---
+  static Mutex& classLock(unsigned sizeClass) { return classes_[sizeClass].lock; }
+  // Takes a free slot in the fullest chunk with room other than evacuating ones, for `owner`;
+  // 0 if no chunk has room (a move never makes a new chunk).
+  static uintptr_t takeSlotInUsedChunkLocked(unsigned sizeClass, uint32_t owner);
+  // Frees a slot; an emptied chunk is released unless it is being evacuated.
+  static void freeSlotLocked(Chunk* chunk, uint32_t slot);
+  // The sparsest chunk whose live objects fit in the free slots of the class's other chunks,
+  // taken off its list for evacuation; nullptr if none. Only chunks in bins below
+  // `maxSourceBin` qualify.
+  static Chunk* takeSourceLocked(unsigned sizeClass, unsigned maxSourceBin);
+  // Ends an evacuation: an empty source is released to the OS at once, anything else goes back
+  // on its list.
+  static void endEvacuationLocked(Chunk* chunk);
+  // Returns every class's spare chunk to the OS; the bytes released.
+  static size_t releaseSpares();
+
+  // --- Measurement ---
+  // Bytes the store holds in the arena (chunks, including their bookkeeping, and large runs).
+  static size_t committedBytes();
+  // Bytes of live objects (slot sizes, or the usable part of large runs).
+  static size_t liveBytes();
+  static size_t liveObjects();
+  static size_t classLiveBytes(unsigned sizeClass);
+  static size_t classCommittedBytes(unsigned sizeClass);
+
+  // --- Fork ---
+  static void lockAll();
+  static void unlockAll();
+  static void resetAfterFork();
+
+ private:
+  struct alignas(64) ClassStore {
+    Mutex lock;
+    Chunk* bins[kBinLists];
+    Chunk* spare;  // one empty chunk kept, so that a count going 0 -> 1 -> 0 makes no syscalls
+    std::atomic<size_t> chunks;
+    std::atomic<size_t> liveSlots;
+    size_t freeSlots;  // in chunks on the lists (not evacuating, not the spare)
+  };
+  struct LargeHeader {
+    size_t pages;
+    uint32_t owner;
+  };
+  // The user's bytes start this far into a large run (a cache line: the header's own).
+  static constexpr size_t kLargeHeaderBytes = 64;
+
+  static unsigned binFor(const Chunk* chunk);
+  static void link(ClassStore& c, Chunk* chunk, unsigned bin);
+  static void unlink(ClassStore& c, Chunk* chunk);
+  static void rebin(ClassStore& c, Chunk* chunk);
+  static Chunk* newChunkLocked(ClassStore& c, unsigned sizeClass);
+  static void releaseChunkLocked(ClassStore& c, Chunk* chunk, bool keepAsSpare);
+  static uintptr_t takeSlot(Chunk* chunk, uint32_t owner);
+  static uint64_t allocateLarge(size_t size, uint32_t owner, bool zero);
+
+  static inline ClassLayout layouts_[kNumSizeClasses];
+  static inline ClassStore classes_[kNumSizeClasses];
+  static inline std::atomic<bool> planned_{false};
+  static inline std::atomic<size_t> largeObjects_{0};
+  static inline std::atomic<size_t> largeBytes_{0};      // pages held
+  static inline std::atomic<size_t> largeLiveBytes_{0};  // usable bytes
+};
+
+}  // namespace meshalloc::handles

@@ -1,0 +1,97 @@
+// The handle table: one 16-byte entry per handle in a region reserved once at a fixed address
+// and never moved, so a handle reaches its entry by indexing alone, without a lock. An entry
+// holds an atomic state word (pin count, the moving bit, the live bit, the generation) and an
+// atomic object word (the object's address and size class). Pinning is one atomic add on the
+// state word; the defragmenter and mh_realloc take an entry exclusively by setting the moving
+// bit when no pin is held (docs/handles.md, "Pinning and moving").
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+namespace meshalloc::handles {
+
+// A handle: bit 63 set (user-space pointers never have it on x86-64 and AArch64 Linux, so a
+// handle cannot be taken for a pointer, nor MH_NULL for a handle), the generation in bits
+// 32..62 (the same bits as in the entry's state word), the table index in bits 0..31.
+constexpr uint64_t kHandleTag = uint64_t{1} << 63;
+constexpr unsigned kGenerationShift = 32;
+constexpr uint64_t kGenerationMask = ((uint64_t{1} << 31) - 1) << kGenerationShift;
+constexpr uint64_t kIndexMask = (uint64_t{1} << 32) - 1;
+
+// The state word: the pin count in bits 0..23, then the flags, the generation in bits 32..62.
+constexpr uint64_t kPinMask = (uint64_t{1} << 24) - 1;
+constexpr uint64_t kMovingBit = uint64_t{1} << 24;
+constexpr uint64_t kLiveBit = uint64_t{1} << 25;
+
+// The object word: the address in bits 0..55, the store's size class in bits 56..63.
+constexpr unsigned kObjectClassShift = 56;
+constexpr uint64_t kObjectAddressMask = (uint64_t{1} << kObjectClassShift) - 1;
+
+struct alignas(16) Entry {
+  std::atomic<uint64_t> state;
+  // A free entry keeps the index of the next free entry here.
+  std::atomic<uint64_t> object;
+};
+
+inline uint32_t indexOf(uint64_t handle) {
+  return static_cast<uint32_t>(handle & kIndexMask);
+}
+inline uint64_t makeHandle(uint32_t index, uint64_t state) {
+  return kHandleTag | (state & kGenerationMask) | index;
+}
+inline uintptr_t addressOf(uint64_t object) {
+  return static_cast<uintptr_t>(object & kObjectAddressMask);
+}
+inline unsigned classOfObject(uint64_t object) {
+  return static_cast<unsigned>(object >> kObjectClassShift);
+}
+inline uint64_t makeObject(uintptr_t address, unsigned storeClass) {
+  return static_cast<uint64_t>(address) | (static_cast<uint64_t>(storeClass) << kObjectClassShift);
+}
+
+class Table {
+ public:
+  // Handles that can be live at once: 2^28 entries reserve 4 GiB of address space, of which
+  // only the pages of entries ever used are touched.
+  static constexpr uint32_t kCapacity = uint32_t{1} << 28;
+
+  // Reserves the region; false if the address space cannot be had. Idempotent, thread-safe.
+  static bool init();
+  // A free entry, given a fresh generation but not yet live, and its handle; 0 when the table
+  // is full or cannot be reserved. The caller sets the object word, then the live bit.
+  static uint64_t acquire();
+  // Puts back an entry that is not live (freed, or never published).
+  static void release(uint32_t index);
+
+  // The entry of `handle`, or nullptr if it does not name an entry ever handed out (no tag, or
+  // an index past the high-water mark). Its generation is not checked here.
+  static Entry* find(uint64_t handle) {
+    uint32_t index = indexOf(handle);
+    if (__builtin_expect(
+            !(handle & kHandleTag) || index >= highWater_.load(std::memory_order_acquire), 0))
+      return nullptr;
+    return &entries_[index];
+  }
+  static Entry& at(uint32_t index) { return entries_[index]; }
+  // Entries ever handed out: live ones, free ones, never more than kCapacity.
+  static uint32_t highWater() { return highWater_.load(std::memory_order_acquire); }
+  static size_t touchedBytes() { return size_t{highWater()} * sizeof(Entry); }
+
+  // True if the state word of `entry` names the live object of `handle`.
+  static bool matches(uint64_t state, uint64_t handle) {
+    return (state & kLiveBit) && !((state ^ handle) & kGenerationMask);
+  }
+
+ private:
+  static constexpr uint64_t kNoEntry = kIndexMask;  // end of the free list
+  static inline Entry* entries_ = nullptr;
+  static inline std::atomic<uint32_t> highWater_{0};
+  // The free list: an index in the low 32 bits, a change count in the high ones (a pop that
+  // read a head since popped and pushed again fails its compare-and-swap).
+  static inline std::atomic<uint64_t> freeHead_{kNoEntry};
+  static inline std::atomic<bool> initialized_{false};
+};
+
+}  // namespace meshalloc::handles

@@ -1,0 +1,365 @@
+// The heap against the limits a user's machine imposes, with meshing on:
+//
+//   --address-space MIB  `ulimit -v`: RLIMIT_AS is set to the process's size plus MIB. Blocks of
+//                        every kind (small classes, large, dedicated segments) are allocated
+//                        until a whole round of them fails. Every failure must be NULL with
+//                        ENOMEM, never an abort; every block keeps its contents through meshing;
+//                        memory freed under the limit is reused under it; once everything is
+//                        freed the accounting is back where it started, and with the limit
+//                        lifted the heap grows again.
+//   --max-map-count N    vm.max_map_count lowered to N (root only; restored afterwards, even if
+//                        the workload dies). A heap of sparse spans is meshed again and again:
+//                        the mesher must stay under the limit (every mesh adds mappings), lose
+//                        no write, and the program's own mmap calls must keep working.
+//
+// Linked with libmeshalloc. Exit status 0 when every check holds, 1 with a message otherwise,
+// 77 (skipped) when the machine does not let the limit be set.
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdint>
+
+#include "meshalloc.h"
+
+namespace {
+
+constexpr int kSkipped = 77;
+constexpr size_t kMiB = size_t{1} << 20;
+
+[[noreturn]] void failWith(const char* what, const void* block = nullptr) {
+  fprintf(stderr, "limits: %s", what);
+  if (block) fprintf(stderr, " (block %p)", block);
+  fprintf(stderr, "\n");
+  exit(1);
+}
+
+uint64_t statValue(const char* name) {
+  uint64_t epoch = 1;
+  meshalloc_mallctl("epoch", nullptr, nullptr, &epoch, sizeof(epoch));
+  size_t value = 0;
+  size_t length = sizeof(value);
+  if (meshalloc_mallctl(name, &value, &length, nullptr, 0) != 0) failWith(name);
+  return value;
+}
+
+struct Block {
+  unsigned char* address;
+  size_t size;
+  unsigned char pattern;
+};
+
+// The block table lives outside the heap under test, so that it cannot be what fails.
+struct Blocks {
+  Block* items = nullptr;
+  size_t count = 0;
+  size_t capacity = 0;
+
+  explicit Blocks(size_t entries) : capacity(entries) {
+    void* memory = mmap(nullptr, entries * sizeof(Block), PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (memory == MAP_FAILED) failWith("cannot map the block table");
+    items = static_cast<Block*>(memory);
+  }
+};
+
+// Small blocks are filled whole; large ones at both ends of every 64 KiB, so that the address
+// space runs out long before the machine's memory does.
+constexpr size_t kFillWholeBelow = 16384;
+constexpr size_t kLargeStride = 65536;
+
+void fill(const Block& b) {
+  if (b.size < kFillWholeBelow) {
+    memset(b.address, b.pattern, b.size);
+    return;
+  }
+  for (size_t at = 0; at < b.size; at += kLargeStride) b.address[at] = b.pattern;
+  b.address[b.size - 1] = b.pattern;
+}
+
+void check(const Block& b, const char* when) {
+  bool ok = true;
+  if (b.size < kFillWholeBelow) {
+    for (size_t i = 0; i < b.size && ok; i++) ok = b.address[i] == b.pattern;
+  } else {
+    for (size_t at = 0; at < b.size && ok; at += kLargeStride) ok = b.address[at] == b.pattern;
+    ok = ok && b.address[b.size - 1] == b.pattern;
+  }
+  if (!ok) {
+    char message[128];
+    snprintf(message, sizeof message, "lost write: a block of %zu bytes changed %s", b.size, when);
+    failWith(message, b.address);
+  }
+}
+
+void checkAll(const Blocks& blocks, const char* when) {
+  for (size_t i = 0; i < blocks.count; i++) check(blocks.items[i], when);
+}
+
+// One size of each kind: small classes (several spans per class), a large object, and one
+// big enough for a dedicated segment.
+constexpr size_t kSizes[] = {24, 200, 1500, 12000, 300000, 5 * kMiB, 40 * kMiB};
+constexpr size_t kKinds = sizeof(kSizes) / sizeof(kSizes[0]);
+
+// Allocates rounds of every size until a whole round fails; returns the blocks allocated.
+// Every failure must be a NULL with ENOMEM.
+size_t allocateUntilFull(Blocks& blocks, uint64_t* failures) {
+  size_t allocated = 0;
+  for (unsigned round = 0;; round++) {
+    size_t failedThisRound = 0;
+    for (size_t kind = 0; kind < kKinds; kind++) {
+      // Small blocks many times per round: they exhaust a span long before a large block
+      // exhausts the address space.
+      size_t repeat = kSizes[kind] < kFillWholeBelow ? 64 : 1;
+      for (size_t r = 0; r < repeat; r++) {
+        if (blocks.count == blocks.capacity) failWith("the block table is full: no limit hit");
+        errno = 0;
+        void* p = malloc(kSizes[kind]);
+        if (!p) {
+          if (errno != ENOMEM) failWith("malloc returned NULL without ENOMEM");
+          (*failures)++;
+          failedThisRound++;
+          break;
+        }
+        Block b = {static_cast<unsigned char*>(p), kSizes[kind],
+                   static_cast<unsigned char>(blocks.count * 131 + 7)};
+        fill(b);
+        blocks.items[blocks.count++] = b;
+        allocated++;
+      }
+    }
+    if (failedThisRound == kKinds) return allocated;
+  }
+}
+
+// Frees every other block (by position), keeping the rest compact in the table.
+size_t freeEveryOther(Blocks& blocks) {
+  size_t kept = 0;
+  size_t freed = 0;
+  for (size_t i = 0; i < blocks.count; i++) {
+    if (i % 2 == 0) {
+      check(blocks.items[i], "before its free");
+      free(blocks.items[i].address);
+      freed++;
+    } else {
+      blocks.items[kept++] = blocks.items[i];
+    }
+  }
+  blocks.count = kept;
+  return freed;
+}
+
+void freeAll(Blocks& blocks) {
+  for (size_t i = 0; i < blocks.count; i++) {
+    check(blocks.items[i], "before its free");
+    free(blocks.items[i].address);
+  }
+  blocks.count = 0;
+}
+
+size_t processBytes() {
+  FILE* f = fopen("/proc/self/statm", "r");
+  if (!f) failWith("cannot read /proc/self/statm");
+  unsigned long pages = 0;
+  int read = fscanf(f, "%lu", &pages);
+  fclose(f);
+  if (read != 1) failWith("cannot parse /proc/self/statm");
+  return pages * static_cast<size_t>(sysconf(_SC_PAGESIZE));
+}
+
+int addressSpace(size_t headroomMiB) {
+  Blocks blocks(1 << 20);
+  uint64_t allocatedBefore = statValue("stats.allocated");
+  uint64_t largeBefore = statValue("stats.large.allocated");
+  struct rlimit previous;
+  getrlimit(RLIMIT_AS, &previous);
+  struct rlimit limited = previous;
+  limited.rlim_cur = processBytes() + headroomMiB * kMiB;
+  if (previous.rlim_cur != RLIM_INFINITY && previous.rlim_cur < limited.rlim_cur) {
+    printf("limits: RLIMIT_AS is already below the test's limit; skipped\n");
+    return kSkipped;
+  }
+  if (setrlimit(RLIMIT_AS, &limited) != 0) failWith("setrlimit(RLIMIT_AS)");
+
+  uint64_t failures = 0;
+  size_t first = allocateUntilFull(blocks, &failures);
+  checkAll(blocks, "after the heap filled the address space");
+  meshalloc_compact();
+  checkAll(blocks, "after meshing at the limit");
+
+  // Freed memory is reused under the same limit.
+  size_t freed = freeEveryOther(blocks);
+  meshalloc_compact();
+  checkAll(blocks, "after the frees and a mesh");
+  size_t second = allocateUntilFull(blocks, &failures);
+  if (second < freed / 4) {
+    char message[160];
+    snprintf(message, sizeof message,
+             "freed memory is not reused under the limit: %zu blocks freed, %zu allocated again",
+             freed, second);
+    failWith(message);
+  }
+  checkAll(blocks, "after the second fill");
+  freeAll(blocks);
+  meshalloc_compact();
+  uint64_t allocatedAfter = statValue("stats.allocated");
+  uint64_t largeAfter = statValue("stats.large.allocated");
+  if (allocatedAfter != allocatedBefore || largeAfter != largeBefore) {
+    fprintf(stderr, "limits: stats.allocated %llu -> %llu, stats.large.allocated %llu -> %llu\n",
+            static_cast<unsigned long long>(allocatedBefore),
+            static_cast<unsigned long long>(allocatedAfter),
+            static_cast<unsigned long long>(largeBefore),
+            static_cast<unsigned long long>(largeAfter));
+    failWith("accounting leak after everything under the limit was freed");
+  }
+
+  // The limit lifted: the heap grows past where it stopped.
+  if (setrlimit(RLIMIT_AS, &previous) != 0) failWith("setrlimit(RLIMIT_AS) back");
+  size_t beyond = (headroomMiB + 64) * kMiB;
+  void* big = malloc(beyond);
+  if (!big) failWith("the heap does not grow again once the limit is lifted");
+  Block b = {static_cast<unsigned char*>(big), beyond, 0x5a};
+  fill(b);
+  check(b, "after the limit was lifted");
+  free(big);
+  printf(
+      "limits: address space +%zu MiB: %zu blocks, then %zu freed and %zu allocated again; "
+      "%llu NULLs, all with ENOMEM\n",
+      headroomMiB, first, freed, second, static_cast<unsigned long long>(failures));
+  return 0;
+}
+
+// --- vm.max_map_count ---
+
+constexpr char kMaxMapCountPath[] = "/proc/sys/vm/max_map_count";
+
+long readMaxMapCount() {
+  FILE* f = fopen(kMaxMapCountPath, "r");
+  if (!f) return -1;
+  long value = -1;
+  if (fscanf(f, "%ld", &value) != 1) value = -1;
+  fclose(f);
+  return value;
+}
+
+bool writeMaxMapCount(long value) {
+  int fd = open(kMaxMapCountPath, O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  char text[32];
+  int length = snprintf(text, sizeof text, "%ld\n", value);
+  bool ok = write(fd, text, static_cast<size_t>(length)) == length;
+  close(fd);
+  return ok;
+}
+
+long processMappings() {
+  FILE* f = fopen("/proc/self/maps", "r");
+  if (!f) failWith("cannot read /proc/self/maps");
+  long lines = 0;
+  int c;
+  while ((c = fgetc(f)) != EOF) lines += c == '\n';
+  fclose(f);
+  return lines;
+}
+
+// In the child, under the lowered limit: rounds of sparse spans meshed, with every survivor
+// checked after each pass.
+int sparseHeapUnderMapLimit(long limit) {
+  constexpr size_t kObjects = 200000;
+  constexpr size_t kSize = 256;
+  Blocks blocks(kObjects);
+  uint64_t seed = 88172645463325252ull;
+  auto next = [&] {
+    seed ^= seed << 13;
+    seed ^= seed >> 7;
+    seed ^= seed << 17;
+    return seed;
+  };
+  long peakMappings = 0;
+  for (unsigned round = 0; round < 6; round++) {
+    while (blocks.count < kObjects) {
+      void* p = malloc(kSize);
+      if (!p) failWith("malloc failed under the mapping limit");
+      Block b = {static_cast<unsigned char*>(p), kSize, static_cast<unsigned char>(next())};
+      fill(b);
+      blocks.items[blocks.count++] = b;
+    }
+    // Three quarters freed at random: sparse spans whose meshing needs many mappings.
+    size_t kept = 0;
+    for (size_t i = 0; i < blocks.count; i++) {
+      if (next() % 4 != 0) {
+        check(blocks.items[i], "before its free");
+        free(blocks.items[i].address);
+      } else {
+        blocks.items[kept++] = blocks.items[i];
+      }
+    }
+    blocks.count = kept;
+    meshalloc_compact();
+    checkAll(blocks, "after meshing under the mapping limit");
+    long mappings = processMappings();
+    if (mappings > peakMappings) peakMappings = mappings;
+    // The program's own mappings still work.
+    void* own = mmap(nullptr, 1 << 16, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (own == MAP_FAILED) failWith("the program's own mmap fails: the mesher used up the limit");
+    munmap(own, 1 << 16);
+  }
+  uint64_t meshes = statValue("mesh.count");
+  if (meshes == 0) failWith("nothing was meshed: the test did not exercise the mesher");
+  freeAll(blocks);
+  printf("limits: vm.max_map_count %ld: %llu meshes, at most %ld mappings\n", limit,
+         static_cast<unsigned long long>(meshes), peakMappings);
+  return 0;
+}
+
+int maxMapCount(long limit) {
+  long previous = readMaxMapCount();
+  if (previous < 0 || !writeMaxMapCount(previous)) {
+    printf("limits: %s cannot be written here (not root?); skipped\n", kMaxMapCountPath);
+    return kSkipped;
+  }
+  if (limit <= processMappings() + 64) failWith("--max-map-count is below what the process uses");
+  // Lowered before the fork so that the child's every mesh pass sees it; the parent does
+  // nothing but wait before restoring it, whatever the child does.
+  if (!writeMaxMapCount(limit)) failWith("could not lower vm.max_map_count");
+  fflush(nullptr);
+  pid_t child = fork();
+  if (child == 0) {
+    int status = sparseHeapUnderMapLimit(limit);
+    fflush(nullptr);
+    _exit(status);
+  }
+  if (child < 0) {
+    writeMaxMapCount(previous);
+    failWith("fork");
+  }
+  int status = 0;
+  while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (!writeMaxMapCount(previous))
+    fprintf(stderr, "limits: could not restore vm.max_map_count to %ld\n", previous);
+  if (WIFSIGNALED(status)) {
+    fprintf(stderr, "limits: the workload died of signal %d\n", WTERMSIG(status));
+    return 1;
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc == 3 && !strcmp(argv[1], "--address-space")) {
+    return addressSpace(strtoul(argv[2], nullptr, 10));
+  }
+  if (argc == 3 && !strcmp(argv[1], "--max-map-count")) {
+    return maxMapCount(strtol(argv[2], nullptr, 10));
+  }
+  fprintf(stderr, "usage: %s --address-space MIB | --max-map-count N\n", argv[0]);
+  return 2;
+}
