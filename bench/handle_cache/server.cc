@@ -23,6 +23,7 @@
 
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
@@ -39,6 +40,11 @@ constexpr size_t kReadChunk = 64 * 1024;
 constexpr int kMaxEvents = 64;
 constexpr uint64_t kMsPerSecond = 1000;
 constexpr const char* kVersion = "1";
+// meshalloc's handle statistics INFO shows with --storage handles, as handles_<name>.
+constexpr const char* kHandleStatistics[] = {
+    "live",   "live_bytes",  "committed", "table_bytes", "fragmentation_permille",
+    "moved",  "moved_bytes", "passes",    "released",    "cpu_ns",
+    "pauses", "pause_max_ns"};
 
 uint64_t wallMs() {
   timespec now;
@@ -408,7 +414,16 @@ class Server {
         static_cast<unsigned long long>(store_.stats().hits),
         static_cast<unsigned long long>(store_.stats().misses), seconds(self.ru_stime),
         seconds(self.ru_utime), seconds(thread.ru_stime), seconds(thread.ru_utime), store_.size());
-    return std::string(text, static_cast<size_t>(length));
+    std::string result(text, static_cast<size_t>(length));
+    if constexpr (std::is_same_v<Storage, HandleStorage>) {
+      // What meshalloc's defragmenter did to the entries (its "handles.*" statistics).
+      result += "\r\n# Handles\r\n";
+      for (const char* name : kHandleStatistics) {
+        result += std::string("handles_") + name + ":" +
+                  std::to_string(HandleStorage::statistic(name)) + "\r\n";
+      }
+    }
+    return result;
   }
 
   Options options_;

@@ -14,7 +14,9 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
+#include "meshalloc.h"
 #include "meshalloc_handle.h"
 
 #pragma weak mh_alloc
@@ -23,6 +25,7 @@
 #pragma weak mh_pin
 #pragma weak mh_unpin
 #pragma weak mh_compact
+#pragma weak meshalloc_mallctl
 
 namespace handle_cache {
 
@@ -52,6 +55,17 @@ struct HandleStorage {
   static void* pin(Ref ref) { return mh_pin(ref); }
   static void unpin(Ref ref) { mh_unpin(ref); }
   static size_t compact(uint64_t budget_ns) { return mh_compact(budget_ns); }
+  // meshalloc's "handles.<name>" statistic (moved, cpu_ns, ...); 0 when it has none.
+  static uint64_t statistic(const char* name) {
+    char full[64] = "handles.";
+    strncat(full, name, sizeof full - strlen(full) - 1);
+    uint64_t value = 0;
+    size_t length = sizeof value;
+    if (meshalloc_mallctl == nullptr || meshalloc_mallctl(full, &value, &length, nullptr, 0) != 0) {
+      return 0;
+    }
+    return value;
+  }
 };
 
 // The object behind `ref`, pinned for this scope (a no-op for malloc pointers).

@@ -256,6 +256,13 @@ def test_smoke_outcome_tables_and_figure(smoke):
                       ((out / row["samples_tsv"]).parent / "timed-client.txt").read_text().split() if "=" in word)
         assert report["reads"] == str(handles.READS["smoke"]) and int(report["hits"]) > 0
     assert "GETs s" in outcome["table_md"]
+    # The handle cache's INFO carries meshalloc's handle statistics: its entries are handles.
+    for row in runs:
+        info = redis_support.parse_info(((out / row["samples_tsv"]).parent / "info.txt").read_text())
+        if row["config"] == handles.CACHE_HANDLES:
+            assert int(info["handles_live"]) == int(row["keys"]) and int(info["handles_committed"]) > 0
+        else:
+            assert "handles_live" not in info
     _, ops = read_tsv(out / "ops.tsv")
     assert {(row["allocator"], row["operation"]) for row in ops} >= {("meshalloc", "malloc_free"),
                                                                         ("glibc", "malloc_free")}

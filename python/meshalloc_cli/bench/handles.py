@@ -86,12 +86,21 @@ RATIO_SLACK = redis_lru.RATIO_SLACK
 # The cache inserts faster than Redis, and a whole-run mean rewards a slow insertion (the cache
 # fills later), so the mean after the insertion is in the main table beside it.
 _COLUMNS = {column[0]: column for column in redis_lru.MAIN_COLUMNS + redis_lru.DETAIL_COLUMNS}
-_COLUMNS.update({"reads_s": ("reads_s", "GETs s", 1, 3), "reads_ratio": ("reads_ratio", "GETs ×", None, 2)})
+_COLUMNS.update({"reads_s": ("reads_s", "GETs s", 1, 3), "reads_ratio": ("reads_ratio", "GETs ×", None, 2),
+                 "handles_cpu_s": ("handles_cpu_s", "moving s", 1, 3),
+                 "handles_moved": ("handles_moved", "moved MiB", MIB, 1),
+                 "handles_passes": ("handles_passes", "moving passes", 1, 0),
+                 "handles_pause_max_ms": ("handles_pause_max_ms", "longest wait for a move ms", 1, 3)})
 MAIN_COLUMNS = [_COLUMNS[key] for key in ("mean_pss", "mean_ratio", "mean_pss_after_insertion", "after_ratio",
                                           "peak_pss", "insertion_s", "insertion_ratio", "reads_s", "reads_ratio",
-                                          "mesh_cpu_s", "defrag_s")]
+                                          "mesh_cpu_s", "defrag_s", "handles_cpu_s")]
 DETAIL_COLUMNS = [_COLUMNS[key] for key in ("final_pss", "insertion_cpu_s", "insertion_cpu_ratio", "server_cpu_s",
-                                            "sampled_insertion_s", "peak_maps", "evicted_keys")]
+                                            "sampled_insertion_s", "peak_maps", "evicted_keys", "handles_moved",
+                                            "handles_passes", "handles_pause_max_ms")]
+# The handle cache's INFO fields (meshalloc's handles.* statistics at the end of the hold):
+# column -> (field, divisor).
+HANDLE_INFO = {"handles_cpu_s": ("handles_cpu_ns", 1e9), "handles_moved": ("handles_moved_bytes", 1),
+               "handles_passes": ("handles_passes", 1), "handles_pause_max_ms": ("handles_pause_max_ns", 1e6)}
 
 
 def wanted_configs(context: Context) -> Tuple[str, ...]:
@@ -259,6 +268,14 @@ def apply_reads(table: redis_lru.Table, reads: redis_lru.Rounds) -> None:
         row["reads_ratio"] = Stat.of(redis_lru.round_ratios(reads, name, BASELINE))
 
 
+def apply_handle_stats(table: redis_lru.Table, runs: Sequence[Run]) -> None:
+    """The defragmenter's work in each handle-cache run (INFO's handles_* fields), per configuration."""
+    for name, row in table.items():
+        good = [run for run in runs if run.config.name == name and run.ok and "handles_moved" in run.info]
+        for column, (field, divisor) in HANDLE_INFO.items():
+            row[column] = Stat.of([float(run.info[field]) / divisor for run in good if field in run.info])
+
+
 def paired_claim_text(rounds: redis_lru.Rounds, name: str, baseline: str) -> Tuple[Optional[Stat], str]:
     """name's per-round ratios to baseline, and their text."""
     paired = redis_lru.round_ratios(rounds, name, baseline)
@@ -380,6 +397,7 @@ class Handles(ExperimentBase):
         table = redis_lru.stats_by_config(runs, configs, rounds, cpu_rounds, BASELINE)
         reads = redis_lru.insertion_rounds(runs, insertions, key="reads_s")
         apply_reads(table, reads)
+        apply_handle_stats(table, runs)
 
         allocators, ops_skipped = ops_allocators(meshalloc)
         notes += ops_skipped
