@@ -1,21 +1,25 @@
-// The cache's key space: a chained hash table of entries, Redis's approximated LRU eviction
-// and Redis's memory accounting (docs/handles-bench.md).
+// The cache's key space: a chained hash table, Redis's approximated LRU eviction and Redis's
+// memory accounting (docs/handles-bench.md).
 //
-// One entry is one object of the storage backend: a header, the key and the value. Chains
-// link entries by Ref, so with handles every entry can be moved while it is not pinned; the
-// bucket array itself is one plain malloc block (the defragmenter has nothing to gain from
-// moving one large array).
+// A key has two objects: an index node (chain link, hash, LRU clock, the reference to its
+// payload) in plain malloc memory, and its payload (the key's and value's bytes) in the
+// storage, malloc or handles. Walking a chain, sampling for eviction and unlinking read only
+// nodes, so with handles only the payload of a hash match is pinned (once per GET hit, once
+// per SET to fill it), and the payloads -- 90 % of the bytes here -- are what the
+// defragmenter moves. The nodes stay put, like Redis's dictEntry, as an index of raw pointers
+// would in any handle-based program; under meshalloc, meshing compacts them.
 //
-// Eviction is Redis's allkeys-lru, not an exact LRU list: every entry carries a clock of
+// Eviction is Redis's allkeys-lru, not an exact LRU list: every node carries a clock of
 // one-second resolution, and each eviction samples a few keys from consecutive buckets into a
 // pool of the 16 idlest seen so far and evicts the idlest of the pool. The experiment compares
 // this cache with Redis on Redis's workload, and which keys survive decides the fragmentation
 // (an exact list evicts in insertion order, which frees whole spans and leaves nothing to
-// compact); it also needs no per-entry list links.
+// compact); it also needs no list links.
 //
-// Memory accounting follows Redis's used_memory: the usable size (malloc_usable_size or
-// mh_usable_size) of every entry plus the bucket array, so that every configuration evicts at
-// the same logical size whatever its allocator rounds sizes to.
+// Memory accounting follows Redis's used_memory: the usable sizes (malloc_usable_size, or
+// mh_usable_size for payloads with handles) of every node and payload plus the bucket array,
+// so that every configuration evicts at the same logical size whatever its allocator rounds
+// sizes to.
 #ifndef HANDLE_CACHE_STORE_H
 #define HANDLE_CACHE_STORE_H
 
@@ -35,16 +39,22 @@ inline constexpr uint32_t kLruClockMax = (1u << 24) - 1;
 inline constexpr size_t kEvictionPoolSize = 16;  // Redis's EVPOOL_SIZE
 inline constexpr size_t kInitialBuckets = 1024;
 
-struct Entry {
-  Ref next;  // the next entry of the bucket's chain
-  uint32_t hash;
-  uint32_t lru;  // the LRU clock when the entry was last written or read
+// A key's bytes, in the storage.
+struct Payload {
   uint32_t keyLength;
   uint32_t valueLength;
   char bytes[];  // key, then value
 
   std::string_view key() const { return {bytes, keyLength}; }
   std::string_view value() const { return {bytes + keyLength, valueLength}; }
+};
+
+// A key's place in the index, in malloc memory.
+struct Node {
+  Node* next;  // the next node of the bucket's chain
+  uint32_t hash;
+  uint32_t lru;  // the LRU clock when the key was last written or read
+  Ref payload;
 };
 
 struct StoreStats {
@@ -74,7 +84,7 @@ inline uint32_t hashKey(std::string_view key) {
 
 template <typename Storage>
 class Store {
-  using View = Pinned<Storage, Entry>;
+  using View = Pinned<Storage, Payload>;
 
  public:
   explicit Store(uint64_t seed) : random_(seed) { resize(kInitialBuckets); }
@@ -89,43 +99,44 @@ class Store {
 
   // Appends the value of `key` to `out`; false when there is none.
   bool get(std::string_view key, std::string& out) {
-    Ref ref = find(key, nullptr, [&](Entry* entry) {
-      entry->lru = clock_;
-      out.append(entry->value());
+    Node** link = find(key, [&](Node* node, const Payload* payload) {
+      node->lru = clock_;
+      out.append(payload->value());
     });
-    (ref != 0 ? stats_.hits : stats_.misses)++;
-    return ref != 0;
+    (link != nullptr ? stats_.hits : stats_.misses)++;
+    return link != nullptr;
   }
 
   // Stores key = value, replacing any earlier value. False when the allocator has no memory.
   bool set(std::string_view key, std::string_view value) {
     erase(key);
-    size_t bytes = sizeof(Entry) + key.size() + value.size();
-    Ref ref = Storage::allocate(bytes);
-    if (ref == 0) return false;
-    uint32_t hash = hashKey(key);
-    Ref& bucket = table_[hash & mask_];
-    {
-      View entry(ref);
-      entry->next = bucket;
-      entry->hash = hash;
-      entry->lru = clock_;
-      entry->keyLength = static_cast<uint32_t>(key.size());
-      entry->valueLength = static_cast<uint32_t>(value.size());
-      memcpy(entry->bytes, key.data(), key.size());
-      memcpy(entry->bytes + key.size(), value.data(), value.size());
+    Ref payload = Storage::allocate(sizeof(Payload) + key.size() + value.size());
+    if (payload == 0) return false;
+    Node* node = static_cast<Node*>(malloc(sizeof(Node)));
+    if (node == nullptr) {
+      Storage::release(payload);
+      return false;
     }
-    bucket = ref;
-    entryBytes_ += Storage::usable(ref);
+    {
+      View bytes(payload);
+      bytes->keyLength = static_cast<uint32_t>(key.size());
+      bytes->valueLength = static_cast<uint32_t>(value.size());
+      memcpy(bytes->bytes, key.data(), key.size());
+      memcpy(bytes->bytes + key.size(), value.data(), value.size());
+    }
+    uint32_t hash = hashKey(key);
+    Node*& bucket = table_[hash & mask_];
+    *node = {bucket, hash, clock_, payload};
+    bucket = node;
+    entryBytes_ += bytesOf(node);
     if (++count_ > mask_ + 1) resize(2 * (mask_ + 1));
     return true;
   }
 
   bool erase(std::string_view key) {
-    Ref previous = 0;
-    Ref ref = find(key, &previous);
-    if (ref == 0) return false;
-    unlink(ref, previous);
+    Node** link = find(key, [](Node*, const Payload*) {});
+    if (link == nullptr) return false;
+    unlink(link);
     return true;
   }
 
@@ -137,25 +148,25 @@ class Store {
     // on empty buckets only; a non-empty table gives a candidate soon.
     do {
       populatePool(samples);
-    } while (pool_[0].ref == 0);
+    } while (pool_[0].node == nullptr);
     size_t last = 0;
-    while (last + 1 < kEvictionPoolSize && pool_[last + 1].ref != 0) last++;
-    Ref victim = pool_[last].ref;
-    uint32_t hash = View(victim)->hash;
-    Ref previous = 0;
-    for (Ref at = table_[hash & mask_]; at != victim; at = View(at)->next) previous = at;
-    unlink(victim, previous);
+    while (last + 1 < kEvictionPoolSize && pool_[last + 1].node != nullptr) last++;
+    Node* victim = pool_[last].node;
+    Node** link = &table_[victim->hash & mask_];
+    while (*link != victim) link = &(*link)->next;
+    unlink(link);
     stats_.evicted++;
     return true;
   }
 
-  // Frees every entry and the table.
+  // Frees every key and the table.
   void clear() {
     for (size_t i = 0; i <= mask_; i++) {
-      for (Ref ref = table_[i]; ref != 0;) {
-        Ref next = View(ref)->next;
-        Storage::release(ref);
-        ref = next;
+      for (Node* node = table_[i]; node != nullptr;) {
+        Node* next = node->next;
+        Storage::release(node->payload);
+        free(node);
+        node = next;
       }
     }
     free(table_);
@@ -166,64 +177,50 @@ class Store {
  private:
   struct Candidate {
     uint64_t idle;
-    Ref ref;
+    Node* node;
   };
 
-  // The entry of `key` (0 if none), and in *previous the entry before it in its chain (0 when
-  // it is the first); `found` runs on the entry while the lookup still holds its pin. A link
-  // inside an entry is read only while that entry is pinned.
-  template <typename Found = void (*)(Entry*)>
-  Ref find(
-      std::string_view key, Ref* previous, Found found = [](Entry*) {}) {
-    uint32_t hash = hashKey(key);
-    Ref before = 0;
-    for (Ref ref = table_[hash & mask_]; ref != 0;) {
-      Ref next;
-      {
-        View entry(ref);
-        if (entry->hash == hash && entry->key() == key) {
-          if (previous != nullptr) *previous = before;
-          found(entry.get());
-          return ref;
-        }
-        next = entry->next;
-      }
-      before = ref;
-      ref = next;
-    }
-    return 0;
+  size_t bytesOf(Node* node) const {
+    return malloc_usable_size(node) + Storage::usable(node->payload);
   }
 
-  void unlink(Ref ref, Ref previous) {
-    Ref next;
-    uint32_t hash;
-    {
-      View entry(ref);
-      next = entry->next;
-      hash = entry->hash;
+  // Where the link to the node of `key` is (nullptr if there is none); `found` runs on the
+  // node and its payload while the payload is pinned. Only a hash match pins a payload.
+  template <typename Found>
+  Node** find(std::string_view key, Found found) {
+    uint32_t hash = hashKey(key);
+    for (Node** link = &table_[hash & mask_]; *link != nullptr; link = &(*link)->next) {
+      Node* node = *link;
+      if (node->hash != hash) continue;
+      View payload(node->payload);
+      if (payload->key() == key) {
+        found(node, payload.get());
+        return link;
+      }
     }
-    if (previous == 0) {
-      table_[hash & mask_] = next;
-    } else {
-      View(previous)->next = next;
-    }
-    forgetCandidate(ref);
-    entryBytes_ -= Storage::usable(ref);
+    return nullptr;
+  }
+
+  void unlink(Node** link) {
+    Node* node = *link;
+    *link = node->next;
+    forgetCandidate(node);
+    entryBytes_ -= bytesOf(node);
     count_--;
-    Storage::release(ref);
+    Storage::release(node->payload);
+    free(node);
   }
 
   void resize(size_t buckets) {
-    Ref* table = static_cast<Ref*>(calloc(buckets, sizeof(Ref)));
+    Node** table = static_cast<Node**>(calloc(buckets, sizeof(Node*)));
     if (table == nullptr) return;  // keep the old table: longer chains, still correct
     size_t mask = buckets - 1;
     for (size_t i = 0; table_ != nullptr && i <= mask_; i++) {
-      for (Ref ref = table_[i]; ref != 0;) {
-        View entry(ref);
-        Ref next = entry->next;
-        entry->next = table[entry->hash & mask];
-        table[entry->hash & mask] = ref;
-        ref = next;
+      for (Node* node = table_[i]; node != nullptr;) {
+        Node* next = node->next;
+        node->next = table[node->hash & mask];
+        table[node->hash & mask] = node;
+        node = next;
       }
     }
     free(table_);
@@ -236,14 +233,14 @@ class Store {
     return clock_ >= lru ? clock_ - lru : clock_ + (kLruClockMax - lru);
   }
 
-  // Redis's dictGetSomeKeys + evictionPoolPopulate: up to `samples` entries from consecutive
+  // Redis's dictGetSomeKeys + evictionPoolPopulate: up to `samples` keys from consecutive
   // buckets starting at a random one, each offered to the pool of the idlest.
   void populatePool(size_t samples) {
     size_t taken = 0, emptyRun = 0;
     size_t index = static_cast<size_t>(nextRandom()) & mask_;
     for (size_t steps = samples * 10; steps > 0 && taken < samples; steps--) {
-      Ref ref = table_[index];
-      if (ref == 0) {
+      Node* node = table_[index];
+      if (node == nullptr) {
         // Redis jumps elsewhere after a run of empty buckets as long as the sample size.
         if (++emptyRun >= samples) {
           index = static_cast<size_t>(nextRandom()) & mask_;
@@ -253,25 +250,22 @@ class Store {
       } else {
         emptyRun = 0;
       }
-      while (ref != 0 && taken < samples) {
-        View entry(ref);
-        offerCandidate(idleSeconds(entry->lru), ref);
-        taken++;
-        ref = entry->next;
+      for (; node != nullptr && taken < samples; node = node->next, taken++) {
+        offerCandidate(idleSeconds(node->lru), node);
       }
       index = (index + 1) & mask_;
     }
   }
 
   // The pool (Redis's layout): the candidates sorted by idle time, idlest last, then the
-  // empty slots (ref 0).
-  void offerCandidate(uint64_t idle, Ref ref) {
+  // empty slots.
+  void offerCandidate(uint64_t idle, Node* node) {
     for (const Candidate& candidate : pool_) {
-      if (candidate.ref == ref) return;  // sampled again: it keeps its place
+      if (candidate.node == node) return;  // sampled again: it keeps its place
     }
     size_t k = 0;
-    while (k < kEvictionPoolSize && pool_[k].ref != 0 && pool_[k].idle < idle) k++;
-    bool full = pool_[kEvictionPoolSize - 1].ref != 0;
+    while (k < kEvictionPoolSize && pool_[k].node != nullptr && pool_[k].idle < idle) k++;
+    bool full = pool_[kEvictionPoolSize - 1].node != nullptr;
     if (k == 0 && full) return;  // less idle than every candidate of a full pool
     if (!full) {
       memmove(&pool_[k + 1], &pool_[k], (kEvictionPoolSize - k - 1) * sizeof(Candidate));
@@ -279,23 +273,22 @@ class Store {
       k--;  // full: the least idle candidate leaves to make room
       memmove(&pool_[0], &pool_[1], k * sizeof(Candidate));
     }
-    pool_[k] = {idle, ref};
+    pool_[k] = {idle, node};
   }
 
-  // A freed entry leaves the pool at once: a freed handle may not be used again, and a freed
-  // pointer may come back for another entry.
-  void forgetCandidate(Ref ref) {
+  // A freed key leaves the pool at once: its node's memory may come back for another key.
+  void forgetCandidate(Node* node) {
     for (size_t i = 0; i < kEvictionPoolSize; i++) {
-      if (pool_[i].ref != ref) continue;
+      if (pool_[i].node != node) continue;
       memmove(&pool_[i], &pool_[i + 1], (kEvictionPoolSize - i - 1) * sizeof(Candidate));
-      pool_[kEvictionPoolSize - 1] = {0, 0};
+      pool_[kEvictionPoolSize - 1] = {0, nullptr};
       return;
     }
   }
 
   uint64_t nextRandom() { return mix64(random_ += 0x9e3779b97f4a7c15ULL); }
 
-  Ref* table_ = nullptr;
+  Node** table_ = nullptr;
   size_t mask_ = 0;
   size_t count_ = 0;
   size_t entryBytes_ = 0;
