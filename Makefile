@@ -5,7 +5,7 @@ PYTEST := .venv/bin/pytest
 MESHALLOC := .venv/bin/meshalloc
 
 .PHONY: all setup release debug asan tsan demo test test-unit test-sanitizers test-python \
-        bench bench-quick stress format clean redis-lru fuzz fuzz-build fuzz-short
+        bench bench-quick stress format clean redis-lru fuzz fuzz-build fuzz-short fuzz-trace
 
 all: release
 
@@ -46,6 +46,13 @@ fuzz: fuzz-build
 fuzz-short: fuzz-build
 	rm -rf build/fuzz/corpus-short && mkdir -p build/fuzz/corpus-short build/fuzz/crashes
 	$(FUZZER) $(FUZZ_FLAGS) -max_total_time=60 -seed=1 build/fuzz/corpus-short tests/fuzz/corpus
+
+# The trace decoder's fuzzer (tests/trace/decoder_fuzzer.cc, docs/trace.md): FUZZ_TIME seconds
+# from the committed traces in tests/trace/corpus; new inputs go to build/fuzz/trace-corpus.
+TRACE_FUZZER := build/fuzz/tests/fuzz/trace_decoder_fuzzer
+fuzz-trace: fuzz-build
+	mkdir -p build/fuzz/trace-corpus build/fuzz/crashes
+	$(TRACE_FUZZER) $(FUZZ_FLAGS) -max_len=65536 -max_total_time=$(FUZZ_TIME) build/fuzz/trace-corpus tests/trace/corpus
 
 # Long-running work lives behind its own targets, never in `make test`.
 stress: setup release

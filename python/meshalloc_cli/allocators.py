@@ -1,11 +1,16 @@
-"""Allocators by name: where each library lives and how a command is run under it.
+"""Allocators by spec: where each library lives and how a command is run under it.
 
 An allocator is a shared library put in front of the program with LD_PRELOAD, plus the
-environment variables that select a configuration (for meshalloc's paper configurations).
+environment variables that select a configuration. A spec (what --allocator, --allocators and
+--baseline take) is one of: a name `meshalloc allocators` lists (`jemalloc`); meshalloc with a
+configuration and option overrides (`meshalloc:3y+mesh_budget_permille=200`); or a path to any
+shared object (`/opt/je/lib/libjemalloc.so.2`), which may take meshalloc options too when it is
+a meshalloc build (`build/debug/src/libmeshalloc.so+mesh=0`). resolve() is the one parser.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -27,6 +32,25 @@ PAPER_CONFIGS = ("0n", "2n", "0y", "1y", "2y")
 # library's default level with meshing on.
 LISTED_CONFIGS = PAPER_CONFIGS + ("3y",)
 CONFIG_SEPARATOR = ":"
+# The configurations the experiments compare, named once: "meshing off" is always 0n (no
+# randomisation, no meshing: meshalloc as a plain size-class allocator), and the library's
+# defaults are 3y.
+MESH_OFF = "meshalloc:0n"
+MESH_DEFAULT = "meshalloc:3y"
+# meshalloc:3y+mesh_budget_permille=200+decay_ms=0: each `+name=value` sets one option of
+# the library's table (docs/options.md) through its own MESHALLOC_<NAME> variable.
+OPTION_SEPARATOR = "+"
+OPTION_ASSIGN = "="
+OPTION_VARIABLE_PREFIX = "MESHALLOC_"
+# The library lists its options (name = value, one a line) on stderr at start-up when this is
+# set; the spec parser reads the names from there rather than keeping a copy of the table.
+SHOW_OPTIONS_VARIABLE = "MESHALLOC_SHOW_OPTIONS"
+SHOWN_OPTION = re.compile(r"^  (\w+) = (.*)$", re.MULTILINE)
+# What the library prints for a value it cannot use ("meshalloc: ignoring NAME=VALUE: why").
+IGNORED_OPTION = re.compile(r"^meshalloc: ignoring (.*)$", re.MULTILINE)
+# Any dynamically linked program that allocates: the library prints its options when it loads.
+PROBE_PROGRAMS = ("true", "/bin/true", "/usr/bin/true")
+PROBE_TIMEOUT_S = 30
 # Variables that would override MESHALLOC_CONFIG inside the library; a named
 # configuration must mean exactly what its name says, so they are removed for it.
 MESHALLOC_CONFIG_OVERRIDES = ("MESHALLOC_CONFIG", "MESHALLOC_MESH", "MESHALLOC_RANDOMIZE")
@@ -145,16 +169,16 @@ def find_system_library(soname: str) -> Optional[Path]:
     return None
 
 
-def _project_library(relative: Path) -> Optional[Path]:
-    build = paths.build_directory()
+def _project_library(relative: Path, build: Optional[Path] = None) -> Optional[Path]:
+    build = build or paths.build_directory()
     if build is None:
         return None
     candidate = build / relative
     return candidate if candidate.is_file() else None
 
 
-def _project_missing_note(relative: Path) -> str:
-    build = paths.build_directory()
+def _project_missing_note(relative: Path, build: Optional[Path] = None) -> str:
+    build = build or paths.build_directory()
     where = build / relative if build else relative
     return f"not built ({where} is missing; run `make release`)"
 
@@ -165,45 +189,184 @@ def looks_like_path(name: str) -> bool:
 
 def known_names_text() -> str:
     configs = " ".join(f"meshalloc:{config}" for config in LISTED_CONFIGS)
-    return f"{', '.join(KNOWN_NAMES)}, {configs}, or a path to a .so"
+    return (f"{', '.join(KNOWN_NAMES)}, {configs} (each meshalloc form may add +option=value), "
+            "or a path to a .so")
 
 
-def resolve(name: str) -> Allocator:
-    """The allocator a user-facing name stands for; MeshallocError when it is unknown or
-    not installed, with a message saying what to do."""
+def _probe_program() -> str:
+    for candidate in PROBE_PROGRAMS:
+        found = shutil.which(candidate)
+        if found:
+            return found
+    raise MeshallocError("cannot check meshalloc options: no `true` program to load the library into")
+
+
+def _clean_environment(library: Path, settings: Mapping[str, str]) -> Dict[str, str]:
+    """The environment with no inherited MESHALLOC_* variable (none changes what the library
+    reports), `settings`, and the library preloaded."""
+    env = {key: value for key, value in os.environ.items()
+           if not key.startswith(OPTION_VARIABLE_PREFIX) and key != "LD_PRELOAD"}
+    env.update(settings)
+    env["LD_PRELOAD"] = str(library)
+    return env
+
+
+def _show_options(env: Mapping[str, str]) -> str:
+    """What the preloaded library prints on stderr at start-up when asked to list its options."""
+    env = dict(env)
+    env[SHOW_OPTIONS_VARIABLE] = "1"
+    try:
+        done = subprocess.run([_probe_program()], env=env, capture_output=True, text=True,
+                              timeout=PROBE_TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise MeshallocError(f"cannot load {env.get('LD_PRELOAD')} to check its options: {error}") from None
+    return done.stderr
+
+
+def shown_options(allocator: Allocator) -> Dict[str, str]:
+    """The options as the library reports them under this allocator's environment (the one its
+    runs get); {} for a library that does not list them (not meshalloc)."""
+    if allocator.library is None:
+        return {}
+    return dict(SHOWN_OPTION.findall(_show_options(allocator.environment())))
+
+
+def configuration_problem(allocator: Allocator) -> Optional[str]:
+    """None when a meshalloc allocator runs as its spec says (mesh and randomize as its
+    configuration names them, every numeric override as given), else what differs: an
+    inherited variable the allocator does not clear could otherwise change what runs."""
+    wanted: Dict[str, str] = {}
+    config = allocator.set_env.get("MESHALLOC_CONFIG")
+    if config:
+        wanted = {"mesh": "true" if config[1] == "y" else "false", "randomize": config[0]}
+    overrides = {variable[len(OPTION_VARIABLE_PREFIX):].lower(): value
+                 for variable, value in allocator.set_env.items()
+                 if variable.startswith(OPTION_VARIABLE_PREFIX) and variable != "MESHALLOC_CONFIG"}
+    for option in overrides:
+        wanted.pop(option, None)  # an override wins over the configuration, in the library too
+    if not wanted and not overrides:
+        return None
+    shown = shown_options(allocator)
+    if not shown:
+        return None  # a library that does not list its options cannot be checked this way
+    # Numbers are compared; other kinds (1 for true, 64K for 65536) print differently.
+    wanted.update({option: str(int(value)) for option, value in overrides.items()
+                   if value.isdigit() and shown.get(option, "").isdigit()})
+    wrong = [f"{name}={shown.get(name)} (not {value})" for name, value in wanted.items() if shown.get(name) != value]
+    return f"{allocator.name} runs with {', '.join(wrong)}" if wrong else None
+
+
+@functools.lru_cache(maxsize=None)
+def _library_options(library: Path, modified_ns: int) -> Tuple[str, ...]:
+    del modified_ns  # part of the cache key only: a rebuilt library is asked again
+    return tuple(name for name, _ in SHOWN_OPTION.findall(_show_options(_clean_environment(library, {}))))
+
+
+def library_options(library: Path) -> Tuple[str, ...]:
+    """The option names a meshalloc build declares (its table, as it prints it), in its order;
+    empty for a library that is not meshalloc."""
+    library = Path(library).resolve()
+    return _library_options(library, library.stat().st_mtime_ns)
+
+
+def option_variable(option: str) -> str:
+    """The variable that sets one option: MESHALLOC_ and the name upper-cased, as the library
+    derives it (docs/options.md)."""
+    return OPTION_VARIABLE_PREFIX + option.upper()
+
+
+def _parse_overrides(spec: str, texts: Sequence[str], library: Path) -> Dict[str, str]:
+    """`name=value` texts -> {option: value}, every name one the library declares and every
+    value one it accepts (it is asked: it prints a warning for a value it ignores)."""
+    overrides: Dict[str, str] = {}
+    for text in texts:
+        name, assign, value = text.partition(OPTION_ASSIGN)
+        name = name.strip().lower()
+        if not assign or not name or not value:
+            raise MeshallocError(f"expected +option=value in '{spec}', not '+{text}'")
+        overrides[name] = value
+    if not overrides:
+        return overrides
+    known = library_options(library)
+    if not known:
+        raise MeshallocError(f"'{spec}' sets options, but {library} does not list any (not a meshalloc build)")
+    for name in overrides:
+        if name not in known:
+            raise MeshallocError(f"unknown meshalloc option '{name}' in '{spec}' (options: {', '.join(known)})")
+    settings = {option_variable(name): value for name, value in overrides.items()}
+    ignored = IGNORED_OPTION.findall(_show_options(_clean_environment(library, settings)))
+    if ignored:
+        raise MeshallocError(f"bad option value in '{spec}': the library says {ignored[0]}")
+    return overrides
+
+
+def _split_spec(spec: str) -> Tuple[str, List[str]]:
+    """'meshalloc:3y+a=1+b=2' -> ('meshalloc:3y', ['a=1', 'b=2']). A path that exists as
+    written keeps any '+' it contains."""
+    if looks_like_path(spec) and Path(spec).expanduser().exists():
+        return spec, []
+    base, *options = spec.split(OPTION_SEPARATOR)
+    return base, options
+
+
+def _with_overrides(allocator: Allocator, spec: str, texts: Sequence[str]) -> Allocator:
+    overrides = _parse_overrides(spec, texts, allocator.library)
+    if not overrides:
+        return allocator
+    settings = {option_variable(name): value for name, value in overrides.items()}
+    shown = "".join(f"{OPTION_SEPARATOR}{name}{OPTION_ASSIGN}{value}" for name, value in overrides.items())
+    return Allocator(name=allocator.name + shown, library=allocator.library,
+                     description=allocator.description + "; " + ", ".join(f"{key}={value}"
+                                                                          for key, value in settings.items()),
+                     set_env={**allocator.set_env, **settings}, unset_env=allocator.unset_env)
+
+
+def resolve(name: str, build: Optional[Path] = None) -> Allocator:
+    """The allocator a spec stands for (the project's own libraries from `build`, by default
+    the build directory paths.build_directory() names); MeshallocError when it is unknown, not
+    installed or sets an option the library does not have, with a message saying what to do."""
     spec = name.strip()
     if not spec:
         raise MeshallocError(f"empty allocator name (known: {known_names_text()})")
-    if looks_like_path(spec) and not spec.startswith("meshalloc" + CONFIG_SEPARATOR):
-        return _resolve_path(spec)
-    base, _, config = spec.partition(CONFIG_SEPARATOR)
-    base = base.lower()
-    if config and base != "meshalloc":
-        raise MeshallocError(f"unknown allocator '{name}': only meshalloc takes a configuration "
+    base, options = _split_spec(spec)
+    if looks_like_path(base) and not base.startswith("meshalloc" + CONFIG_SEPARATOR):
+        return _with_overrides(_resolve_path(base), spec, options)
+    allocator = _resolve_name(base, spec, build)
+    if options and not base.lower().startswith("meshalloc"):
+        raise MeshallocError(f"unknown allocator '{name}': only meshalloc takes +option=value "
                              f"(known: {known_names_text()})")
-    if base == "system":
-        return Allocator(name=spec, library=None, description="no LD_PRELOAD: the allocator the program links")
-    if base == "glibc":
-        library = _project_library(paths.GLIBC_SHIM_LIBRARY)
+    return _with_overrides(allocator, spec, options)
+
+
+def _resolve_name(base: str, spec: str, build: Optional[Path]) -> Allocator:
+    name, _, config = base.partition(CONFIG_SEPARATOR)
+    name = name.lower()
+    if config and name != "meshalloc":
+        raise MeshallocError(f"unknown allocator '{spec}': only meshalloc takes a configuration "
+                             f"(known: {known_names_text()})")
+    if name == "system":
+        return Allocator(name=base, library=None, description="no LD_PRELOAD: the allocator the program links")
+    if name == "glibc":
+        library = _project_library(paths.GLIBC_SHIM_LIBRARY, build)
         if library is None:
-            raise MeshallocError(f"allocator 'glibc' is {_project_missing_note(paths.GLIBC_SHIM_LIBRARY)}")
-        return Allocator(name=spec, library=library, description="glibc malloc through the project's shim")
-    if base in SYSTEM_ALLOCATORS:
-        soname, package = SYSTEM_ALLOCATORS[base]
+            raise MeshallocError(f"allocator 'glibc' is {_project_missing_note(paths.GLIBC_SHIM_LIBRARY, build)}")
+        return Allocator(name=base, library=library, description="glibc malloc through the project's shim")
+    if name in SYSTEM_ALLOCATORS:
+        soname, package = SYSTEM_ALLOCATORS[name]
         library = find_system_library(soname)
         if library is None:
-            raise MeshallocError(f"allocator '{base}' is not installed ({soname} not found; "
+            raise MeshallocError(f"allocator '{name}' is not installed ({soname} not found; "
                                  f"apt-get install {package}, or run `meshalloc allocators --install`)")
-        return Allocator(name=spec, library=library, description=f"{base} from Debian's {package}")
-    if base == "meshalloc":
-        library = _project_library(paths.MESHALLOC_LIBRARY)
+        return Allocator(name=base, library=library, description=f"{name} from Debian's {package}")
+    if name == "meshalloc":
+        library = _project_library(paths.MESHALLOC_LIBRARY, build)
         if library is None:
-            raise MeshallocError(f"allocator 'meshalloc' is {_project_missing_note(paths.MESHALLOC_LIBRARY)}")
+            raise MeshallocError(f"allocator 'meshalloc' is {_project_missing_note(paths.MESHALLOC_LIBRARY, build)}")
         if not config:
-            return Allocator(name=spec, library=library, description="meshalloc, library defaults")
+            return Allocator(name=base, library=library, description="meshalloc, library defaults")
         config = config.lower()
         if config not in MESHALLOC_CONFIGS:
-            raise MeshallocError(f"unknown meshalloc configuration '{config}' in '{name}' "
+            raise MeshallocError(f"unknown meshalloc configuration '{config}' in '{spec}' "
                                  f"(use one of {' '.join(LISTED_CONFIGS)}: randomisation 0/1/2/3, meshing n/y)")
         return Allocator(
             name=f"meshalloc{CONFIG_SEPARATOR}{config}",
@@ -212,7 +375,7 @@ def resolve(name: str) -> Allocator:
             set_env={"MESHALLOC_CONFIG": config},
             unset_env=MESHALLOC_CONFIG_OVERRIDES,
         )
-    raise MeshallocError(f"unknown allocator '{name}' (known: {known_names_text()})")
+    raise MeshallocError(f"unknown allocator '{spec}' (known: {known_names_text()})")
 
 
 def _resolve_path(spec: str) -> Allocator:
@@ -230,8 +393,13 @@ def _resolve_path(spec: str) -> Allocator:
     return Allocator(name=spec, library=library, description=f"preloaded {library.name}")
 
 
-def resolve_all(names: Sequence[str]) -> List[Allocator]:
-    allocators = [resolve(name) for name in names]
+def split_list(text: str) -> List[str]:
+    """The specs of a --allocators list or an alias variable: comma- or space-separated."""
+    return [item for item in re.split(r"[,\s]+", text or "") if item]
+
+
+def resolve_all(names: Sequence[str], build: Optional[Path] = None) -> List[Allocator]:
+    allocators = [resolve(name, build) for name in names]
     seen = set()
     for allocator in allocators:
         if allocator.name in seen:

@@ -1,4 +1,4 @@
-"""The `meshalloc` command line: run, compare, allocators, bench, top.
+"""The `meshalloc` command line: run, compare, allocators, bench, top, trace.
 
 Everything the commands do lives in the library modules (measure, compare, output,
 plotting); this file only parses arguments and prints.
@@ -21,7 +21,7 @@ from rich.table import Table
 from rich.text import Text
 from rich import box
 
-from . import __version__, allocators as allocator_registry
+from . import __version__, allocators as allocator_registry, trace as tracing
 from .breakdown import COLUMNS as BREAKDOWN_COLUMNS
 from .compare import DEFAULT_REPEAT, Comparison, RunRecord, compare
 from .errors import EXIT_FAILURE, EXIT_OK, EXIT_SIGNAL_BASE, EXIT_USAGE, MeshallocError
@@ -35,6 +35,10 @@ MS_PER_S = 1000.0
 DEFAULT_OUT_ROOT = Path("out")
 DEFAULT_BENCH_OUT = Path("results")
 TIMESTAMP_FORMAT = "%Y%m%d-%H%M%S"
+# What --allocators and --baseline take, in both commands that have them.
+ALLOCATORS_HELP = ("comma-separated allocators: names from `meshalloc allocators`, meshalloc configurations "
+                   "with option overrides (meshalloc:3y+mesh_budget_permille=200), or paths to .so files")
+BASELINE_HELP = "allocator the ratios are against, in the same forms; with --allocators, one of them"
 # The allocators `compare` uses when --allocators is not given (those that are present).
 DEFAULT_COMPARE_ALLOCATORS = ("glibc", "jemalloc", "mimalloc", "tcmalloc", "meshalloc")
 # Wide enough for the comparison table with its (min–max) ranges and meshalloc's breakdown
@@ -123,11 +127,11 @@ def build_parser() -> argparse.ArgumentParser:
                                      "print a table of medians and ratios against a baseline, with one figure "
                                      "of every allocator's memory over time.", epilog=EPILOG)
     comparison.add_argument("--allocators", metavar="A,B,...",
-                            help="comma-separated allocators (default: those of "
-                            f"{','.join(DEFAULT_COMPARE_ALLOCATORS)} that are present)")
+                            help=f"{ALLOCATORS_HELP} (default: those of {','.join(DEFAULT_COMPARE_ALLOCATORS)} "
+                            "that are present)")
     comparison.add_argument("--repeat", type=_positive_int, default=DEFAULT_REPEAT, metavar="N",
                             help="runs per allocator (default %(default)s)")
-    comparison.add_argument("--baseline", metavar="NAME", help="allocator the ratios are against (default: the first)")
+    comparison.add_argument("--baseline", metavar="A", help=f"{BASELINE_HELP} (default: the first)")
     _add_measurement_options(comparison)
 
     listing = commands.add_parser("allocators", help="list the allocators available on this machine",
@@ -153,6 +157,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="repetitions of every configuration (default: the mode's)")
     bench.add_argument("--out", type=Path, default=DEFAULT_BENCH_OUT, metavar="DIR",
                        help="results directory (default %(default)s)")
+    bench.add_argument("--allocators", metavar="A,B,...",
+                       help=f"{ALLOCATORS_HELP}, instead of each experiment's own (see docs/bench.md for what "
+                       "each does with them)")
+    bench.add_argument("--baseline", metavar="A", help=f"{BASELINE_HELP} (default: each experiment's own)")
     bench.add_argument("--list", action="store_true", help="list the experiments and exit")
     bench.add_argument("experiments", nargs="*", metavar="EXPERIMENT",
                        help="experiments to run (default: all, in the order --list shows)")
@@ -171,7 +179,64 @@ def build_parser() -> argparse.ArgumentParser:
     top.add_argument("--once", action="store_true", help="print one reading and exit")
     top.add_argument("--json", action="store_true",
                      help="JSON instead of a table: one object per reading, {\"processes\": [...]}")
+    _add_trace_parser(commands)
     return parser
+
+
+def _non_negative_int(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}")
+    return int(text)
+
+
+def _add_trace_parser(commands) -> None:
+    trace = commands.add_parser("trace", help="record allocation traces and read them (docs/trace.md)",
+                                description="Record every malloc-family call and C++ new/delete of a program into "
+                                "a compact binary trace, and print or summarise a trace. See docs/trace.md.")
+    actions = trace.add_subparsers(dest="trace_command", metavar="ACTION")
+    actions.required = True
+    record = actions.add_parser("record", help="run CMD with the recorder preloaded",
+                                description="Run CMD with libmeshalloc-trace.so preloaded in front of the "
+                                "allocator. The trace goes to FILE; a forked child's to FILE.<pid>. The exit status "
+                                "of CMD is passed through.", epilog=EPILOG)
+    record.add_argument("--out", "-o", type=Path, default=tracing.DEFAULT_TRACE, metavar="FILE",
+                        help="trace file (default %(default)s); an earlier FILE and FILE.<pid> are replaced")
+    record.add_argument("--allocator", "-a", metavar="A",
+                        help="allocator underneath the recorder (default: the program's own); "
+                        "see `meshalloc allocators`")
+    record.add_argument("--callsites", type=_non_negative_int, default=0, metavar="N",
+                        help="record a call-site hash on every N-th event of each thread (default 0: none)")
+    record.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ARGS",
+                        help="the command to run, after --")
+    dump = actions.add_parser("dump", help="print a trace's events as text",
+                              description="Print the events of TRACE, one per line, all threads merged in time "
+                              "order with object ids (or one thread's, in its order, with --thread).",
+                              epilog="exit status: 0; 1 for a missing, corrupt or truncated trace; 2 for bad usage.")
+    dump.add_argument("trace", type=Path, metavar="TRACE")
+    dump.add_argument("--head", type=_non_negative_int, metavar="N", help="print the first N events only")
+    dump.add_argument("--thread", type=_non_negative_int, metavar="T", help="only thread T (the index `stats` counts)")
+    stats = actions.add_parser("stats", help="summarise a trace",
+                               description="Events by kind, threads, objects, peak live bytes, bytes per event.",
+                               epilog="exit status: 0; 1 for a missing, corrupt or truncated trace; 2 for bad usage.")
+    stats.add_argument("trace", type=Path, metavar="TRACE")
+    stats.add_argument("--json", action="store_true", help="one JSON object instead of text")
+
+
+def cmd_trace(args, command: Optional[List[str]], err: Console) -> int:
+    if args.trace_command == "record":
+        command = _command_or_error(command, args.command)
+        allocator = allocator_registry.resolve(args.allocator) if args.allocator else None
+        status = tracing.record(command, args.out, allocator, args.callsites)
+        children = tracing.child_traces(args.out)
+        more = f" and {len(children)} child trace{'s' if len(children) != 1 else ''} ({args.out}.<pid>)" if children else ""
+        err.print(f"{PROGRAM}: trace in {args.out}{more}; `{PROGRAM} trace stats {args.out}` summarises it",
+                  highlight=False)
+        return status
+    if command:
+        raise MeshallocError(f"`meshalloc trace {args.trace_command}` takes no command")
+    if args.trace_command == "dump":
+        return tracing.dump(args.trace, args.head, args.thread)
+    return tracing.stats(args.trace, args.json)
 
 
 def _split_command(argv: Sequence[str]):
@@ -292,12 +357,39 @@ def cmd_run(args, command: List[str], err: Console) -> int:
     return result.exit_code
 
 
-def _compare_allocators(spec: Optional[str]):
-    if spec is not None:
-        names = [name for name in (part.strip() for part in spec.split(",")) if name]
-        if not names:
-            raise MeshallocError("--allocators is empty")
-        return allocator_registry.resolve_all(names)
+def _user_allocators(text: Optional[str]) -> List[str]:
+    """--allocators' specs (comma- or space-separated)."""
+    if text is None:
+        return []
+    specs = allocator_registry.split_list(text)
+    if not specs:
+        raise MeshallocError("--allocators is empty")
+    return specs
+
+
+def _label(spec: str) -> str:
+    """The name a spec is shown under: resolve()'s, or the spec itself for a name an
+    experiment builds (checked by then)."""
+    try:
+        return allocator_registry.resolve(spec).name
+    except MeshallocError:
+        return spec
+
+
+def _baseline(text: Optional[str], chosen: Sequence[str]) -> Optional[str]:
+    """--baseline's allocator name; with --allocators it must be one of them."""
+    if text is None:
+        return None
+    name = allocator_registry.resolve(text).name
+    names = [_label(spec) for spec in chosen]
+    if chosen and name not in names:
+        raise MeshallocError(f"baseline '{text}' is not one of the compared allocators ({', '.join(names)})")
+    return name
+
+
+def _compare_allocators(specs: Sequence[str]):
+    if specs:
+        return allocator_registry.resolve_all(specs)
     present = []
     for name in DEFAULT_COMPARE_ALLOCATORS:
         try:
@@ -371,12 +463,11 @@ def print_comparison(comparison: Comparison, files: List[Path], figure: Optional
 
 
 def cmd_compare(args, command: List[str], out_console: Console, err: Console) -> int:
-    chosen = _compare_allocators(args.allocators)
-    baseline = args.baseline
-    if baseline is not None:
-        names = [allocator.name for allocator in chosen]
-        if baseline not in names:
-            raise MeshallocError(f"baseline '{baseline}' is not one of the compared allocators ({', '.join(names)})")
+    specs = _user_allocators(args.allocators)
+    chosen = _compare_allocators(specs)
+    baseline = _baseline(args.baseline, specs)
+    if baseline is not None and baseline not in [allocator.name for allocator in chosen]:
+        chosen.insert(0, allocator_registry.resolve(args.baseline))  # not listed: the defaults lack it
     check_command(command, chosen[0].environment())
     out = prepare_output_directory(args.out or _default_out("compare"))
     with _Progress(err) as progress:
@@ -430,7 +521,12 @@ def cmd_bench(args, out_console: Console) -> int:
         sys.stderr.write(line + "\n")
         sys.stderr.flush()
 
-    report = runner.run_bench(args.experiments, args.mode, args.out, repeat=args.repeat, log=progress)
+    specs = _user_allocators(args.allocators)
+    runner.check_allocators(args.experiments, specs)  # before anything runs
+    baseline = args.baseline.strip() if args.baseline is not None else None
+    _baseline(baseline, specs)
+    report = runner.run_bench(args.experiments, args.mode, args.out, repeat=args.repeat, log=progress,
+                              allocators=specs, baseline=baseline)
     counts = ", ".join(f"{count} {status}" for status, count in report.counts.items())
     out_console.print(f"summary: {report.summary} — {report.tally.text()} ({counts})", highlight=False,
                       markup=False, soft_wrap=True)
@@ -539,6 +635,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if command:
                 raise MeshallocError("`meshalloc top` takes no command")
             return cmd_top(args, out_console)
+        if args.subcommand == "trace":
+            return cmd_trace(args, command, err)
         command = _command_or_error(command, args.command)
         if args.subcommand == "run":
             return cmd_run(args, command, err)

@@ -1,21 +1,21 @@
 """The same command under several allocators, interleaved and repeated, summarised in a
 table of medians and ratios against a baseline. The library form of `meshalloc compare`.
 
-Runs are interleaved (A B C, A B C, ...) rather than grouped, so slow drifts of the
-machine -- page cache warming, thermal throttling, a noisy neighbour -- spread over every
-allocator instead of penalising whichever ran last.
+Runs go through the benchmarks' one scheduler (bench/schedule.py), interleaved (A B C,
+A B C, ...), and their medians and ratios through its one statistics module (bench/stats.py).
 """
 
 from __future__ import annotations
 
 import re
-import statistics
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
 from .allocators import Allocator
+from .bench import schedule
+from .bench.stats import Stat, ratio
 from .breakdown import COLUMNS as BREAKDOWN_COLUMNS
 from .errors import MeshallocError
 from .measure import DEFAULT_INTERVAL_S, RunResult, measure
@@ -31,22 +31,6 @@ class RunRecord:
     order: int  # 1-based position in the interleaved schedule
     result: RunResult
     log: Optional[Path] = None
-
-
-@dataclass
-class Stat:
-    """Median and range of one quantity over an allocator's successful runs."""
-
-    median: float
-    low: float
-    high: float
-
-    @classmethod
-    def of(cls, values: Sequence[Optional[float]]) -> Optional["Stat"]:
-        present = [value for value in values if value is not None]
-        if not present:
-            return None
-        return cls(statistics.median(present), min(present), max(present))
 
 
 @dataclass
@@ -101,12 +85,6 @@ def _cgroup_peak(result: RunResult) -> Optional[float]:
     return _peak(result, "cgroup")
 
 
-def _ratio(value: Optional[Stat], baseline: Optional[Stat]) -> Optional[float]:
-    if value is None or baseline is None or baseline.median == 0:
-        return None
-    return value.median / baseline.median
-
-
 def build_table(runs: Sequence[RunRecord], allocator_names: Sequence[str], baseline: str) -> List[TableRow]:
     """One row per allocator, from its successful runs only: a crashed run's memory says
     nothing about the allocator's steady state, and is counted in `succeeded` instead."""
@@ -131,9 +109,9 @@ def build_table(runs: Sequence[RunRecord], allocator_names: Sequence[str], basel
         ))
     base = next((row for row in rows if row.allocator == baseline), None)
     for row in rows:
-        row.mean_ratio = _ratio(row.mean_pss, base.mean_pss if base else None)
-        row.peak_ratio = _ratio(row.peak_pss, base.peak_pss if base else None)
-        row.time_ratio = _ratio(row.time, base.time if base else None)
+        row.mean_ratio = ratio(row.mean_pss, base.mean_pss if base else None)
+        row.peak_ratio = ratio(row.peak_pss, base.peak_pss if base else None)
+        row.time_ratio = ratio(row.time, base.time if base else None)
     return rows
 
 
@@ -165,31 +143,29 @@ def compare(
     if baseline not in names:
         raise MeshallocError(f"baseline '{baseline}' is not one of the compared allocators ({', '.join(names)})")
     comparison = Comparison(list(command), list(allocators), baseline, repeat, interval)
-    total = repeat * len(allocators)
+    slots = schedule.plan([None], allocators, repeat)
     if log_dir is not None:
         log_dir.mkdir(parents=True, exist_ok=True)
-    order = 0
-    for repetition in range(1, repeat + 1):
-        for allocator in allocators:
-            order += 1
-            if on_start:
-                on_start(order, total, allocator.name, repetition)
-            log = _log_path(log_dir, order, allocator.name, repetition) if log_dir is not None else None
-            if log is not None:
-                with open(log, "wb") as output:
-                    result = measure(command, allocator, interval, use_cgroup, stdin=subprocess.DEVNULL,
-                                     stdout=output, stderr=subprocess.STDOUT)
-            else:
+
+    def execute(slot: schedule.Slot) -> RunRecord:
+        allocator = slot.allocator
+        if on_start:
+            on_start(slot.order, len(slots), allocator.name, slot.repetition)
+        log = _log_path(log_dir, slot.order, allocator.name, slot.repetition) if log_dir is not None else None
+        if log is not None:
+            with open(log, "wb") as output:
                 result = measure(command, allocator, interval, use_cgroup, stdin=subprocess.DEVNULL,
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            record = RunRecord(allocator.name, repetition, order, result, log)
-            comparison.runs.append(record)
-            if on_finish:
-                on_finish(record, total)
-            if result.interrupted:
-                comparison.interrupted = True
-                break
-        if comparison.interrupted:
-            break
+                                 stdout=output, stderr=subprocess.STDOUT)
+        else:
+            result = measure(command, allocator, interval, use_cgroup, stdin=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        record = RunRecord(allocator.name, slot.repetition, slot.order, result, log)
+        if on_finish:
+            on_finish(record, len(slots))
+        return record
+
+    done = schedule.run(slots, execute, stop=lambda record: record.result.interrupted)
+    comparison.runs = [finished.result for finished in done]
+    comparison.interrupted = any(record.result.interrupted for record in comparison.runs)
     comparison.rows = build_table(comparison.runs, names, baseline)
     return comparison

@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 from .breakdown import COLUMNS as BREAKDOWN_COLUMNS
-from .compare import Comparison, Stat, TableRow
+from .bench import report as bench_report
+from .bench.stats import Stat
+from .compare import Comparison, TableRow
 from .errors import MeshallocError
 from .measure import KIB, METRIC_LABELS, MIB, RunResult, Sample
 
@@ -187,11 +189,7 @@ def table_notes(comparison: Comparison) -> List[str]:
 
 def markdown_table(comparison: Comparison) -> str:
     headers, rows = table_cells(comparison)
-    lines = [f"`{shlex.join(comparison.command)}`", "",
-             "| " + " | ".join(headers) + " |",
-             "|" + "|".join("---" if index == 0 else "---:" for index in range(len(headers))) + "|"]
-    lines += ["| " + " | ".join(cells) + " |" for cells in rows]
-    lines.append("")
+    lines = [f"`{shlex.join(comparison.command)}`", "", bench_report.markdown_table(headers, rows)]
     lines += table_notes(comparison)
     return "\n".join(lines) + "\n"
 

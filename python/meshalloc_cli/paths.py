@@ -13,6 +13,8 @@ DEFAULT_BUILD_SUBDIR = Path("build") / "release"
 # Build products, relative to the build directory.
 MESHALLOC_LIBRARY = Path("src") / "libmeshalloc.so"
 GLIBC_SHIM_LIBRARY = Path("tools") / "glibc-shim" / "libmeshalloc-glibc-shim.so"
+TRACE_RECORDER_LIBRARY = Path("tools") / "trace" / "libmeshalloc-trace.so"
+TRACE_TOOL = Path("tools") / "trace" / "meshalloc-trace"
 
 
 def _walk_up(start: Path) -> Optional[Path]:

@@ -24,7 +24,8 @@ THIN_LINE_WIDTH = 0.8
 FORMATS = ("png", "svg")
 
 
-def _pyplot():
+def load_pyplot():
+    """matplotlib's pyplot for files only (no display needed)."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: works without a display
@@ -38,7 +39,8 @@ def _title(command: Sequence[str]) -> str:
     return text if len(text) <= TITLE_CHARACTERS else text[:TITLE_CHARACTERS - 1] + "…"
 
 
-def _save(figure, stem: Path) -> List[Path]:
+def save_figure(figure, stem: Path) -> List[Path]:
+    """stem.png and stem.svg; every figure of the command is written here."""
     written = []
     for extension in FORMATS:
         path = stem.with_suffix("." + extension)
@@ -56,7 +58,7 @@ def _series(result: RunResult, metric: str, scale: float):
 
 def plot_run(result: RunResult, stem: Path) -> List[Path]:
     """memory.png/.svg for one run; returns the files written."""
-    pyplot = _pyplot()
+    pyplot = load_pyplot()
     figure, (memory, cost) = pyplot.subplots(2, 1, sharex=True, figsize=FIGURE_SIZE_IN,
                                              gridspec_kw={"height_ratios": HEIGHT_RATIOS})
     times, pss = _series(result, "pss", MIB)
@@ -82,7 +84,7 @@ def plot_run(result: RunResult, stem: Path) -> List[Path]:
     cost.legend(handles, [h.get_label() for h in handles], loc="best")
     cost.set_xlabel("seconds")
     figure.tight_layout()
-    written = _save(figure, stem)
+    written = save_figure(figure, stem)
     pyplot.close(figure)
     return written
 
@@ -101,7 +103,7 @@ def _representative(runs: Sequence[RunRecord]) -> RunRecord:
 
 def plot_comparison(comparison: Comparison, stem: Path) -> List[Path]:
     """memory.png/.svg with every allocator's PSS over time; returns the files written."""
-    pyplot = _pyplot()
+    pyplot = load_pyplot()
     figure, (memory, cost) = pyplot.subplots(2, 1, sharex=True, figsize=FIGURE_SIZE_IN,
                                              gridspec_kw={"height_ratios": HEIGHT_RATIOS})
     colours = pyplot.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -130,6 +132,6 @@ def plot_comparison(comparison: Comparison, stem: Path) -> List[Path]:
     cost.set_ylim(bottom=0)
     cost.set_xlabel("seconds")
     figure.tight_layout()
-    written = _save(figure, stem)
+    written = save_figure(figure, stem)
     pyplot.close(figure)
     return written

@@ -17,6 +17,7 @@ import pytest
 from bench_support import (assert_figure, assert_ran_once, assert_registered, read_tsv, require_built,
                            require_redis_and_client_compiler, run_smoke)
 
+from meshalloc_cli.allocators import resolve
 from meshalloc_cli.bench import handles, redis_support
 from meshalloc_cli.bench.handles import OpsResult
 from meshalloc_cli.compare import Stat
@@ -31,7 +32,7 @@ def storages() -> List[str]:
     """malloc always; handles when the built libmeshalloc.so exports the handle API."""
     build = require_built(SERVER, OPS, LIBRARY)
     found = ["malloc"]
-    if handles.handles_available(build / OPS, build / LIBRARY):
+    if handles.handles_available(build / OPS, resolve(handles.MESHALLOC_CONFIG, build)):
         found.append("handles")
     return found
 

@@ -88,7 +88,7 @@ def test_geomeans_and_claims_judge_the_direction():
                record("git", "meshalloc:3y", 1, 55, 70), record("git", "meshalloc:3y", 2, 55, 70),
                record("git", "jemalloc", 1, 40, 60), record("git", "jemalloc", 2, 40, 60)]
     names = ["glibc", "jemalloc", "meshalloc:3y"]
-    table = real_apps.build_table(["perl", "git"], names, records)
+    table = real_apps.build_table(["perl", "git"], names, records, "glibc")
     assert table["perl"]["meshalloc:3y"].ratios["mean_pss"] == pytest.approx(0.85)
     mean = real_apps.between(table, ["perl", "git"], "meshalloc:3y", "glibc", "mean_pss")
     assert mean.value == pytest.approx((0.85 * 1.1) ** 0.5)
@@ -97,7 +97,7 @@ def test_geomeans_and_claims_judge_the_direction():
     assert found["meshalloc 3y mean memory vs glibc, geomean of the real programs"].holds is True
     assert found["meshalloc 3y peak memory vs glibc, perl"].holds is True
     assert found["meshalloc 3y mean memory vs jemalloc, geomean of the real programs"].holds is False
-    markdown = real_apps.ratio_table(["perl", "git"], names, table, "mean_pss")
+    markdown = real_apps.ratio_table(["perl", "git"], names, table, "mean_pss", "glibc")
     assert "| perl | 0.0 | 1.00 | 0.85 (0.80–0.90) |" in markdown
 
 

@@ -13,7 +13,7 @@ from bench_support import (ROOT, assert_figure, assert_ran_once, assert_register
                            require_redis_and_client_compiler, run_smoke)
 
 from meshalloc_cli.bench import framework, redis_lru, redis_support
-from meshalloc_cli.compare import Stat
+from meshalloc_cli.bench.stats import Stat
 from meshalloc_cli.errors import MeshallocError
 from meshalloc_cli.measure import MIB
 from meshalloc_cli.output import SAMPLE_COLUMNS

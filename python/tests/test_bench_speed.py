@@ -101,7 +101,7 @@ def made_up(times):
 
 
 def workload(name, kind):
-    return speed.Workload(name, kind, ["true"], None, {}, "pattern", "true")
+    return programs.Workload(name, kind, ["true"], None, {}, "pattern", "true")
 
 
 def test_ratios_geomeans_and_target_claims():
@@ -114,7 +114,7 @@ def test_ratios_geomeans_and_target_claims():
     cell = table["a"]["meshalloc:1n"]
     assert cell.ratio == pytest.approx(1.3)
     assert cell.ratio_range == pytest.approx((1.2, 1.4))
-    both = speed.geomean_of(table, ["a", "b"], "meshalloc:1n")
+    both = speed.geomean_over(table, ["a", "b"], "meshalloc:1n")
     assert both.value == pytest.approx((1.3 * 0.5) ** 0.5)
     assert both.low == pytest.approx((1.2 * 0.5) ** 0.5) and both.high == pytest.approx((1.4 * 0.5) ** 0.5)
     found = speed.claims(workloads, table, "mimalloc", checked=True)

@@ -127,49 +127,15 @@ int optionValue(const char* name, void* oldp, size_t* oldlenp, void* newp, size_
 
 int statValue(const char* name, void* oldp, size_t* oldlenp) {
   const HeapStats& s = snapshot();
-  struct Entry {
-    const char* name;
-    size_t value;
-  };
-  const Entry entries[] = {
-      {"stats.allocated", s.allocated},
-      {"stats.active", s.active},
-      {"stats.resident", s.resident},
-      {"stats.mapped", s.mapped},
-      {"stats.metadata", s.metadata},
-      {"stats.retained", s.retained},
-      {"stats.reserved", s.reserved},
-      {"stats.large.allocated", s.largeAllocated},
-      {"stats.large.count", s.largeCount},
-      {"stats.thread_heaps", s.threadHeaps},
-      {"stats.idle_reclaims", s.idleReclaims},
-      {"stats.arenas.0.pactive", s.active / Arena::pageSize()},
-      {"stats.arenas.0.pdirty", s.retained / Arena::pageSize()},
-      {"mesh.count", s.meshCount},
-      {"mesh.released", s.meshReleased},
-      {"mesh.released_peak", s.meshReleasedPeak},
-      {"mesh.meshed_spans", s.meshedSpans},
-      {"mesh.aliases", s.meshAliases},
-      {"mesh.retired", s.meshRetired},
-      {"mesh.mappings", s.mappings},
-      {"mesh.mapping_limit", s.mappingLimit},
-      {"mesh.passes", s.meshPasses},
-      {"mesh.failed", s.meshFailed},
-      {"mesh.stranded", s.meshStranded},
-      {"mesh.skipped_for_io", s.meshSkippedForIo},
-      {"mesh.pauses", s.pauseCount},
-      {"mesh.pause_total_ns", s.pauseTotalNs},
-      {"mesh.pause_max_ns", s.pauseMaxNs},
-      {"mesh.pause_wait_max_ns", s.pauseWaitMaxNs},
-      {"mesh.barrier_max_ns", s.barrierMaxNs},
-      {"mesh.cpu_ns", s.meshCpuNs},
-      {"mesh.restore_cpu_ns", s.meshRestoreCpuNs},
-      {"mesh.barrier_faults", s.barrierFaults},
-      {"mesh.pinned_spans", s.pinnedSpans},
-  };
-  for (const Entry& e : entries) {
-    if (!strcmp(name, e.name)) return readValue<size_t>(oldp, oldlenp, e.value);
+  for (size_t i = 0; i < kHeapStatisticCount; i++) {
+    if (!strcmp(name, kHeapStatistics[i].ctlName))
+      return readValue<size_t>(oldp, oldlenp, static_cast<size_t>(s.*kHeapStatistics[i].field));
   }
+  // jemalloc's names for two of them, in pages.
+  if (!strcmp(name, "stats.arenas.0.pactive"))
+    return readValue<size_t>(oldp, oldlenp, s.active / Arena::pageSize());
+  if (!strcmp(name, "stats.arenas.0.pdirty"))
+    return readValue<size_t>(oldp, oldlenp, s.retained / Arena::pageSize());
   return ENOENT;
 }
 

@@ -1,7 +1,6 @@
 // The exported C symbols: glibc's allocation API and meshalloc's own control interface. Only
 // this file and cxx_operators.cc give symbols default visibility.
 #include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
 #include <malloc.h>
 #include <unistd.h>
@@ -122,7 +121,7 @@ __attribute__((constructor)) void initializeAtLoad() {
   handles::ensureInitialized();
   api::startLiveStats();
   if (gHeapConfig.statsAtExit != StatsFormat::kNone && !gHeapConfig.statsFile) {
-    gSavedStderr = fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, kLowestSavedFd);
+    gSavedStderr = os::duplicateFd(STDERR_FILENO, kLowestSavedFd);
   }
 }
 
@@ -132,12 +131,12 @@ __attribute__((destructor)) void printStatsAtExit() {
   int fd = gSavedStderr >= 0 ? gSavedStderr : STDERR_FILENO;
   if (gHeapConfig.statsFile) {
     static char path[PATH_MAX];  // static: destructors may run on a small stack
-    if (!api::expandStatsPath(gHeapConfig.statsFile, getpid(), path, sizeof(path))) return;
-    fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (!api::expandStatsPath(gHeapConfig.statsFile, os::processId(), path, sizeof(path))) return;
+    fd = os::createFile(path, os::FileCreation::kReplace);
     if (fd < 0) return;
   }
   api::writeStats(fd, gHeapConfig.statsAtExit == StatsFormat::kJson);
-  if (fd != STDERR_FILENO) close(fd);
+  if (fd != STDERR_FILENO) os::closeFd(fd);
   gSavedStderr = -1;
 }
 

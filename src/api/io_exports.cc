@@ -55,6 +55,13 @@ Function realCompatFunction(std::atomic<Function>& cache, const char* name) {
   return f;
 }
 
+// As MESHALLOC_NEXT_SYMBOL (api/next_symbol.h), for those names.
+#define MESHALLOC_COMPAT_SYMBOL(function)                               \
+  ([]() -> decltype(&::function) {                                      \
+    static constinit std::atomic<decltype(&::function)> cache{nullptr}; \
+    return ::meshalloc::realCompatFunction(cache, #function);           \
+  }())
+
 bool inHeap(uintptr_t start, uintptr_t end) {
   return Arena::contains(start) || Arena::contains(end - 1);
 }
@@ -151,119 +158,6 @@ auto guarded(const void* buffer, size_t length, Call call) -> decltype(call()) {
   return guardedRange(range, call);
 }
 
-using ReadFn = ssize_t (*)(int, void*, size_t);
-using PreadFn = ssize_t (*)(int, void*, size_t, off_t);
-using RecvFn = ssize_t (*)(int, void*, size_t, int);
-using RecvfromFn = ssize_t (*)(int, void*, size_t, int, struct sockaddr*, socklen_t*);
-std::atomic<ReadFn> gRead{nullptr};
-std::atomic<PreadFn> gPread{nullptr};
-std::atomic<PreadFn> gPread64{nullptr};
-std::atomic<RecvFn> gRecv{nullptr};
-std::atomic<RecvfromFn> gRecvfrom{nullptr};
-using ReadvFn = ssize_t (*)(int, const struct iovec*, int);
-using PreadvFn = ssize_t (*)(int, const struct iovec*, int, off_t);
-using Preadv2Fn = ssize_t (*)(int, const struct iovec*, int, off_t, int);
-using RecvmsgFn = ssize_t (*)(int, struct msghdr*, int);
-using GetrandomFn = ssize_t (*)(void*, size_t, unsigned);
-using PollFn = int (*)(struct pollfd*, nfds_t, int);
-using PpollFn = int (*)(struct pollfd*, nfds_t, const struct timespec*, const sigset_t*);
-using EpollWaitFn = int (*)(int, struct epoll_event*, int, int);
-using EpollPwaitFn = int (*)(int, struct epoll_event*, int, int, const sigset_t*);
-using RecvmmsgFn = int (*)(int, struct mmsghdr*, unsigned, int, struct timespec*);
-using ReadlinkFn = ssize_t (*)(const char*, char*, size_t);
-using ReadlinkatFn = ssize_t (*)(int, const char*, char*, size_t);
-using StatFn = int (*)(const char*, struct stat*);
-using FstatFn = int (*)(int, struct stat*);
-using FstatatFn = int (*)(int, const char*, struct stat*, int);
-using Stat64Fn = int (*)(const char*, struct stat64*);
-using Fstat64Fn = int (*)(int, struct stat64*);
-using Fstatat64Fn = int (*)(int, const char*, struct stat64*, int);
-using StatxFn = int (*)(int, const char*, int, unsigned, struct statx*);
-using AcceptFn = int (*)(int, struct sockaddr*, socklen_t*);
-using Accept4Fn = int (*)(int, struct sockaddr*, socklen_t*, int);
-std::atomic<ReadvFn> gReadv{nullptr};
-std::atomic<PreadvFn> gPreadv{nullptr};
-std::atomic<PreadvFn> gPreadv64{nullptr};
-std::atomic<Preadv2Fn> gPreadv2{nullptr};
-std::atomic<Preadv2Fn> gPreadv64v2{nullptr};
-std::atomic<RecvmsgFn> gRecvmsg{nullptr};
-std::atomic<GetrandomFn> gGetrandom{nullptr};
-std::atomic<PollFn> gPoll{nullptr};
-std::atomic<PpollFn> gPpoll{nullptr};
-std::atomic<EpollWaitFn> gEpollWait{nullptr};
-std::atomic<EpollPwaitFn> gEpollPwait{nullptr};
-std::atomic<RecvmmsgFn> gRecvmmsg{nullptr};
-std::atomic<ReadlinkFn> gReadlink{nullptr};
-std::atomic<ReadlinkatFn> gReadlinkat{nullptr};
-std::atomic<StatFn> gStat{nullptr};
-std::atomic<StatFn> gLstat{nullptr};
-std::atomic<FstatFn> gFstat{nullptr};
-std::atomic<FstatatFn> gFstatat{nullptr};
-std::atomic<Stat64Fn> gStat64{nullptr};
-std::atomic<Stat64Fn> gLstat64{nullptr};
-std::atomic<Fstat64Fn> gFstat64{nullptr};
-std::atomic<Fstatat64Fn> gFstatat64{nullptr};
-std::atomic<StatxFn> gStatx{nullptr};
-std::atomic<AcceptFn> gAccept{nullptr};
-std::atomic<Accept4Fn> gAccept4{nullptr};
-std::atomic<AcceptFn> gGetsockname{nullptr};
-std::atomic<AcceptFn> gGetpeername{nullptr};
-using GetsockoptFn = int (*)(int, int, int, void*, socklen_t*);
-using SelectFn = int (*)(int, fd_set*, fd_set*, fd_set*, struct timeval*);
-using PselectFn = int (*)(int, fd_set*, fd_set*, fd_set*, const struct timespec*, const sigset_t*);
-using WaitFn = pid_t (*)(int*);
-using WaitpidFn = pid_t (*)(pid_t, int*, int);
-using Wait3Fn = pid_t (*)(int*, int, struct rusage*);
-using Wait4Fn = pid_t (*)(pid_t, int*, int, struct rusage*);
-using WaitidFn = int (*)(idtype_t, id_t, siginfo_t*, int);
-using PipeFn = int (*)(int*);
-using Pipe2Fn = int (*)(int*, int);
-using SocketpairFn = int (*)(int, int, int, int*);
-using Getdents64Fn = ssize_t (*)(int, void*, size_t);
-using GetxattrFn = ssize_t (*)(const char*, const char*, void*, size_t);
-using FgetxattrFn = ssize_t (*)(int, const char*, void*, size_t);
-using ListxattrFn = ssize_t (*)(const char*, char*, size_t);
-using FlistxattrFn = ssize_t (*)(int, char*, size_t);
-using FreadFn = size_t (*)(void*, size_t, size_t, FILE*);
-using UnameFn = int (*)(struct utsname*);
-using GetrusageFn = int (*)(int, struct rusage*);
-std::atomic<GetsockoptFn> gGetsockopt{nullptr};
-std::atomic<SelectFn> gSelect{nullptr};
-std::atomic<PselectFn> gPselect{nullptr};
-std::atomic<WaitFn> gWait{nullptr};
-std::atomic<WaitpidFn> gWaitpid{nullptr};
-std::atomic<Wait3Fn> gWait3{nullptr};
-std::atomic<Wait4Fn> gWait4{nullptr};
-std::atomic<WaitidFn> gWaitid{nullptr};
-std::atomic<PipeFn> gPipe{nullptr};
-std::atomic<Pipe2Fn> gPipe2{nullptr};
-std::atomic<SocketpairFn> gSocketpair{nullptr};
-std::atomic<Getdents64Fn> gGetdents64{nullptr};
-std::atomic<GetxattrFn> gGetxattr{nullptr};
-std::atomic<GetxattrFn> gLgetxattr{nullptr};
-std::atomic<FgetxattrFn> gFgetxattr{nullptr};
-std::atomic<ListxattrFn> gListxattr{nullptr};
-std::atomic<ListxattrFn> gLlistxattr{nullptr};
-std::atomic<FlistxattrFn> gFlistxattr{nullptr};
-std::atomic<FreadFn> gFread{nullptr};
-std::atomic<FreadFn> gFreadUnlocked{nullptr};
-std::atomic<UnameFn> gUname{nullptr};
-using XstatFn = int (*)(int, const char*, struct stat*);
-using FxstatFn = int (*)(int, int, struct stat*);
-using FxstatatFn = int (*)(int, int, const char*, struct stat*, int);
-using Xstat64Fn = int (*)(int, const char*, struct stat64*);
-using Fxstat64Fn = int (*)(int, int, struct stat64*);
-using Fxstatat64Fn = int (*)(int, int, const char*, struct stat64*, int);
-std::atomic<XstatFn> gXstat{nullptr};
-std::atomic<XstatFn> gLxstat{nullptr};
-std::atomic<FxstatFn> gFxstat{nullptr};
-std::atomic<FxstatatFn> gFxstatat{nullptr};
-std::atomic<Xstat64Fn> gXstat64{nullptr};
-std::atomic<Xstat64Fn> gLxstat64{nullptr};
-std::atomic<Fxstat64Fn> gFxstat64{nullptr};
-std::atomic<Fxstatat64Fn> gFxstatat64{nullptr};
-std::atomic<GetrusageFn> gGetrusage{nullptr};
-
 // recvmsg writes the data, the sender's address, the control data and, in the header itself,
 // their lengths and the flags.
 void addMessage(HeapRange& range, struct msghdr* message) {
@@ -354,191 +248,191 @@ HeapRange itemsRange(void* buffer, size_t size, size_t count) {
 using namespace meshalloc;
 
 MESHALLOC_EXPORT ssize_t read(int fd, void* buffer, size_t count) {
-  ReadFn real = api::nextSymbol(gRead, "read");
+  auto real = MESHALLOC_NEXT_SYMBOL(read);
   return guarded(buffer, count, [&] { return real(fd, buffer, count); });
 }
 
 MESHALLOC_EXPORT ssize_t pread(int fd, void* buffer, size_t count, off_t offset) {
-  PreadFn real = api::nextSymbol(gPread, "pread");
+  auto real = MESHALLOC_NEXT_SYMBOL(pread);
   return guarded(buffer, count, [&] { return real(fd, buffer, count, offset); });
 }
 
 MESHALLOC_EXPORT ssize_t pread64(int fd, void* buffer, size_t count, off_t offset) {
-  PreadFn real = api::nextSymbol(gPread64, "pread64");
+  auto real = MESHALLOC_NEXT_SYMBOL(pread64);
   return guarded(buffer, count, [&] { return real(fd, buffer, count, offset); });
 }
 
 MESHALLOC_EXPORT ssize_t recv(int fd, void* buffer, size_t length, int flags) {
-  RecvFn real = api::nextSymbol(gRecv, "recv");
+  auto real = MESHALLOC_NEXT_SYMBOL(recv);
   return guarded(buffer, length, [&] { return real(fd, buffer, length, flags); });
 }
 
 MESHALLOC_EXPORT ssize_t recvfrom(int fd, void* buffer, size_t length, int flags,
                                   struct sockaddr* address, socklen_t* addressLength) {
-  RecvfromFn real = api::nextSymbol(gRecvfrom, "recvfrom");
+  auto real = MESHALLOC_NEXT_SYMBOL(recvfrom);
   return guarded(buffer, length,
                  [&] { return real(fd, buffer, length, flags, address, addressLength); });
 }
 
 MESHALLOC_EXPORT ssize_t readv(int fd, const struct iovec* vector, int count) {
-  ReadvFn real = api::nextSymbol(gReadv, "readv");
+  auto real = MESHALLOC_NEXT_SYMBOL(readv);
   return guardedRange(vectorRange(vector, count), [&] { return real(fd, vector, count); });
 }
 
 MESHALLOC_EXPORT ssize_t preadv(int fd, const struct iovec* vector, int count, off_t offset) {
-  PreadvFn real = api::nextSymbol(gPreadv, "preadv");
+  auto real = MESHALLOC_NEXT_SYMBOL(preadv);
   return guardedRange(vectorRange(vector, count), [&] { return real(fd, vector, count, offset); });
 }
 
 MESHALLOC_EXPORT ssize_t preadv64(int fd, const struct iovec* vector, int count, off_t offset) {
-  PreadvFn real = api::nextSymbol(gPreadv64, "preadv64");
+  auto real = MESHALLOC_NEXT_SYMBOL(preadv64);
   return guardedRange(vectorRange(vector, count), [&] { return real(fd, vector, count, offset); });
 }
 
 MESHALLOC_EXPORT ssize_t preadv2(int fd, const struct iovec* vector, int count, off_t offset,
                                  int flags) {
-  Preadv2Fn real = api::nextSymbol(gPreadv2, "preadv2");
+  auto real = MESHALLOC_NEXT_SYMBOL(preadv2);
   return guardedRange(vectorRange(vector, count),
                       [&] { return real(fd, vector, count, offset, flags); });
 }
 
 MESHALLOC_EXPORT ssize_t preadv64v2(int fd, const struct iovec* vector, int count, off_t offset,
                                     int flags) {
-  Preadv2Fn real = api::nextSymbol(gPreadv64v2, "preadv64v2");
+  auto real = MESHALLOC_NEXT_SYMBOL(preadv64v2);
   return guardedRange(vectorRange(vector, count),
                       [&] { return real(fd, vector, count, offset, flags); });
 }
 
 MESHALLOC_EXPORT ssize_t recvmsg(int fd, struct msghdr* message, int flags) {
-  RecvmsgFn real = api::nextSymbol(gRecvmsg, "recvmsg");
+  auto real = MESHALLOC_NEXT_SYMBOL(recvmsg);
   return guardedRange(messageRange(message), [&] { return real(fd, message, flags); });
 }
 
 MESHALLOC_EXPORT ssize_t getrandom(void* buffer, size_t length, unsigned flags) {
-  GetrandomFn real = api::nextSymbol(gGetrandom, "getrandom");
+  auto real = MESHALLOC_NEXT_SYMBOL(getrandom);
   return guarded(buffer, length, [&] { return real(buffer, length, flags); });
 }
 
 MESHALLOC_EXPORT int poll(struct pollfd* fds, nfds_t count, int timeout) {
-  PollFn real = api::nextSymbol(gPoll, "poll");
+  auto real = MESHALLOC_NEXT_SYMBOL(poll);
   return guardedRange(pollRange(fds, count), [&] { return real(fds, count, timeout); });
 }
 
 MESHALLOC_EXPORT int ppoll(struct pollfd* fds, nfds_t count, const struct timespec* timeout,
                            const sigset_t* mask) {
-  PpollFn real = api::nextSymbol(gPpoll, "ppoll");
+  auto real = MESHALLOC_NEXT_SYMBOL(ppoll);
   return guardedRange(pollRange(fds, count), [&] { return real(fds, count, timeout, mask); });
 }
 
 MESHALLOC_EXPORT int epoll_wait(int epfd, struct epoll_event* events, int maxEvents, int timeout) {
-  EpollWaitFn real = api::nextSymbol(gEpollWait, "epoll_wait");
+  auto real = MESHALLOC_NEXT_SYMBOL(epoll_wait);
   return guardedRange(eventsRange(events, maxEvents),
                       [&] { return real(epfd, events, maxEvents, timeout); });
 }
 
 MESHALLOC_EXPORT int epoll_pwait(int epfd, struct epoll_event* events, int maxEvents, int timeout,
                                  const sigset_t* mask) {
-  EpollPwaitFn real = api::nextSymbol(gEpollPwait, "epoll_pwait");
+  auto real = MESHALLOC_NEXT_SYMBOL(epoll_pwait);
   return guardedRange(eventsRange(events, maxEvents),
                       [&] { return real(epfd, events, maxEvents, timeout, mask); });
 }
 
 MESHALLOC_EXPORT int accept(int fd, struct sockaddr* address, socklen_t* length) {
-  AcceptFn real = api::nextSymbol(gAccept, "accept");
+  auto real = MESHALLOC_NEXT_SYMBOL(accept);
   return guardedRange(valueAndLengthRange(address, length),
                       [&] { return real(fd, address, length); });
 }
 
 MESHALLOC_EXPORT int accept4(int fd, struct sockaddr* address, socklen_t* length, int flags) {
-  Accept4Fn real = api::nextSymbol(gAccept4, "accept4");
+  auto real = MESHALLOC_NEXT_SYMBOL(accept4);
   return guardedRange(valueAndLengthRange(address, length),
                       [&] { return real(fd, address, length, flags); });
 }
 
 MESHALLOC_EXPORT int recvmmsg(int fd, struct mmsghdr* messages, unsigned count, int flags,
                               struct timespec* timeout) {
-  RecvmmsgFn real = api::nextSymbol(gRecvmmsg, "recvmmsg");
+  auto real = MESHALLOC_NEXT_SYMBOL(recvmmsg);
   return guardedRange(messagesRange(messages, count),
                       [&] { return real(fd, messages, count, flags, timeout); });
 }
 
 MESHALLOC_EXPORT ssize_t readlink(const char* path, char* buffer, size_t size) {
-  ReadlinkFn real = api::nextSymbol(gReadlink, "readlink");
+  auto real = MESHALLOC_NEXT_SYMBOL(readlink);
   return guarded(buffer, size, [&] { return real(path, buffer, size); });
 }
 
 MESHALLOC_EXPORT ssize_t readlinkat(int dirfd, const char* path, char* buffer, size_t size) {
-  ReadlinkatFn real = api::nextSymbol(gReadlinkat, "readlinkat");
+  auto real = MESHALLOC_NEXT_SYMBOL(readlinkat);
   return guarded(buffer, size, [&] { return real(dirfd, path, buffer, size); });
 }
 
 MESHALLOC_EXPORT int stat(const char* path, struct stat* status) {
-  StatFn real = api::nextSymbol(gStat, "stat");
+  auto real = MESHALLOC_NEXT_SYMBOL(stat);
   return guarded(status, sizeof(*status), [&] { return real(path, status); });
 }
 
 MESHALLOC_EXPORT int lstat(const char* path, struct stat* status) {
-  StatFn real = api::nextSymbol(gLstat, "lstat");
+  auto real = MESHALLOC_NEXT_SYMBOL(lstat);
   return guarded(status, sizeof(*status), [&] { return real(path, status); });
 }
 
 MESHALLOC_EXPORT int fstat(int fd, struct stat* status) {
-  FstatFn real = api::nextSymbol(gFstat, "fstat");
+  auto real = MESHALLOC_NEXT_SYMBOL(fstat);
   return guarded(status, sizeof(*status), [&] { return real(fd, status); });
 }
 
 MESHALLOC_EXPORT int fstatat(int dirfd, const char* path, struct stat* status, int flags) {
-  FstatatFn real = api::nextSymbol(gFstatat, "fstatat");
+  auto real = MESHALLOC_NEXT_SYMBOL(fstatat);
   return guarded(status, sizeof(*status), [&] { return real(dirfd, path, status, flags); });
 }
 
 MESHALLOC_EXPORT int stat64(const char* path, struct stat64* status) {
-  Stat64Fn real = api::nextSymbol(gStat64, "stat64");
+  auto real = MESHALLOC_NEXT_SYMBOL(stat64);
   return guarded(status, sizeof(*status), [&] { return real(path, status); });
 }
 
 MESHALLOC_EXPORT int lstat64(const char* path, struct stat64* status) {
-  Stat64Fn real = api::nextSymbol(gLstat64, "lstat64");
+  auto real = MESHALLOC_NEXT_SYMBOL(lstat64);
   return guarded(status, sizeof(*status), [&] { return real(path, status); });
 }
 
 MESHALLOC_EXPORT int fstat64(int fd, struct stat64* status) {
-  Fstat64Fn real = api::nextSymbol(gFstat64, "fstat64");
+  auto real = MESHALLOC_NEXT_SYMBOL(fstat64);
   return guarded(status, sizeof(*status), [&] { return real(fd, status); });
 }
 
 MESHALLOC_EXPORT int fstatat64(int dirfd, const char* path, struct stat64* status, int flags) {
-  Fstatat64Fn real = api::nextSymbol(gFstatat64, "fstatat64");
+  auto real = MESHALLOC_NEXT_SYMBOL(fstatat64);
   return guarded(status, sizeof(*status), [&] { return real(dirfd, path, status, flags); });
 }
 
 MESHALLOC_EXPORT int statx(int dirfd, const char* path, int flags, unsigned mask,
                            struct statx* status) {
-  StatxFn real = api::nextSymbol(gStatx, "statx");
+  auto real = MESHALLOC_NEXT_SYMBOL(statx);
   return guarded(status, sizeof(*status), [&] { return real(dirfd, path, flags, mask, status); });
 }
 
 MESHALLOC_EXPORT int getsockname(int fd, struct sockaddr* address, socklen_t* length) {
-  AcceptFn real = api::nextSymbol(gGetsockname, "getsockname");
+  auto real = MESHALLOC_NEXT_SYMBOL(getsockname);
   return guardedRange(valueAndLengthRange(address, length),
                       [&] { return real(fd, address, length); });
 }
 
 MESHALLOC_EXPORT int getpeername(int fd, struct sockaddr* address, socklen_t* length) {
-  AcceptFn real = api::nextSymbol(gGetpeername, "getpeername");
+  auto real = MESHALLOC_NEXT_SYMBOL(getpeername);
   return guardedRange(valueAndLengthRange(address, length),
                       [&] { return real(fd, address, length); });
 }
 
 MESHALLOC_EXPORT int getsockopt(int fd, int level, int name, void* value, socklen_t* length) {
-  GetsockoptFn real = api::nextSymbol(gGetsockopt, "getsockopt");
+  auto real = MESHALLOC_NEXT_SYMBOL(getsockopt);
   return guardedRange(valueAndLengthRange(value, length),
                       [&] { return real(fd, level, name, value, length); });
 }
 
 MESHALLOC_EXPORT int select(int count, fd_set* readable, fd_set* writable, fd_set* exceptional,
                             struct timeval* timeout) {
-  SelectFn real = api::nextSymbol(gSelect, "select");
+  auto real = MESHALLOC_NEXT_SYMBOL(select);
   fd_set* sets[3] = {readable, writable, exceptional};
   return guardedRange(selectRange(count, sets, timeout),
                       [&] { return real(count, readable, writable, exceptional, timeout); });
@@ -546,85 +440,85 @@ MESHALLOC_EXPORT int select(int count, fd_set* readable, fd_set* writable, fd_se
 
 MESHALLOC_EXPORT int pselect(int count, fd_set* readable, fd_set* writable, fd_set* exceptional,
                              const struct timespec* timeout, const sigset_t* mask) {
-  PselectFn real = api::nextSymbol(gPselect, "pselect");
+  auto real = MESHALLOC_NEXT_SYMBOL(pselect);
   fd_set* sets[3] = {readable, writable, exceptional};
   return guardedRange(selectRange(count, sets, nullptr),
                       [&] { return real(count, readable, writable, exceptional, timeout, mask); });
 }
 
 MESHALLOC_EXPORT pid_t wait(int* status) {
-  WaitFn real = api::nextSymbol(gWait, "wait");
+  auto real = MESHALLOC_NEXT_SYMBOL(wait);
   return guarded(status, sizeof(*status), [&] { return real(status); });
 }
 
 MESHALLOC_EXPORT pid_t waitpid(pid_t pid, int* status, int options) {
-  WaitpidFn real = api::nextSymbol(gWaitpid, "waitpid");
+  auto real = MESHALLOC_NEXT_SYMBOL(waitpid);
   return guarded(status, sizeof(*status), [&] { return real(pid, status, options); });
 }
 
 MESHALLOC_EXPORT pid_t wait3(int* status, int options, struct rusage* usage) {
-  Wait3Fn real = api::nextSymbol(gWait3, "wait3");
+  auto real = MESHALLOC_NEXT_SYMBOL(wait3);
   return guardedRange(statusRange(status, usage), [&] { return real(status, options, usage); });
 }
 
 MESHALLOC_EXPORT pid_t wait4(pid_t pid, int* status, int options, struct rusage* usage) {
-  Wait4Fn real = api::nextSymbol(gWait4, "wait4");
+  auto real = MESHALLOC_NEXT_SYMBOL(wait4);
   return guardedRange(statusRange(status, usage),
                       [&] { return real(pid, status, options, usage); });
 }
 
 MESHALLOC_EXPORT int waitid(idtype_t type, id_t id, siginfo_t* info, int options) {
-  WaitidFn real = api::nextSymbol(gWaitid, "waitid");
+  auto real = MESHALLOC_NEXT_SYMBOL(waitid);
   return guarded(info, sizeof(*info), [&] { return real(type, id, info, options); });
 }
 
 MESHALLOC_EXPORT int pipe(int fds[2]) {
-  PipeFn real = api::nextSymbol(gPipe, "pipe");
+  auto real = MESHALLOC_NEXT_SYMBOL(pipe);
   return guarded(fds, 2 * sizeof(int), [&] { return real(fds); });
 }
 
 MESHALLOC_EXPORT int pipe2(int fds[2], int flags) {
-  Pipe2Fn real = api::nextSymbol(gPipe2, "pipe2");
+  auto real = MESHALLOC_NEXT_SYMBOL(pipe2);
   return guarded(fds, 2 * sizeof(int), [&] { return real(fds, flags); });
 }
 
 MESHALLOC_EXPORT int socketpair(int domain, int type, int protocol, int fds[2]) {
-  SocketpairFn real = api::nextSymbol(gSocketpair, "socketpair");
+  auto real = MESHALLOC_NEXT_SYMBOL(socketpair);
   return guarded(fds, 2 * sizeof(int), [&] { return real(domain, type, protocol, fds); });
 }
 
 MESHALLOC_EXPORT ssize_t getdents64(int fd, void* buffer, size_t length) {
-  Getdents64Fn real = api::nextSymbol(gGetdents64, "getdents64");
+  auto real = MESHALLOC_NEXT_SYMBOL(getdents64);
   return guarded(buffer, length, [&] { return real(fd, buffer, length); });
 }
 
 MESHALLOC_EXPORT ssize_t getxattr(const char* path, const char* name, void* value, size_t size) {
-  GetxattrFn real = api::nextSymbol(gGetxattr, "getxattr");
+  auto real = MESHALLOC_NEXT_SYMBOL(getxattr);
   return guarded(value, size, [&] { return real(path, name, value, size); });
 }
 
 MESHALLOC_EXPORT ssize_t lgetxattr(const char* path, const char* name, void* value, size_t size) {
-  GetxattrFn real = api::nextSymbol(gLgetxattr, "lgetxattr");
+  auto real = MESHALLOC_NEXT_SYMBOL(lgetxattr);
   return guarded(value, size, [&] { return real(path, name, value, size); });
 }
 
 MESHALLOC_EXPORT ssize_t fgetxattr(int fd, const char* name, void* value, size_t size) {
-  FgetxattrFn real = api::nextSymbol(gFgetxattr, "fgetxattr");
+  auto real = MESHALLOC_NEXT_SYMBOL(fgetxattr);
   return guarded(value, size, [&] { return real(fd, name, value, size); });
 }
 
 MESHALLOC_EXPORT ssize_t listxattr(const char* path, char* list, size_t size) {
-  ListxattrFn real = api::nextSymbol(gListxattr, "listxattr");
+  auto real = MESHALLOC_NEXT_SYMBOL(listxattr);
   return guarded(list, size, [&] { return real(path, list, size); });
 }
 
 MESHALLOC_EXPORT ssize_t llistxattr(const char* path, char* list, size_t size) {
-  ListxattrFn real = api::nextSymbol(gLlistxattr, "llistxattr");
+  auto real = MESHALLOC_NEXT_SYMBOL(llistxattr);
   return guarded(list, size, [&] { return real(path, list, size); });
 }
 
 MESHALLOC_EXPORT ssize_t flistxattr(int fd, char* list, size_t size) {
-  FlistxattrFn real = api::nextSymbol(gFlistxattr, "flistxattr");
+  auto real = MESHALLOC_NEXT_SYMBOL(flistxattr);
   return guarded(list, size, [&] { return real(fd, list, size); });
 }
 
@@ -632,69 +526,69 @@ MESHALLOC_EXPORT ssize_t flistxattr(int fd, char* list, size_t size) {
 // with its internal read(), which the read wrapper never sees. (The stream's own buffer is
 // pinned instead: api/libc_buffers.h.)
 MESHALLOC_EXPORT size_t fread(void* buffer, size_t size, size_t count, FILE* stream) {
-  FreadFn real = api::nextSymbol(gFread, "fread");
+  auto real = MESHALLOC_NEXT_SYMBOL(fread);
   return guardedRange(itemsRange(buffer, size, count),
                       [&] { return real(buffer, size, count, stream); });
 }
 
 MESHALLOC_EXPORT size_t fread_unlocked(void* buffer, size_t size, size_t count, FILE* stream) {
-  FreadFn real = api::nextSymbol(gFreadUnlocked, "fread_unlocked");
+  auto real = MESHALLOC_NEXT_SYMBOL(fread_unlocked);
   return guardedRange(itemsRange(buffer, size, count),
                       [&] { return real(buffer, size, count, stream); });
 }
 
 MESHALLOC_EXPORT int uname(struct utsname* name) {
-  UnameFn real = api::nextSymbol(gUname, "uname");
+  auto real = MESHALLOC_NEXT_SYMBOL(uname);
   return guarded(name, sizeof(*name), [&] { return real(name); });
 }
 
 MESHALLOC_EXPORT int getrusage(int who, struct rusage* usage) {
-  GetrusageFn real = api::nextSymbol(gGetrusage, "getrusage");
+  auto real = MESHALLOC_NEXT_SYMBOL(getrusage);
   return guarded(usage, sizeof(*usage), [&] { return real(who, usage); });
 }
 
 // The stat family's names in programs built against glibc before 2.33, which glibc still
 // serves as compatibility symbols.
 MESHALLOC_EXPORT int __xstat(int version, const char* path, struct stat* status) {
-  XstatFn real = realCompatFunction(gXstat, "__xstat");
+  auto real = MESHALLOC_COMPAT_SYMBOL(__xstat);
   return guarded(status, sizeof(*status), [&] { return real(version, path, status); });
 }
 
 MESHALLOC_EXPORT int __lxstat(int version, const char* path, struct stat* status) {
-  XstatFn real = realCompatFunction(gLxstat, "__lxstat");
+  auto real = MESHALLOC_COMPAT_SYMBOL(__lxstat);
   return guarded(status, sizeof(*status), [&] { return real(version, path, status); });
 }
 
 MESHALLOC_EXPORT int __fxstat(int version, int fd, struct stat* status) {
-  FxstatFn real = realCompatFunction(gFxstat, "__fxstat");
+  auto real = MESHALLOC_COMPAT_SYMBOL(__fxstat);
   return guarded(status, sizeof(*status), [&] { return real(version, fd, status); });
 }
 
 MESHALLOC_EXPORT int __fxstatat(int version, int dirfd, const char* path, struct stat* status,
                                 int flags) {
-  FxstatatFn real = realCompatFunction(gFxstatat, "__fxstatat");
+  auto real = MESHALLOC_COMPAT_SYMBOL(__fxstatat);
   return guarded(status, sizeof(*status),
                  [&] { return real(version, dirfd, path, status, flags); });
 }
 
 MESHALLOC_EXPORT int __xstat64(int version, const char* path, struct stat64* status) {
-  Xstat64Fn real = realCompatFunction(gXstat64, "__xstat64");
+  auto real = MESHALLOC_COMPAT_SYMBOL(__xstat64);
   return guarded(status, sizeof(*status), [&] { return real(version, path, status); });
 }
 
 MESHALLOC_EXPORT int __lxstat64(int version, const char* path, struct stat64* status) {
-  Xstat64Fn real = realCompatFunction(gLxstat64, "__lxstat64");
+  auto real = MESHALLOC_COMPAT_SYMBOL(__lxstat64);
   return guarded(status, sizeof(*status), [&] { return real(version, path, status); });
 }
 
 MESHALLOC_EXPORT int __fxstat64(int version, int fd, struct stat64* status) {
-  Fxstat64Fn real = realCompatFunction(gFxstat64, "__fxstat64");
+  auto real = MESHALLOC_COMPAT_SYMBOL(__fxstat64);
   return guarded(status, sizeof(*status), [&] { return real(version, fd, status); });
 }
 
 MESHALLOC_EXPORT int __fxstatat64(int version, int dirfd, const char* path, struct stat64* status,
                                   int flags) {
-  Fxstatat64Fn real = realCompatFunction(gFxstatat64, "__fxstatat64");
+  auto real = MESHALLOC_COMPAT_SYMBOL(__fxstatat64);
   return guarded(status, sizeof(*status),
                  [&] { return real(version, dirfd, path, status, flags); });
 }

@@ -1,9 +1,6 @@
 #include "api/live_stats.h"
 
 #include <errno.h>
-#include <fcntl.h>
-#include <time.h>
-#include <unistd.h>
 
 #include <atomic>
 
@@ -26,27 +23,20 @@ std::atomic<bool> gStopped{false};
 uint64_t gNextNs = 0;
 uint64_t gSequence = 0;
 
-uint64_t realtimeMillis() {
-  struct timespec now;
-  clock_gettime(CLOCK_REALTIME, &now);
-  return static_cast<uint64_t>(now.tv_sec) * 1000 +
-         static_cast<uint64_t>(now.tv_nsec) / kNanosPerMilli;
-}
-
 void publish(uint64_t nowNs) {
   uint64_t interval = gHeapConfig.liveStatsMs;
   if (!interval || nowNs < gNextNs || gStopped.load()) return;
   gNextNs = nowNs + interval * kNanosPerMilli;
-  long pid = getpid();
+  long pid = os::processId();
   char temporary[64], path[64];
   if (!liveStatsPath(pid, true, temporary, sizeof(temporary)) ||
       !liveStatsPath(pid, false, path, sizeof(path)))
     return;
   // O_EXCL | O_NOFOLLOW: never write through a name someone else put in the shared directory.
-  int fd = open(temporary, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  int fd = os::createFile(temporary, os::FileCreation::kExclusivePrivate);
   if (fd < 0 && errno == EEXIST) {  // left by a write this process did not finish
-    unlink(temporary);
-    fd = open(temporary, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    os::removeFile(temporary);
+    fd = os::createFile(temporary, os::FileCreation::kExclusivePrivate);
   }
   if (fd < 0) return;
   char header[256];
@@ -60,19 +50,19 @@ void publish(uint64_t nowNs) {
       .text(",\"interval_ms\":")
       .unsignedValue(interval)
       .text(",\"unix_ms\":")
-      .unsignedValue(realtimeMillis())
+      .unsignedValue(os::realtimeMillis())
       .text(",\"report\":");
   os::writeFd(fd, out.data(), out.length());
   writeStats(fd, true);
   os::writeFd(fd, "}\n", 2);
-  close(fd);
-  if (rename(temporary, path) != 0) {
-    unlink(temporary);
+  os::closeFd(fd);
+  if (!os::renameFile(temporary, path)) {
+    os::removeFile(temporary);
     return;
   }
   // stopLiveStats sets the flag before it removes the file: either it removes this one, or
   // this sees the flag and does.
-  if (gStopped.load()) unlink(path);
+  if (gStopped.load()) os::removeFile(path);
 }
 
 }  // namespace
@@ -93,8 +83,8 @@ void stopLiveStats() {
   gStopped.store(true);
   // The temporary file too: exit_group may stop the background thread in the middle of a write.
   char path[64];
-  if (liveStatsPath(getpid(), true, path, sizeof(path))) unlink(path);
-  if (liveStatsPath(getpid(), false, path, sizeof(path))) unlink(path);
+  if (liveStatsPath(os::processId(), true, path, sizeof(path))) os::removeFile(path);
+  if (liveStatsPath(os::processId(), false, path, sizeof(path))) os::removeFile(path);
 }
 
 }  // namespace meshalloc::api

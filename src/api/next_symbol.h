@@ -19,4 +19,19 @@ Function nextSymbol(std::atomic<Function>& cache, const char* name) {
   return f;
 }
 
+// A function pointer's type without the attributes glibc's declarations carry (nonnull,
+// warn_unused_result, ...), which a template argument would ignore, with a warning.
+template <typename Result, typename... Arguments>
+auto plainFunction(Result (*)(Arguments...)) -> Result (*)(Arguments...);
+
 }  // namespace meshalloc::api
+
+// The real `function` for a wrapper of the same name and type (used inside the wrapper, where
+// `::function` is the wrapper itself, so the type is the wrapped function's own): one cache per
+// function, constant-initialised, so it needs no guard and no constructor.
+#define MESHALLOC_NEXT_SYMBOL(function)                                      \
+  ([]() {                                                                    \
+    using Function = decltype(::meshalloc::api::plainFunction(&::function)); \
+    static constinit std::atomic<Function> cache{nullptr};                   \
+    return ::meshalloc::api::nextSymbol(cache, #function);                   \
+  }())

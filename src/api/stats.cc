@@ -23,8 +23,17 @@ const BreakdownComponent kBreakdownComponents[] = {
 const size_t kBreakdownComponentCount =
     sizeof(kBreakdownComponents) / sizeof(kBreakdownComponents[0]);
 
+const HeapStatistic kHeapStatistics[] = {
+#define MESHALLOC_HEAP_STATISTIC_LINE(field, ctlName, reportName, description) \
+  {ctlName, reportName, description, &HeapStats::field},
+    MESHALLOC_HEAP_STATISTICS(MESHALLOC_HEAP_STATISTIC_LINE)
+#undef MESHALLOC_HEAP_STATISTIC_LINE
+};
+const size_t kHeapStatisticCount = sizeof(kHeapStatistics) / sizeof(kHeapStatistics[0]);
+
 namespace {
 constexpr size_t kReportCapacity = 32 << 10;
+constexpr size_t kReportNameColumn = 24;
 constexpr char kVersion[] = "0.1.0";
 
 // The detached-free components, one per occupancy bin, in bin order.
@@ -193,6 +202,7 @@ HeapStats collectStats() {
   stats.mappings = mappings > 0 ? static_cast<size_t>(mappings) : 0;
   stats.mappingLimit = mesh.mappingLimit;
   stats.meshPasses = mesh.passes;
+  stats.meshMappingLimitedPasses = mesh.vmaLimitedPasses;
   stats.meshFailed = mesh.failedMeshes;
   stats.meshStranded = mesh.strandedSpans;
   stats.meshSkippedForIo = mesh.skippedForIo;
@@ -251,46 +261,6 @@ void writeStats(int fd, bool json) {
   static Mutex bufferLock(LockRank::kStatsReport);
   LockGuard guard(bufferLock);
   TextWriter out(buffer, sizeof(buffer));
-  struct Field {
-    const char* name;
-    uint64_t value;
-  };
-  const Field fields[] = {
-      {"allocated", stats.allocated},
-      {"active", stats.active},
-      {"resident", stats.resident},
-      {"mapped", stats.mapped},
-      {"reserved", stats.reserved},
-      {"metadata", stats.metadata},
-      {"retained", stats.retained},
-      {"large_allocated", stats.largeAllocated},
-      {"large_count", stats.largeCount},
-      {"thread_heaps", stats.threadHeaps},
-      {"segments", stats.segments},
-      {"purged_total", stats.purgedTotal},
-      {"mesh_count", stats.meshCount},
-      {"mesh_released", stats.meshReleased},
-      {"mesh_released_peak", stats.meshReleasedPeak},
-      {"meshed_spans", stats.meshedSpans},
-      {"mesh_aliases", stats.meshAliases},
-      {"mesh_retired", stats.meshRetired},
-      {"mappings", stats.mappings},
-      {"mapping_limit", stats.mappingLimit},
-      {"mesh_passes", stats.meshPasses},
-      {"mesh_failed", stats.meshFailed},
-      {"mesh_stranded", stats.meshStranded},
-      {"mesh_skipped_for_io", stats.meshSkippedForIo},
-      {"mesh_pauses", stats.pauseCount},
-      {"mesh_pause_total_ns", stats.pauseTotalNs},
-      {"mesh_pause_max_ns", stats.pauseMaxNs},
-      {"mesh_pause_wait_max_ns", stats.pauseWaitMaxNs},
-      {"mesh_barrier_max_ns", stats.barrierMaxNs},
-      {"mesh_cpu_ns", stats.meshCpuNs},
-      {"mesh_restore_cpu_ns", stats.meshRestoreCpuNs},
-      {"barrier_faults", stats.barrierFaults},
-      {"pinned_spans", stats.pinnedSpans},
-      {"idle_reclaims", stats.idleReclaims},
-  };
   if (json) {
     out.text("{\"version\":\"")
         .text(kVersion)
@@ -306,10 +276,11 @@ void writeStats(int fd, bool json) {
     }
     out.text("},\"stats\":{");
     first = true;
-    for (const Field& f : fields) {
+    for (size_t i = 0; i < kHeapStatisticCount; i++) {
+      const HeapStatistic& f = kHeapStatistics[i];
       if (!first) out.put(',');
       first = false;
-      out.put('"').text(f.name).text("\":").unsignedValue(f.value);
+      out.put('"').text(f.reportName).text("\":").unsignedValue(stats.*f.field);
     }
     out.text("},\"breakdown\":{");
     for (size_t i = 0; i < kBreakdownComponentCount; i++) {
@@ -347,10 +318,13 @@ void writeStats(int fd, bool json) {
     out.text("]}\n");
   } else {
     out.text("meshalloc ").text(kVersion).text(" statistics\n");
-    for (const Field& f : fields) {
-      out.text("  ").text(f.name);
-      for (size_t pad = 0; pad + __builtin_strlen(f.name) < 20; pad++) out.put(' ');
-      out.unsignedValue(f.value).text("\n");
+    for (size_t i = 0; i < kHeapStatisticCount; i++) {
+      const HeapStatistic& f = kHeapStatistics[i];
+      out.text("  ").text(f.reportName);
+      // At least one space: the longest names are wider than the column.
+      size_t width = __builtin_strlen(f.reportName);
+      for (size_t pad = 0; pad == 0 || pad + width < kReportNameColumn; pad++) out.put(' ');
+      out.unsignedValue(stats.*f.field).text("\n");
     }
     out.text(
         "  breakdown (bytes; counted: committed by the heap's books, resident: present now)\n");

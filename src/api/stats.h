@@ -90,44 +90,78 @@ extern const size_t kBreakdownComponentCount;
 // (the latter walks every mapping). Milliseconds, not microseconds. Never allocates.
 MemoryBreakdown collectBreakdown();
 
+// The heap's counters, in bytes unless named otherwise: the one place that declares them. The
+// struct below, the mallctl names (`ctlName`) and the exit report's lines (`reportName`, text
+// and JSON "stats", which the `meshalloc` command reads) are generated from it; collectStats()
+// fills them in.
+// X(field, ctlName, reportName, description)
+#define MESHALLOC_HEAP_STATISTICS(X)                                                           \
+  X(allocated, "stats.allocated", "allocated", "bytes in live objects, at their size class")   \
+  X(active, "stats.active", "active", "bytes of spans and large objects handed out")           \
+  X(resident, "stats.resident", "resident",                                                    \
+    "active + retained + metadata: an upper bound on what the heap holds")                     \
+  X(mapped, "stats.mapped", "mapped", "address space committed to the heap (as resident)")     \
+  X(reserved, "stats.reserved", "reserved", "address space reserved in segments")              \
+  X(metadata, "stats.metadata", "metadata", "the allocator's own bookkeeping")                 \
+  X(retained, "stats.retained", "retained", "empty spans kept committed in the dirty cache")   \
+  X(largeAllocated, "stats.large.allocated", "large_allocated", "bytes in large objects")      \
+  X(largeCount, "stats.large.count", "large_count", "large objects")                           \
+  X(threadHeaps, "stats.thread_heaps", "thread_heaps", "thread heaps in use")                  \
+  X(idleReclaims, "stats.idle_reclaims", "idle_reclaims",                                      \
+    "heaps taken back from threads parked in a wait (docs/heap.md)")                           \
+  X(segments, "stats.segments", "segments", "arena segments")                                  \
+  X(purgedTotal, "stats.purged_total", "purged_total", "bytes decommitted since start")        \
+  X(meshCount, "mesh.count", "mesh_count", "virtual spans meshed away since start")            \
+  X(meshReleased, "mesh.released", "mesh_released", "physical bytes meshing saves now")        \
+  X(meshReleasedPeak, "mesh.released_peak", "mesh_released_peak", "the peak of the above")     \
+  X(meshedSpans, "mesh.meshed_spans", "meshed_spans",                                          \
+    "physical spans backing more than one virtual span")                                       \
+  X(meshAliases, "mesh.aliases", "mesh_aliases", "virtual spans mapping another span's pages") \
+  X(meshRetired, "mesh.retired", "mesh_retired",                                               \
+    "meshed spans that died, memory returned, not yet remapped private")                       \
+  X(mappings, "mesh.mappings", "mappings",                                                     \
+    "lines of /proc/self/maps now (bounded by vm.max_map_count)")                              \
+  X(mappingLimit, "mesh.mapping_limit", "mapping_limit", "the mappings meshing stays under")   \
+  X(meshPasses, "mesh.passes", "mesh_passes", "mesh passes")                                   \
+  X(meshMappingLimitedPasses, "mesh.mapping_limited_passes", "mesh_mapping_limited_passes",    \
+    "passes cut short by the mapping budget")                                                  \
+  X(meshFailed, "mesh.failed", "mesh_failed", "meshes that backed off (a system call failed)") \
+  X(meshStranded, "mesh.stranded", "mesh_stranded",                                            \
+    "virtual spans left on another span's pages by a failed undo (pinned for good)")           \
+  X(meshSkippedForIo, "mesh.skipped_for_io", "mesh_skipped_for_io",                            \
+    "meshes skipped: a span held a buffer of I/O in flight")                                   \
+  X(pauseCount, "mesh.pauses", "mesh_pauses", "guarded operations held up by meshing")         \
+  X(pauseTotalNs, "mesh.pause_total_ns", "mesh_pause_total_ns", "their total time")            \
+  X(pauseMaxNs, "mesh.pause_max_ns", "mesh_pause_max_ns",                                      \
+    "the longest (remote frees, realloc, malloc_usable_size)")                                 \
+  X(pauseWaitMaxNs, "mesh.pause_wait_max_ns", "mesh_pause_wait_max_ns",                        \
+    "of the longest, the time waiting for guarded operations in flight")                       \
+  X(barrierMaxNs, "mesh.barrier_max_ns", "mesh_barrier_max_ns",                                \
+    "the longest a write into a span being meshed could wait (one batch)")                     \
+  X(meshCpuNs, "mesh.cpu_ns", "mesh_cpu_ns", "CPU time spent meshing")                         \
+  X(meshRestoreCpuNs, "mesh.restore_cpu_ns", "mesh_restore_cpu_ns",                            \
+    "CPU time remapping meshed spans that died")                                               \
+  X(barrierFaults, "mesh.barrier_faults", "barrier_faults",                                    \
+    "writes that waited on the write barrier")                                                 \
+  X(pinnedSpans, "mesh.pinned_spans", "pinned_spans",                                          \
+    "spans never meshed (buffers glibc has the kernel fill; stranded spans)")
+
 struct HeapStats {
-  size_t allocated;       // bytes in live objects, at their size class
-  size_t active;          // bytes of spans and large objects handed out
-  size_t resident;        // active + retained + metadata: an upper bound on what the heap holds
-  size_t mapped;          // address space committed to the heap (same terms as resident)
-  size_t reserved;        // address space reserved in segments
-  size_t metadata;        // the allocator's own bookkeeping
-  size_t retained;        // empty spans kept committed in the dirty cache
-  size_t largeAllocated;  // bytes in large objects
-  size_t largeCount;
-  size_t threadHeaps;
-  uint64_t idleReclaims;  // heaps taken back from threads parked in a wait (docs/heap.md)
-  size_t segments;
-  uint64_t purgedTotal;
-  // Meshing (see docs/meshing.md).
-  uint64_t meshCount;   // virtual spans meshed away since start
-  size_t meshReleased;  // physical bytes meshing saves right now
-  size_t meshReleasedPeak;
-  size_t meshedSpans;   // physical spans backing more than one virtual span
-  size_t meshAliases;   // virtual spans mapping another span's memory
-  size_t meshRetired;   // meshed spans that died, memory returned, not yet remapped private
-  size_t mappings;      // lines of /proc/self/maps now (bounded by vm.max_map_count)
-  size_t mappingLimit;  // what meshing stays under
-  uint64_t meshPasses;
-  uint64_t meshFailed;
-  uint64_t meshStranded;
-  uint64_t meshSkippedForIo;
-  uint64_t pauseCount;
-  uint64_t pauseTotalNs;
-  uint64_t pauseMaxNs;      // guarded operations (remote frees, realloc, ...) held up
-  uint64_t pauseWaitMaxNs;  // of that pause, waiting for guarded operations in flight
-  uint64_t barrierMaxNs;    // a write into a span being meshed held up (longest batch)
-  uint64_t meshCpuNs;
-  uint64_t meshRestoreCpuNs;  // the background thread remapping meshed spans that died
-  uint64_t barrierFaults;     // writes that waited on the write barrier
-  size_t pinnedSpans;         // spans never meshed: they hold buffers glibc has the kernel fill
+#define MESHALLOC_HEAP_STATISTIC_FIELD(field, ctlName, reportName, description) uint64_t field;
+  MESHALLOC_HEAP_STATISTICS(MESHALLOC_HEAP_STATISTIC_FIELD)
+#undef MESHALLOC_HEAP_STATISTIC_FIELD
   SizeClassStats classes[kNumSizeClasses];
 };
+
+// One counter's line of the list, for the writers and mallctl.
+struct HeapStatistic {
+  const char* ctlName;
+  const char* reportName;
+  const char* description;
+  uint64_t HeapStats::*field;
+};
+extern const HeapStatistic kHeapStatistics[];
+extern const size_t kHeapStatisticCount;
 
 HeapStats collectStats();
 // Writes the report (text or JSON) to a file descriptor; never allocates.

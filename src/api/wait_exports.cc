@@ -28,34 +28,27 @@ int parked(Wait wait) {
   return result;
 }
 
-using CondWait = int (*)(pthread_cond_t*, pthread_mutex_t*);
-using CondTimedWait = int (*)(pthread_cond_t*, pthread_mutex_t*, const struct timespec*);
-using CondClockWait = int (*)(pthread_cond_t*, pthread_mutex_t*, clockid_t, const struct timespec*);
-std::atomic<CondWait> gCondWait{nullptr};
-std::atomic<CondTimedWait> gCondTimedWait{nullptr};
-std::atomic<CondClockWait> gCondClockWait{nullptr};
-
 }  // namespace
 }  // namespace meshalloc
 
 using namespace meshalloc;
 
 MESHALLOC_EXPORT int pthread_cond_wait(pthread_cond_t* condition, pthread_mutex_t* mutex) {
-  CondWait real = api::nextSymbol(gCondWait, "pthread_cond_wait");
+  auto real = MESHALLOC_NEXT_SYMBOL(pthread_cond_wait);
   if (!real) return ENOSYS;
   return parked([&] { return real(condition, mutex); });
 }
 
 MESHALLOC_EXPORT int pthread_cond_timedwait(pthread_cond_t* condition, pthread_mutex_t* mutex,
                                             const struct timespec* deadline) {
-  CondTimedWait real = api::nextSymbol(gCondTimedWait, "pthread_cond_timedwait");
+  auto real = MESHALLOC_NEXT_SYMBOL(pthread_cond_timedwait);
   if (!real) return ENOSYS;
   return parked([&] { return real(condition, mutex, deadline); });
 }
 
 MESHALLOC_EXPORT int pthread_cond_clockwait(pthread_cond_t* condition, pthread_mutex_t* mutex,
                                             clockid_t clock, const struct timespec* deadline) {
-  CondClockWait real = api::nextSymbol(gCondClockWait, "pthread_cond_clockwait");
+  auto real = MESHALLOC_NEXT_SYMBOL(pthread_cond_clockwait);
   if (!real) return ENOSYS;
   return parked([&] { return real(condition, mutex, clock, deadline); });
 }

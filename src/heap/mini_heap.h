@@ -145,6 +145,6 @@ struct MiniHeap : ListNode {
 };
 
 static_assert(sizeof(MiniHeap) % alignof(std::atomic<uint64_t>) == 0);
-// (tests/unit/mini_heap_test.cc checks that liveCount starts the second line.)
+// (heap_test.cc, MiniHeapLayout.FreePathFieldsShareTheSecondCacheLine, checks the two lines.)
 
 }  // namespace meshalloc

@@ -1,7 +1,5 @@
 #include "heap/operation_guard.h"
 
-#include <sched.h>
-
 #include "heap/thread_heap.h"
 #include "platform/os.h"
 #include "support/lock.h"
@@ -22,7 +20,7 @@ constexpr unsigned kSpinsPerClockRead = 16;
 void waitUntilZero(const std::atomic<uint32_t>& counter) {
   for (unsigned i = 0; counter.load(std::memory_order_seq_cst) != 0; i++) {
     if (i < kYieldsBeforeSleeping) {
-      sched_yield();
+      os::yieldThread();
     } else {
       os::sleepNanos(kSleepNanos);
     }
@@ -91,7 +89,7 @@ void OperationGuard::waitWhilePaused() {
     uint64_t now = os::monotonicNanos();
     if (start == 0) start = now;
     if (now - start >= kPauseAwakeNanos) break;
-    if (now - start >= kPauseSpinNanos) sched_yield();
+    if (now - start >= kPauseSpinNanos) os::yieldThread();
   }
   while (paused_.load(std::memory_order_acquire)) os::futexWait(&paused_, 1);
 }

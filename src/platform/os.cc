@@ -4,7 +4,9 @@
 #include <linux/futex.h>
 #include <linux/membarrier.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <sys/auxv.h>
 #include <sys/mman.h>
@@ -367,6 +369,34 @@ void closeFd(int fd) {
   close(fd);
 }
 
+int createFile(const char* path, FileCreation how) {
+  if (how == FileCreation::kExclusivePrivate)
+    return open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  return open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+}
+
+bool renameFile(const char* from, const char* to) {
+  return rename(from, to) == 0;
+}
+
+void removeFile(const char* path) {
+  unlink(path);
+}
+
+int duplicateFd(int fd, int lowest) {
+  return fcntl(fd, F_DUPFD_CLOEXEC, lowest);
+}
+
+long processId() {
+  return getpid();
+}
+
+uint64_t realtimeMillis() {
+  struct timespec now;
+  clock_gettime(CLOCK_REALTIME, &now);
+  return static_cast<uint64_t>(now.tv_sec) * 1000 + static_cast<uint64_t>(now.tv_nsec) / 1000000;
+}
+
 long countMappings() {
   int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
   if (fd < 0) return -1;
@@ -503,6 +533,10 @@ uint64_t threadCpuNanos() {
   struct timespec ts;
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
   return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+void yieldThread() {
+  sched_yield();
 }
 
 void sleepNanos(uint64_t nanos) {

@@ -42,6 +42,21 @@ bool mapAnonymousFixed(void* addr, size_t bytes);
 bool protectReadOnly(void* addr, size_t bytes);
 bool protectReadWrite(void* addr, size_t bytes);
 void closeFd(int fd);
+
+// --- Files the api layer writes (the statistics report, the live statistics file) ---
+enum class FileCreation {
+  kReplace,           // created or truncated, mode 0644 (a report the user asked for)
+  kExclusivePrivate,  // created only if absent, never through a symbolic link, mode 0600
+};
+// A descriptor open for writing (close-on-exec), or -1 with errno set.
+int createFile(const char* path, FileCreation how);
+bool renameFile(const char* from, const char* to);
+void removeFile(const char* path);
+// A duplicate of `fd` numbered `lowest` or above (close-on-exec), or -1.
+int duplicateFd(int fd, int lowest);
+long processId();
+// Wall-clock time (CLOCK_REALTIME) in milliseconds since the epoch.
+uint64_t realtimeMillis();
 // Lines of /proc/self/maps (the kernel's mapping count); -1 if unreadable.
 long countMappings();
 // The value of the line starting with `field` (e.g. "VmPTE:" in /proc/self/status, "Pss:" in
@@ -76,6 +91,8 @@ void failMembarrierForTesting();
 uint64_t monotonicNanos();
 uint64_t threadCpuNanos();
 void sleepNanos(uint64_t nanos);
+// Gives the CPU to another runnable thread, if there is one.
+void yieldThread();
 uint64_t entropy64();
 long maxMapCount();
 int currentThreadId();

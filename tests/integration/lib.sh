@@ -79,7 +79,28 @@ preloaded() {
     fail "'$*' did not load $MESHALLOC_LIB (LD_PRELOAD ignored?)"
   fi
   rm -f "$tag".[0-9]*
+  check_traces
   return "$status"
+}
+
+# Under the trace configuration (MESHALLOC_TEST_TRACE_TOOL, set by CTest to meshalloc-trace, with
+# MESHALLOC_LIB the trace recorder, docs/trace.md) every preloaded process records into $WORK;
+# after each run, every trace written so far must decode completely, and the program's own must
+# hold events (a forked child that execs at once records nothing before its exec). Silent when
+# all is well: some tests capture a preloaded run's stderr as its output.
+if [[ -n ${MESHALLOC_TEST_TRACE_TOOL:-} ]]; then
+  export MESHALLOC_TRACE_FILE="$WORK/trace"
+fi
+check_traces() {
+  [[ -n ${MESHALLOC_TEST_TRACE_TOOL:-} ]] || return 0
+  local file events
+  [[ -f $WORK/trace ]] || fail "trace: the preloaded program wrote no trace"
+  for file in "$WORK"/trace*; do
+    events=$("$MESHALLOC_TEST_TRACE_TOOL" stats --json "$file" | grep -o '"events": [0-9]*' | grep -o '[0-9]*$') ||
+      fail "trace: $file does not decode"
+    [[ $file != "$WORK/trace" ]] || ((events > 0)) || fail "trace: $file holds no event"
+  done
+  rm -f "$WORK"/trace*
 }
 
 # expect_meshing: under the mesh-stress configuration (MESHALLOC_TEST_MESH_STRESS, set by CTest

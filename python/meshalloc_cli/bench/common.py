@@ -1,32 +1,28 @@
-"""What the experiments share: their common shape (ExperimentBase), the environment variables
-that narrow a run, the private copy of libmeshalloc.so they preload, the machine's load, and
-the numbers, files and figures they write. One definition each, so that every experiment reads
-its settings and writes its TSV cells, tables and figures the same way."""
+"""What the experiments share besides scheduling (schedule.py), numbers (stats.py), files
+(report.py) and claims (claims.py): their common shape (ExperimentBase), which allocators they
+run (--allocators, --baseline, the alias variables), the private copy of libmeshalloc.so they
+preload, and the machine."""
 
 from __future__ import annotations
 
-import csv
-import math
 import os
 import platform
 import re
 import shutil
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence
+from typing import List, Mapping, Optional, Sequence, Tuple
 
-from .. import paths
-from ..allocators import Allocator
-from ..measure import KIB
-from .framework import Claim, Context, ExperimentUnavailable
+from ..allocators import SYSTEM_ALLOCATORS, Allocator, configuration_problem, resolve, split_list
+from ..errors import MeshallocError
+from .framework import SMOKE, Context, ExperimentUnavailable
+from .schedule import load_average
 
 # The `key=value` fields of the one result line each benchmark program prints (bench/*.cc,
 # bench/thread_scaling, bench/ruby/strings.rb).
 KEY_VALUE = re.compile(r"(\w+)=(\S+)")
-LOADAVG = Path("/proc/loadavg")
-HOLDS_WORD = {True: "yes", False: "no", None: "—"}  # a claim's verdict in a Markdown table
 
 
 # ---------------------------------------------------------------------------------------------
@@ -39,6 +35,9 @@ class ExperimentBase:
     name: str  # the command-line name: "redis-lru"
     title: str  # "Redis LRU cache"
     paper: str  # "Mesh §6.2.2, figure 7"
+    # Names --allocators may give that this experiment builds itself rather than by resolving
+    # them as allocator specs (redis-lru's "jemalloc+activedefrag").
+    own_allocators: Tuple[str, ...] = ()
 
 
 def checked_repetitions(context: Context, counts: Mapping[str, int]) -> int:
@@ -51,9 +50,110 @@ def checked_repetitions(context: Context, counts: Mapping[str, int]) -> int:
 
 def names_from(variable: str) -> Optional[List[str]]:
     """The names an environment variable narrows a run to (comma- or space-separated), or None."""
-    text = os.environ.get(variable, "")
-    names = [name for name in re.split(r"[,\s]+", text) if name]
-    return names or None
+    return split_list(os.environ.get(variable, "")) or None
+
+
+@dataclass
+class Selection:
+    """The allocators an experiment runs, in table order, and its ratios' reference."""
+
+    allocators: List[Allocator]
+    skipped: List[str]  # one line for each of the experiment's own choices that cannot run here
+    baseline: Optional[str]  # an allocator's name, None when no candidate runs
+    unused_baseline: Optional[str] = None  # --baseline, given to an experiment without ratios
+
+    @property
+    def names(self) -> List[str]:
+        return [allocator.name for allocator in self.allocators]
+
+    def notes(self, reference: Optional[str] = None) -> List[str]:
+        """A note per skipped allocator, and one when the experiment's reference for its ratios
+        did not run (and no --baseline replaced it)."""
+        lines = [f"Skipped allocator {line}" for line in self.skipped]
+        if self.unused_baseline:
+            lines.append(f"--baseline {self.unused_baseline} does not apply: this experiment has no ratios.")
+        if reference is not None and self.baseline is None:
+            lines.append(f"{reference} did not run: there are no ratios, and no claim about them can be checked.")
+        return lines
+
+
+def built(context: Context, relative: Path) -> Path:
+    """A program `make release` builds (relative to the build directory); the experiment is
+    skipped, saying so, when it is not there."""
+    path = context.build_dir / relative
+    if not path.is_file():
+        raise ExperimentUnavailable(f"{path} is missing (run `make release`)")
+    return path
+
+
+def requested_specs(context: Context, defaults: Sequence[str], smoke: Optional[Sequence[str]] = None,
+                    alias: Optional[str] = None) -> Tuple[List[str], Optional[str]]:
+    """The specs a run asks for: --allocators', else the alias variable's, else the experiment's
+    own for the mode (`smoke` in smoke mode); and where the user gave them (None: the
+    experiment's own)."""
+    if context.allocators:
+        return list(context.allocators), "--allocators"
+    named = names_from(alias) if alias else None
+    if named:
+        return named, alias
+    return list(smoke if smoke is not None and context.mode == SMOKE else defaults), None
+
+
+def choose_allocators(context: Context, defaults: Sequence[str], smoke: Optional[Sequence[str]] = None,
+                      alias: Optional[str] = None, baselines: Sequence[str] = ()) -> Selection:
+    """What every experiment runs: --allocators when given, else the alias variable, else the
+    experiment's own list for the mode (`smoke` in smoke mode). A spec of the user's that
+    cannot run stops the experiment; one of the experiment's own is skipped with a note.
+    Every run of the project's libmeshalloc.so preloads one private copy of it
+    (private_meshalloc_copy). The baseline is --baseline (put first when the list lacks it),
+    else the first of the experiment's `baselines` that runs; an experiment without
+    `baselines` has no ratios, and --baseline is only noted."""
+    specs, source = requested_specs(context, defaults, smoke, alias)
+    by_user = source is not None
+    allocators: List[Allocator] = []
+    skipped: List[str] = []
+    for spec in specs:
+        try:
+            allocator = resolve(spec, context.build_dir)
+        except MeshallocError as error:
+            if by_user:
+                raise ExperimentUnavailable(f"{source}: {error}") from None
+            skipped.append(f"{spec}: {error}")
+            continue
+        if allocator.name not in [chosen.name for chosen in allocators]:
+            allocators.append(allocator)
+    baseline = next((name for name in baselines if name in [allocator.name for allocator in allocators]), None)
+    unused = context.baseline if context.baseline and not baselines else None
+    if context.baseline and not unused:
+        try:
+            wanted = resolve(context.baseline, context.build_dir)
+        except MeshallocError as error:
+            raise ExperimentUnavailable(f"--baseline: {error}") from None
+        if wanted.name not in [allocator.name for allocator in allocators]:
+            allocators.insert(0, wanted)
+        baseline = wanted.name
+    if not allocators:
+        raise ExperimentUnavailable("no allocator can run here: " + "; ".join(skipped))
+    return Selection(with_private_meshalloc(context, allocators), skipped, baseline, unused)
+
+
+def check_configurations(allocators: Sequence[Allocator]) -> List[str]:
+    """A warning for each meshalloc allocator that does not run as its spec says (the library
+    lists its options when asked: allocators.configuration_problem)."""
+    return [f"warning: {problem}" for problem in map(configuration_problem, allocators) if problem]
+
+
+def with_private_meshalloc(context: Context, allocators: Sequence[Allocator]) -> List[Allocator]:
+    """The allocators, those that preload the project's libmeshalloc.so preloading the
+    experiment's private copy of it instead (another build, given by path, stays as it is)."""
+    project = context.meshalloc_lib.resolve() if context.meshalloc_lib.is_file() else None
+    uses_project = [allocator for allocator in allocators
+                    if project is not None and allocator.library is not None
+                    and Path(allocator.library).resolve() == project]
+    if not uses_project:
+        return list(allocators)
+    copy = private_meshalloc_copy(context)
+    return [replace(allocator, library=copy) if allocator in uses_project else allocator for allocator in allocators]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -93,170 +193,24 @@ def private_meshalloc_copy(context: Context) -> Optional[Path]:
     return copy
 
 
-def glibc_shim(context: Context, name: str, skipped: List[str]) -> Optional[Allocator]:
-    """glibc's malloc through the project's shim (tools/glibc-shim), so that glibc runs with an
-    LD_PRELOAD like every other allocator; None, with a note in `skipped`, when `make release`
-    has not built the shim."""
-    shim = context.build_dir / paths.GLIBC_SHIM_LIBRARY
-    if not shim.is_file():
-        skipped.append(f"{name}: {shim} is not built (`make release`)")
-        return None
-    return Allocator(name=name, library=shim, description="glibc malloc through the project's shim")
-
-
-def machine_json() -> Dict[str, object]:
-    """The machine, as every experiment's summary.json records it."""
-    return {"kernel": platform.release(), "machine": platform.machine(), "cpus": os.cpu_count()}
-
-
-def load_average() -> str:
-    """The 1, 5 and 15 minute load averages, as the notes show them ("?" when unreadable)."""
+def machine_notes(allocators: Sequence[Allocator], threads: Optional[int], load_start: str) -> List[str]:
+    cpu = ""
     try:
-        return " ".join(LOADAVG.read_text().split()[:3])
-    except OSError:
-        return "?"
-
-
-# ---------------------------------------------------------------------------------------------
-# Numbers, files and figures
-
-def geomean(values: Iterable[Optional[float]]) -> Optional[float]:
-    present = [value for value in values if value is not None and value > 0]
-    if not present:
-        return None
-    return math.exp(sum(math.log(value) for value in present) / len(present))
-
-
-def number(value: Optional[float]) -> str:
-    """A TSV cell: integers as integers, others with 6 significant digits, missing as empty."""
-    if value is None:
-        return ""
-    return str(int(value)) if float(value).is_integer() else f"{value:.6g}"
-
-
-def write_tsv(path: Path, header: Sequence[str], rows: Iterable[Sequence[object]]) -> Path:
-    """One header line, tab-separated, no quoting surprises: what pandas, R and awk read as is."""
-    with open(path, "w", newline="") as handle:
-        writer = csv.writer(handle, delimiter="\t", lineterminator="\n")
-        writer.writerow(header)
-        writer.writerows(rows)
-    return path
-
-
-def markdown_table(header: Sequence[str], rows: Iterable[Sequence[str]], left: int = 1) -> str:
-    """The first `left` columns are text (left-aligned), the others numbers (right-aligned)."""
-    lines = ["| " + " | ".join(header) + " |",
-             "|" + "|".join("---" if index < left else "---:" for index in range(len(header))) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines) + "\n"
-
-
-@dataclass
-class BarPanel:
-    """One panel of a grouped bar chart of ratios: a group of bars per row (workload), one
-    bar per series (allocator), whiskers from `low` to `high` where known."""
-
-    title: str
-    groups: List[str]
-    series: Dict[str, List[Optional[float]]]
-    low: Dict[str, List[Optional[float]]] = field(default_factory=dict)
-    high: Dict[str, List[Optional[float]]] = field(default_factory=dict)
-
-
-BAR_GROUP_WIDTH = 0.8  # of the space between two groups
-FIGURE_WIDTH_PER_GROUP_IN = 0.75
-FIGURE_MIN_WIDTH_IN = 7.0
-PANEL_HEIGHT_IN = 3.6
-PNG_DPI = 120
-RATIO_MARGIN = 1.15  # head room above the largest ratio (and below the smallest)
-# Tick sets from fine to coarse; a panel uses the finest that puts at most MAX_TICKS in its range.
-RATIO_TICK_SETS = (
-    (0.8, 0.85, 0.9, 0.95, 1, 1.05, 1.1, 1.15, 1.2, 1.25),
-    (0.5, 0.67, 0.8, 0.9, 1, 1.1, 1.25, 1.5, 2),
-    (0.25, 0.5, 0.67, 0.8, 1, 1.25, 1.5, 2, 3, 4),
-    (0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50),
-)
-MAX_TICKS = 8
-LEGEND_ROOM = 0.06  # of the figure's height, below the panels
-
-
-def ratio_bar_chart(panels: Sequence[BarPanel], ylabel: str, title: str, stem: Path) -> List[Path]:
-    """PNG and SVG of grouped ratio bars on a log scale (a 2× and a 0.5× are equally far from
-    the line at 1). Returns the files written."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only: works without a display
-    import matplotlib.pyplot as pyplot
-    from matplotlib import ticker
-
-    widest = max((len(panel.groups) for panel in panels), default=1)
-    width = max(FIGURE_MIN_WIDTH_IN, FIGURE_WIDTH_PER_GROUP_IN * widest + 2)
-    figure, axes = pyplot.subplots(len(panels), 1, figsize=(width, PANEL_HEIGHT_IN * len(panels) + 0.6),
-                                   squeeze=False)
-    colours = pyplot.rcParams["axes.prop_cycle"].by_key()["color"]
-    for axis, panel in zip(axes[:, 0], panels):
-        count = max(len(panel.series), 1)
-        extremes: List[float] = [1.0]
-        bar = BAR_GROUP_WIDTH / count
-        for index, (name, values) in enumerate(panel.series.items()):
-            positions = [group + (index - (count - 1) / 2) * bar for group in range(len(panel.groups))]
-            lows = panel.low.get(name, [None] * len(values))
-            highs = panel.high.get(name, [None] * len(values))
-            shown = [(x, v, lo, hi) for x, v, lo, hi in zip(positions, values, lows, highs) if v is not None and v > 0]
-            if not shown:
-                continue
-            xs = [x for x, _, _, _ in shown]
-            heights = [v for _, v, _, _ in shown]
-            # Each bar runs from the line at 1 to its ratio: up for slower/larger, down for
-            # faster/smaller (bars standing on the axis floor would make 0.5 look like "some").
-            axis.bar(xs, [height - 1.0 for height in heights], bottom=1.0, width=bar,
-                     color=colours[index % len(colours)], label=name)
-            extremes += heights + [hi for _, _, _, hi in shown if hi] + [lo for _, _, lo, _ in shown if lo]
-            whiskers = [(x, v, lo, hi) for x, v, lo, hi in shown if lo is not None and hi is not None and lo != hi]
-            if whiskers:
-                axis.errorbar([x for x, _, _, _ in whiskers], [v for _, v, _, _ in whiskers],
-                              yerr=[[max(v - lo, 0) for _, v, lo, _ in whiskers],
-                                    [max(hi - v, 0) for _, v, _, hi in whiskers]],
-                              fmt="none", ecolor="black", elinewidth=0.7, capsize=1.5)
-        axis.axhline(1.0, color="black", linewidth=0.8)
-        axis.set_yscale("log")
-        # Symmetric about 1 on the log scale, labelled with plain ratios.
-        low, high = min(extremes) / RATIO_MARGIN, max(extremes) * RATIO_MARGIN
-        axis.set_ylim(low, high)
-        for ticks in RATIO_TICK_SETS:
-            inside = [tick for tick in ticks if low <= tick <= high]
-            if min(ticks) <= low and max(ticks) >= high and len(inside) <= MAX_TICKS:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.partition(":")[2].strip()
                 break
-        axis.yaxis.set_major_locator(ticker.FixedLocator(inside))
-        axis.yaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
-        axis.yaxis.set_minor_locator(ticker.NullLocator())
-        axis.set_xticks(range(len(panel.groups)))
-        axis.set_xticklabels(panel.groups, rotation=20, ha="right")
-        axis.set_ylabel(ylabel)
-        axis.set_title(panel.title, fontsize=10)
-        axis.grid(axis="y", which="both", alpha=0.3)
-        handles, labels = axis.get_legend_handles_labels()
-    # One legend for all panels, below them, where no bar can hide behind it.
-    figure.legend(handles, labels, loc="lower center", ncol=min(len(labels), 6), fontsize=8, frameon=False)
-    figure.suptitle(title, fontsize=11)
-    figure.tight_layout(rect=(0, LEGEND_ROOM, 1, 1))
-    written = []
-    for extension in ("png", "svg"):
-        path = stem.with_suffix("." + extension)
-        # No date in the SVG: identical data gives identical files.
-        figure.savefig(path, dpi=PNG_DPI, metadata={"Date": None} if extension == "svg" else None)
-        written.append(path)
-    pyplot.close(figure)
-    return written
-
-
-def size_text(nbytes: int) -> str:
-    """An object size as the workloads' descriptions give it: "16 KiB", "24 B"."""
-    return f"{nbytes // KIB} KiB" if nbytes >= KIB and nbytes % KIB == 0 else f"{nbytes} B"
-
-
-def claims_table(found: Sequence[Claim], paper_heading: str = "paper") -> str:
-    """The claims as a Markdown table: claim, paper, ours, holds (yes/no/—), note."""
-    return markdown_table(["claim", paper_heading, "ours", "holds", "note"],
-                          ([claim.claim, claim.paper, claim.ours, HOLDS_WORD[claim.holds], claim.note]
-                           for claim in found), left=5)
+    except OSError:
+        pass
+    versions = []
+    for allocator in allocators:
+        package = SYSTEM_ALLOCATORS.get(allocator.name, (None, None))[1]
+        version = quiet(["dpkg-query", "-W", "-f", "${Version}", package]) if package else ""
+        if version:
+            versions.append(f"{allocator.name} {version}")
+    text = f"Machine: {cpu or platform.machine()}, {os.cpu_count()} CPUs, Linux {platform.release()}. "
+    if threads is not None:
+        text += (f"{threads} threads for the multi-threaded microbenchmarks "
+                 f"(prodcons: {max(2, threads // 2 * 2)}). ")
+    text += f"Load average at the start {load_start}, at the end {load_average()}."
+    return [text + (f" Packages: {', '.join(versions)}." if versions else "")]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, List, Optional, Protocol
+from typing import Callable, List, Optional, Protocol, Tuple
 
 SMOKE, QUICK, FULL = "smoke", "quick", "full"
 MODES = (SMOKE, QUICK, FULL)
@@ -50,6 +50,11 @@ class Context:
     build_dir: Path  # build/release: bench/, tools/, src/libmeshalloc.so
     repeat: Optional[int]  # --repeat: overrides the mode's default repetition count when set
     log: Callable[[str], None]  # progress lines for the terminal
+    # --allocators: the user's specs (allocators.resolve), which replace the experiment's own
+    # list; empty: the experiment's (or its alias variable's). --baseline: the allocator its
+    # ratios are against, instead of the experiment's.
+    allocators: Tuple[str, ...] = ()
+    baseline: Optional[str] = None
 
     @property
     def meshalloc_lib(self) -> Path:

@@ -17,24 +17,22 @@ Two parts (docs/handles-bench.md):
 
 from __future__ import annotations
 
-import json
 import os
-import statistics
 import subprocess
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .. import allocators as allocator_registry
-from ..allocators import Allocator
-from ..compare import Stat
+from ..allocators import Allocator, library_options, resolve
 from ..errors import MeshallocError
 from ..measure import MIB
 from . import redis_lru
-from .common import KEY_VALUE, ExperimentBase, checked_repetitions, machine_json, number, private_meshalloc_copy, \
-    write_tsv
+from .claims import Claims
+from .common import KEY_VALUE, ExperimentBase, built, checked_repetitions, requested_specs, with_private_meshalloc
 from .framework import FULL, QUICK, SMOKE, Claim, Context, ExperimentUnavailable, Outcome
 from .redis_support import Config, Run, compile_client, describe_runs
+from .report import number, stat_text, write_summary_json, write_tsv
+from .stats import Stat
 
 NAME = "handles"
 
@@ -103,16 +101,19 @@ HANDLE_INFO = {"handles_cpu_s": ("handles_cpu_ns", 1e9), "handles_moved": ("hand
                "handles_passes": ("handles_passes", 1), "handles_pause_max_ms": ("handles_pause_max_ns", 1e6)}
 
 
-def wanted_configs(context: Context) -> Tuple[str, ...]:
-    names = redis_lru.chosen_configs(context, CONFIGS_VARIABLE, CONFIG_ORDER, SMOKE_CONFIGS)
-    if BASELINE not in names:
-        raise ExperimentUnavailable(f"{CONFIGS_VARIABLE} must include {BASELINE}, the baseline")
-    return names
+def wanted_configs(context: Context) -> List[str]:
+    """The rows to run: --allocators' or HANDLES_CONFIGS' names (of CONFIG_ORDER), else the
+    mode's; the baseline always, first."""
+    names, source = requested_specs(context, CONFIG_ORDER, SMOKE_CONFIGS, CONFIGS_VARIABLE)
+    unknown = sorted(set(names) - set(CONFIG_ORDER))
+    if unknown:
+        raise ExperimentUnavailable(f"{source}: unknown configuration(s) {', '.join(unknown)} "
+                                    f"(known: {', '.join(CONFIG_ORDER)})")
+    return [BASELINE] + [name for name in CONFIG_ORDER if name in names and name != BASELINE]
 
 
-def handles_available(ops: Path, meshalloc: Path) -> bool:
+def handles_available(ops: Path, allocator: Allocator) -> bool:
     """Whether this libmeshalloc.so has the handle API: handle_ops says so when preloaded with it."""
-    allocator = redis_lru.meshalloc_allocator(MESHALLOC_CONFIG, meshalloc)
     try:
         done = subprocess.run([str(ops), *PROBE_ARGS], env=allocator.environment(os.environ), capture_output=True,
                               text=True, timeout=60, check=False)
@@ -121,11 +122,20 @@ def handles_available(ops: Path, meshalloc: Path) -> bool:
     return done.returncode == 0 and "handles=yes" in done.stdout
 
 
-def build_configs(names: Sequence[str], install, server: Path, meshalloc: Optional[Path],
+def meshalloc(context: Context) -> Optional[Allocator]:
+    """meshalloc with its defaults, preloading the experiment's private copy; None when the
+    library is not built."""
+    try:
+        return with_private_meshalloc(context, [resolve(MESHALLOC_CONFIG, context.build_dir)])[0]
+    except MeshallocError:
+        return None
+
+
+def build_configs(context: Context, names: Sequence[str], install, server: Path, mesh: Optional[Allocator],
                   handles: bool) -> Tuple[List[Config], List[str]]:
     """The rows that can run here, and a note for each one that cannot."""
     redis_names = [REDIS_ROWS[name] for name in names if name in REDIS_ROWS]
-    redis_configs, skipped = redis_lru.build_configs(redis_names, install, meshalloc)
+    redis_configs, skipped = redis_lru.build_configs(context, redis_names, False, install)
     by_redis_name = {config.name: config for config in redis_configs}
     configs: List[Config] = []
     for name in names:
@@ -140,17 +150,17 @@ def build_configs(names: Sequence[str], install, server: Path, meshalloc: Option
                                   extra_args=arguments))
         elif name == CACHE_JEMALLOC:
             try:
-                configs.append(Config(name, server, allocator_registry.resolve("jemalloc"), extra_args=arguments))
+                configs.append(Config(name, server, resolve("jemalloc", context.build_dir), extra_args=arguments))
             except MeshallocError as error:
                 skipped.append(f"{name}: {error}")
-        elif meshalloc is None:
+        elif mesh is None:
             skipped.append(f"{name}: libmeshalloc.so is not built (`make release`)")
         elif storage == "handles" and not handles:
             skipped.append(f"{name}: this libmeshalloc.so has no handle API (mh_alloc ...; "
                            "include/meshalloc_handle.h)")
         else:
-            configs.append(Config(name, server, redis_lru.meshalloc_allocator(MESHALLOC_CONFIG, meshalloc),
-                                  extra_args=arguments, meshalloc=True))
+            configs.append(Config(name, server, mesh, extra_args=arguments,
+                                  meshalloc=bool(mesh.library and library_options(mesh.library))))
     return configs, skipped
 
 
@@ -173,20 +183,20 @@ class OpsResult:
         return Stat.of(ratios)
 
 
-def ops_allocators(meshalloc: Optional[Path]) -> Tuple[List[Allocator], List[str]]:
+def ops_allocators(context: Context, mesh: Optional[Allocator]) -> Tuple[List[Allocator], List[str]]:
     found: List[Allocator] = []
     skipped: List[str] = []
     for name in OPS_ALLOCATORS:
         if name == "meshalloc":
-            if meshalloc is None:
+            if mesh is None:
                 skipped.append("handle_ops under meshalloc: libmeshalloc.so is not built")
                 continue
-            found.append(replace(redis_lru.meshalloc_allocator(MESHALLOC_CONFIG, meshalloc), name=name))
+            found.append(replace(mesh, name=name))
         elif name == "glibc":
             found.append(Allocator(name=name, library=None, description="glibc malloc"))
         else:
             try:
-                found.append(allocator_registry.resolve(name))
+                found.append(resolve(name, context.build_dir))
             except MeshallocError as error:
                 skipped.append(f"handle_ops under {name}: {error}")
     return found, skipped
@@ -231,7 +241,7 @@ def ops_line(result: OpsResult, allocator: str) -> str:
 
 
 def ns_text(stat: Optional[Stat]) -> str:
-    return redis_lru.stat_text(stat, 1, 2, show_range=True)
+    return stat_text(stat, 2)
 
 
 def ops_table(result: OpsResult, allocators: Sequence[Allocator]) -> str:
@@ -288,9 +298,8 @@ def claims(table: redis_lru.Table, runs: Sequence[Run], rounds: redis_lru.Rounds
     """Alaska's and issue 27's statements, each with this machine's number. With checked False
     (smoke), every verdict is None."""
     count = lambda name: sum(1 for run in runs if run.config.name == name and run.ok)  # noqa: E731
-    found: List[Claim] = []
-
-    add = redis_lru.claim_adder(found, checked)
+    result = Claims(checked)
+    add = result.add
 
     def mean_ratio(name: str) -> Optional[Stat]:
         return table.get(name, {}).get("mean_ratio")
@@ -339,7 +348,7 @@ def claims(table: redis_lru.Table, runs: Sequence[Run], rounds: redis_lru.Rounds
     ours = f"{ns_text(pin)} ns" if pin else "—"
     add("mh_pin + mh_unpin, uncontended", f"target < {TARGET_PIN_NS:g} ns (Alaska: a 6-instruction translation)",
         ours, pin.median < TARGET_PIN_NS if pin else None, "handle_ops pin_unpin: pin, read a byte, unpin")
-    return found
+    return result.found
 
 
 # ---------------------------------------------------------------------------------------------
@@ -354,21 +363,15 @@ def caption(load, repetitions: int, rounds: int) -> str:
 
 def write_summary(out: Path, context: Context, load, configs: Sequence[Config], runs: Sequence[Run],
                   repetitions: int, ops: OpsResult, found: Sequence[Claim]) -> Path:
-    path = out / "summary.json"
-    path.write_text(json.dumps({
-        "experiment": NAME, "mode": context.mode, "repetitions": repetitions,
-        "workload": {"maxmemory": load.maxmemory, "hold_s": load.hold_s, "pipeline": load.pipeline, "reads": load.reads,
-                     "phases": [{"keys": keys, "value_bytes": size} for keys, size in load.phases]},
-        "machine": machine_json(),
-        "configs": [{"name": config.name, "server": str(config.server), "preload": str(config.allocator.library or ""),
-                     "extra_args": config.extra_args} for config in configs],
-        "runs": [{"config": run.config.name, "repetition": run.repetition, "ok": run.ok, "problems": run.problems,
-                  "metrics": {metric: run.metric(metric) for metric in redis_lru.RUN_METRICS}} for run in runs],
-        "ops": {f"{allocator} {operation}": values for (allocator, operation), values in ops.values.items()},
-        "claims": [{"claim": claim.claim, "paper": claim.paper, "ours": claim.ours, "holds": claim.holds,
-                    "note": claim.note} for claim in found],
-    }, indent=2) + "\n")
-    return path
+    return write_summary_json(
+        out, NAME, context.mode, repetitions, found,
+        workload={"maxmemory": load.maxmemory, "hold_s": load.hold_s, "pipeline": load.pipeline, "reads": load.reads,
+                  "phases": [{"keys": keys, "value_bytes": size} for keys, size in load.phases]},
+        configs=[{"name": config.name, "server": str(config.server), "preload": str(config.allocator.library or ""),
+                  "extra_args": config.extra_args} for config in configs],
+        runs=[{"config": run.config.name, "repetition": run.repetition, "ok": run.ok, "problems": run.problems,
+               "metrics": {metric: run.metric(metric) for metric in redis_lru.RUN_METRICS}} for run in runs],
+        ops={f"{allocator} {operation}": values for (allocator, operation), values in ops.values.items()})
 
 
 class Handles(ExperimentBase):
@@ -376,15 +379,12 @@ class Handles(ExperimentBase):
         context = replace(context, out=context.out.resolve())  # servers run in their own directories
         load = workload(context)
         repetitions = checked_repetitions(context, REPETITIONS)
-        server, ops = context.build_dir / SERVER_BINARY, context.build_dir / OPS_BINARY
-        for binary in (server, ops):
-            if not os.access(binary, os.X_OK):
-                raise ExperimentUnavailable(f"{binary} is not built (`make release`)")
+        server, ops = built(context, SERVER_BINARY), built(context, OPS_BINARY)
         install, notes = redis_lru.locate_redis(context)
         client = compile_client(context.root)
-        meshalloc = private_meshalloc_copy(context)
-        handles = meshalloc is not None and handles_available(ops, meshalloc)
-        configs, skipped = build_configs(wanted_configs(context), install, server, meshalloc, handles)
+        mesh = meshalloc(context)
+        handles = mesh is not None and handles_available(ops, mesh)
+        configs, skipped = build_configs(context, wanted_configs(context), install, server, mesh, handles)
         if not any(config.name == BASELINE for config in configs):
             raise ExperimentUnavailable("the baseline cannot run here: " + "; ".join(skipped))
         notes += [f"Skipped {line}" for line in skipped]
@@ -399,14 +399,14 @@ class Handles(ExperimentBase):
         apply_reads(table, reads)
         apply_handle_stats(table, runs)
 
-        allocators, ops_skipped = ops_allocators(meshalloc)
+        allocators, ops_skipped = ops_allocators(context, mesh)
         notes += ops_skipped
         ops_result = run_ops(context, ops, allocators)
         found = claims(table, runs, rounds, ops_result, checked=context.mode != SMOKE, reads=reads)
 
-        main = redis_lru.markdown_table(runs, configs, table, MAIN_COLUMNS, repetitions, BASELINE)
+        main = redis_lru.config_table(runs, configs, table, MAIN_COLUMNS, repetitions, BASELINE)
         text = caption(load, repetitions, len(rounds))
-        detail = redis_lru.markdown_table(runs, configs, table, DETAIL_COLUMNS, repetitions, BASELINE)
+        detail = redis_lru.config_table(runs, configs, table, DETAIL_COLUMNS, repetitions, BASELINE)
         micro = ops_table(ops_result, allocators)
         md_path = context.out / "table.md"
         md_path.write_text(main + "\n" + text + "\n\nMore per configuration:\n\n" + detail + "\n"
@@ -428,4 +428,4 @@ class Handles(ExperimentBase):
 
 
 EXPERIMENT = Handles(name=NAME, title="Handles: an LRU cache that moves its objects",
-                     paper="Alaska §5.5, figure 9; Mesh §6.2.2")
+                     paper="Alaska §5.5, figure 9; Mesh §6.2.2", own_allocators=CONFIG_ORDER)

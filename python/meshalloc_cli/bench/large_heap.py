@@ -16,21 +16,22 @@ See docs/large-heap.md.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from ..compare import Stat
+from ..allocators import MESH_DEFAULT
 from ..measure import KIB, MIB
-from .common import (KEY_VALUE, ExperimentBase, checked_repetitions, claims_table, load_average, machine_json,
-                     markdown_table, number, write_tsv)
-from .framework import FULL, QUICK, SMOKE, Claim, Context, ExperimentUnavailable, Outcome
+from . import schedule
+from .claims import Claims, claims_table
+from .common import KEY_VALUE, ExperimentBase, built, checked_repetitions, choose_allocators, machine_notes
+from .framework import FULL, QUICK, SMOKE, Claim, Context, Outcome
 from .programs import timed_run
-from .speed import allocators_to_run, machine_notes
+from .report import (TIMES, allocator_json, markdown_table, notes_section, number, stat_text, write_summary_json,
+                     write_tsv)
+from .stats import Stat
 
 NAME = "large-heap"
 BINARY = Path("bench") / "large_heap"  # inside the build directory
@@ -38,10 +39,10 @@ GIB = 1 << 30
 
 # The allocators, in table order and in the order they run within a repetition; meshalloc 3y is
 # its defaults, as in the other experiments. Smoke keeps one rival, to exercise the comparison.
-GLIBC, JEMALLOC, MIMALLOC, MESH_ON = "glibc", "jemalloc", "mimalloc", "meshalloc:3y"
+GLIBC, JEMALLOC, MIMALLOC, MESH_ON = "glibc", "jemalloc", "mimalloc", MESH_DEFAULT
 ALLOCATORS = (GLIBC, JEMALLOC, MIMALLOC, MESH_ON)
 SMOKE_ALLOCATORS = (GLIBC, MESH_ON)
-ALLOCATORS_VARIABLE = "LARGE_HEAP_ALLOCATORS"
+ALLOCATORS_VARIABLE = "LARGE_HEAP_ALLOCATORS"  # an alias of --allocators (its tables have no baseline)
 
 # The workload of issue 22: 256 B objects, 75 % freed, the same random subset under every
 # allocator (one seed), so that every allocator keeps the very same objects.
@@ -402,38 +403,6 @@ def available_memory() -> Optional[int]:
 # Text
 
 
-def ratio_text(stat: Optional[Stat]) -> str:
-    if stat is None:
-        return "—"
-    text = f"{stat.median:.2f}×"
-    if f"{stat.low:.2f}" != f"{stat.high:.2f}":
-        text += f" ({stat.low:.2f}–{stat.high:.2f})"
-    return text
-
-
-def mib_text(stat: Optional[Stat], decimals: int = 0) -> str:
-    if stat is None:
-        return "—"
-    text = f"{stat.median / MIB:,.{decimals}f}"
-    if stat.low != stat.high:
-        text += f" ({stat.low / MIB:,.{decimals}f}–{stat.high / MIB:,.{decimals}f})"
-    return text
-
-
-def count_text(stat: Optional[Stat]) -> str:
-    if stat is None:
-        return "—"
-    text = f"{stat.median:,.0f}"
-    return text + (f" ({stat.low:,.0f}–{stat.high:,.0f})" if stat.low != stat.high else "")
-
-
-def seconds_text(stat: Optional[Stat]) -> str:
-    if stat is None:
-        return "—"
-    text = f"{stat.median:.2f}"
-    return text + (f" ({stat.low:.2f}–{stat.high:.2f})" if f"{stat.low:.2f}" != f"{stat.high:.2f}" else "")
-
-
 def to_2x_text(cell: Cell) -> str:
     if not cell.to_2x:
         return "—"
@@ -441,7 +410,7 @@ def to_2x_text(cell: Cell) -> str:
     never = len(cell.to_2x) - len(reached)
     if not reached:
         return f"never in {int(cell.watched_s)} s"
-    text = seconds_text(Stat.of(reached)) + " s"
+    text = stat_text(Stat.of(reached)) + " s"
     return text + (f"; {never} of {len(cell.to_2x)} runs never" if never else "")
 
 
@@ -465,12 +434,12 @@ def table_md(table: Table, heaps: Sequence[int], names: Sequence[str], idle_s: i
             if not cell.succeeded:
                 rows.append([heap_text(heap), name, runs] + ["—"] * (len(header) - 3))
                 continue
-            rows.append([heap_text(heap), name, runs, f"{cell.live / MIB:,.0f}", ratio_text(cell.after_free)]
-                        + [ratio_text(cell.at.get(seconds)) for seconds in shown]
-                        + [ratio_text(cell.end), mib_text(cell.pss_end), to_2x_text(cell),
-                           mib_text(cell.pte_end, 1), count_text(cell.mappings_end),
+            rows.append([heap_text(heap), name, runs, f"{cell.live / MIB:,.0f}", stat_text(cell.after_free, suffix=TIMES)]
+                        + [stat_text(cell.at.get(seconds), suffix=TIMES) for seconds in shown]
+                        + [stat_text(cell.end, suffix=TIMES), stat_text(cell.pss_end, 0, MIB, thousands=True), to_2x_text(cell),
+                           stat_text(cell.pte_end, 1, MIB, thousands=True), stat_text(cell.mappings_end, 0, thousands=True),
                            f"{cell.peak_mappings:,.0f}" if cell.peak_mappings is not None else "—",
-                           seconds_text(cell.mesh_cpu_s)])
+                           stat_text(cell.mesh_cpu_s)])
     return markdown_table(header, rows, left=2)
 
 
@@ -493,13 +462,9 @@ def claims(table: Table, heaps: Sequence[int], names: Sequence[str], limit: Opti
     """Issue 22's three targets for meshalloc, per heap size. With checked False (smoke: a tiny
     heap, one second), every verdict is None."""
     not_run = not_run or {}
-    result: List[Claim] = []
+    result = Claims(checked, "smoke run (tiny heap, 1 s): not checked")
+    add = result.add
     others = [name for name in names if name != MESH_ON]
-
-    def add(claim: str, paper: str, ours: str, holds: Optional[bool], note: str = "") -> None:
-        if not checked:
-            holds, note = None, "smoke run (tiny heap, 1 s): not checked"
-        result.append(Claim(claim, paper, ours, holds, note))
 
     for heap in heaps:
         size = heap_text(heap)
@@ -515,7 +480,7 @@ def claims(table: Table, heaps: Sequence[int], names: Sequence[str], limit: Opti
             add(claim, paper, "—", None, f"not measured: {missing}")
         else:
             median = cell.to_2x_median
-            ours = (f"≤ {TARGET_RATIO:g}× at: {to_2x_text(cell)}; {ratio_text(cell.end)} at the end "
+            ours = (f"≤ {TARGET_RATIO:g}× at: {to_2x_text(cell)}; {stat_text(cell.end, suffix=TIMES)} at the end "
                     f"({cell.watched_s:.1f} s), {cell.succeeded} run(s)")
             if median is not None:
                 add(claim, paper, ours, median <= TARGET_WINDOW_S + READING_DRIFT_S)
@@ -539,7 +504,7 @@ def claims(table: Table, heaps: Sequence[int], names: Sequence[str], limit: Opti
             add(claim, paper, f"peak {cell.peak_mappings:,.0f}", None, "vm.max_map_count could not be read")
         else:
             ours = (f"peak {cell.peak_mappings:,.0f} ({cell.peak_mappings / limit:.0%} of the limit), "
-                    f"end {count_text(cell.mappings_end)}, over {cell.succeeded} run(s)")
+                    f"end {stat_text(cell.mappings_end, 0, thousands=True)}, over {cell.succeeded} run(s)")
             add(claim, paper, ours, cell.peak_mappings <= threshold,
                 "the highest reading, taken once per sampling period: a peak between two readings is not seen")
 
@@ -551,15 +516,15 @@ def claims(table: Table, heaps: Sequence[int], names: Sequence[str], limit: Opti
         if not ran:
             add(claim, paper, "—", None, f"not measured: {missing}")
         elif not rivals:
-            add(claim, paper, ratio_text(cell.end), None, "no other allocator ran successfully")
+            add(claim, paper, stat_text(cell.end, suffix=TIMES), None, "no other allocator ran successfully")
         else:
-            ours = f"{ratio_text(cell.end)} vs " + ", ".join(f"{name} {ratio_text(rival.end)}"
+            ours = f"{stat_text(cell.end, suffix=TIMES)} vs " + ", ".join(f"{name} {stat_text(rival.end, suffix=TIMES)}"
                                                              for name, rival in rivals.items())
             lowest = min(rival.pss_end.median for rival in rivals.values())
             missing_rivals = [name for name in others if name not in rivals]
             add(claim, paper, ours + " (PSS ÷ live)", cell.pss_end.median < lowest,
                 f"not run here: {', '.join(missing_rivals)}" if missing_rivals else "")
-    return result
+    return result.found
 
 
 # ---------------------------------------------------------------------------------------------
@@ -608,9 +573,9 @@ def plot(out: Path, runs: Sequence[HeapRun], heaps: Sequence[int], names: Sequen
     """One column per heap size: PSS ÷ live against the seconds since the frees (top, with the
     2× target) and the mapping count (bottom, with the safety margin and the limit); one colour
     per allocator, one line per repetition."""
-    from ..plotting import _pyplot, _save
+    from ..plotting import load_pyplot, save_figure
 
-    pyplot = _pyplot()
+    pyplot = load_pyplot()
     figure, axes = pyplot.subplots(2, len(heaps), figsize=(PANEL_SIZE_IN[0] * len(heaps), PANEL_SIZE_IN[1] * 2),
                                    squeeze=False)
     for column, heap in enumerate(heaps):
@@ -648,7 +613,7 @@ def plot(out: Path, runs: Sequence[HeapRun], heaps: Sequence[int], names: Sequen
             axis.legend(fontsize=7)
     figure.suptitle(f"Large heap: {OBJECT_SIZE} B objects, {FREE_PERCENT} % freed at random, then idle", fontsize=10)
     figure.tight_layout()
-    written = _save(figure, out / FIGURE_STEM)
+    written = save_figure(figure, out / FIGURE_STEM)
     pyplot.close(figure)
     return written
 
@@ -659,17 +624,15 @@ def plot(out: Path, runs: Sequence[HeapRun], heaps: Sequence[int], names: Sequen
 
 class LargeHeap(ExperimentBase):
     def run(self, context: Context) -> Outcome:
-        binary = context.build_dir / BINARY
-        if not binary.is_file():
-            raise ExperimentUnavailable(f"{binary} is missing (run `make release`)")
+        binary = built(context, BINARY)
         setting = SETTINGS[context.mode]
         repetitions = checked_repetitions(context, REPETITIONS)
-        load_start = load_average()
+        load_start = schedule.load_average()
         limit = read_max_map_count()
-        allocators, skipped = allocators_to_run(context, ALLOCATORS_VARIABLE, ALLOCATORS, SMOKE_ALLOCATORS)
-        names = [allocator.name for allocator in allocators]
+        selection = choose_allocators(context, ALLOCATORS, SMOKE_ALLOCATORS, ALLOCATORS_VARIABLE)
+        allocators, names = selection.allocators, selection.names
         notes = [f"workload: {describe(setting)}", f"{repetitions} repetition(s); allocators interleaved within each"]
-        notes += [f"skipped allocator {line}" for line in skipped]
+        notes += selection.notes()
 
         # A heap that does not fit in memory would measure swapping: leave it out, and say so.
         heaps: List[int] = []
@@ -685,31 +648,34 @@ class LargeHeap(ExperimentBase):
             else:
                 heaps.append(heap)
 
-        runs: List[HeapRun] = []
-        failures: List[str] = []
-        order = 0
         context.log(f"{', '.join(heap_text(heap) for heap in heaps) or 'no heap'}; {repetitions} repetition(s); "
                     f"allocators: {' '.join(names)}")
-        for heap in heaps:
-            workload = Workload(heap, setting.idle_s, setting.sample_ms)
-            reference: Optional[str] = None
-            for repetition in range(1, repetitions + 1):
-                for allocator in allocators:
-                    order += 1
-                    run = run_once(binary, allocator, workload, repetition, order, reference)
-                    runs.append(run)
-                    if run.ok:
-                        reference = reference or str(run.summary.get("checksum"))
-                        reached = run.seconds_to_2x
-                        context.log(f"{heap_text(heap)} [{repetition}/{repetitions}] {allocator.name}: "
-                                    f"{run.ratio(run.value('pss_after_free')):.2f}× live after the frees, "
-                                    f"{run.ratio(run.value('pss_end')):.2f}× at the end, ≤ 2× "
-                                    f"{'never' if reached is None else f'at {reached:.1f} s'}, "
-                                    f"mappings {run.peak_mappings:,.0f}")
-                    else:
-                        failures.append(f"{allocator.name} {heap_text(heap)} repetition {repetition}: {run.status}")
-                        context.log(f"{heap_text(heap)} [{repetition}/{repetitions}] {allocator.name}: FAILED "
-                                    f"({run.status})")
+        workloads = [Workload(heap, setting.idle_s, setting.sample_ms) for heap in heaps]
+        references: Dict[int, str] = {}  # heap -> the first good run's checksum, which every run must match
+
+        def execute(slot: schedule.Slot) -> HeapRun:
+            workload = slot.workload
+            run = run_once(binary, slot.allocator, workload, slot.repetition, slot.order,
+                           references.get(workload.heap_bytes))
+            if run.ok:
+                references.setdefault(workload.heap_bytes, str(run.summary.get("checksum")))
+            return run
+
+        def progress(done: schedule.Done[HeapRun]) -> str:
+            run = done.result
+            if not run.ok:
+                return f"{run.allocator}: FAILED ({run.status})"
+            reached = run.seconds_to_2x
+            return (f"{run.allocator}: {run.ratio(run.value('pss_after_free')):.2f}× live after the frees, "
+                    f"{run.ratio(run.value('pss_end')):.2f}× at the end, ≤ 2× "
+                    f"{'never' if reached is None else f'at {reached:.1f} s'}, mappings {run.peak_mappings:,.0f}")
+
+        done = schedule.run(schedule.plan(workloads, allocators, repetitions), execute, context.log, progress,
+                            group=lambda slot: f"{heap_text(slot.workload.heap_bytes)} [{slot.repetition}/{repetitions}]",
+                            separator="; ")
+        runs = [finished.result for finished in done]
+        failures = [f"{run.allocator} {heap_text(run.heap_bytes)} repetition {run.repetition}: {run.status}"
+                    for run in runs if not run.ok]
 
         table = build_table(runs, heaps, names)
         found = claims(table, list(setting.heaps), names, limit, checked=context.mode != SMOKE, not_run=not_run)
@@ -727,20 +693,15 @@ class LargeHeap(ExperimentBase):
         report = out / "table.md"
         report.write_text("\n".join([
             f"# Large fragmented heap ({context.mode} mode)", "", heading, "", main, "## Claims", "",
-            claims_table(found), "## Notes", "", *[f"- {note}" for note in notes + [f"failed: {line}"
-                                                                                   for line in failures]], ""]))
+            claims_table(found), *notes_section(notes, failures)]))
         files.append(report)
         if any(run.ok for run in runs):
             files += plot(out, runs, heaps, names, limit)
-        summary = out / "summary.json"
-        summary.write_text(json.dumps({
-            "experiment": NAME, "mode": context.mode, "repetitions": repetitions, "machine": machine_json(),
-            "max_map_count": limit, "mapping_threshold": mapping_threshold(limit) if limit else None,
-            "heaps": heaps, "not_run": {str(heap): why for heap, why in not_run.items()},
-            "allocators": [{"name": allocator.name, "library": str(allocator.library or ""),
-                            "environment": dict(allocator.set_env)} for allocator in allocators],
-            "claims": [dataclasses.asdict(claim) for claim in found],
-        }, indent=2, ensure_ascii=False) + "\n")
+        summary = write_summary_json(
+            out, NAME, context.mode, repetitions, found, max_map_count=limit,
+            mapping_threshold=mapping_threshold(limit) if limit else None, heaps=heaps,
+            not_run={str(heap): why for heap, why in not_run.items()},
+            allocators=[allocator_json(allocator) for allocator in allocators])
         files.append(summary)
         return Outcome(repetitions=repetitions, claims=found, table_md=heading + "\n\n" + main, files=files,
                        failures=failures, notes=notes)

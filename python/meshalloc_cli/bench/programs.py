@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -25,8 +26,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+from .. import allocators as allocator_registry
 from ..allocators import Allocator
-from ..measure import RunResult, measure
+from ..errors import MeshallocError
+from ..measure import MIB, RunResult, measure
+from ..output import write_run
+from . import schedule
 from .framework import Context
 
 SCRIPTS = Path("bench") / "programs"  # relative to the repository root
@@ -38,6 +43,11 @@ STDERR_TAIL_CHARACTERS = 300  # of a failed run's stderr, kept for the failure l
 # it cannot load: such a run measured the wrong allocator and must count as failed.
 PRELOAD_FAILURE = "from LD_PRELOAD cannot be preloaded"
 SEED = 2019
+PROGRAM = "program"  # a Workload's kind for these programs (speed adds its microbenchmarks' kinds)
+# Microbenchmarks last 0.05-0.5 s: sample fast enough to see their peak. Programs last
+# 0.5-2 s: the paper's 100 Hz (mstat) is enough.
+MICRO_INTERVAL_S = 0.002
+PROGRAM_INTERVAL_S = 0.010
 
 
 @dataclass(frozen=True)
@@ -335,3 +345,128 @@ def memory_run(command: Sequence[str], allocator: Allocator, cwd: Optional[Path]
                            stdin=subprocess.DEVNULL, stdout=output, stderr=errors)
     finally:
         watchdog.cancel()
+
+
+# ---------------------------------------------------------------------------------------------
+# Workloads under every allocator: what speed and real-apps run, and their memory pass
+
+
+@dataclass
+class Workload:
+    """One row of the table, ready to run under any allocator."""
+
+    name: str
+    kind: str  # ST, MT or PROGRAM
+    command: List[str]
+    cwd: Optional[Path]
+    env: Dict[str, str]
+    pattern: str
+    shown: str  # the command as the docs and tables show it: paths relative to the checkout
+    reference: Optional[str] = None  # a program's output without LD_PRELOAD, which every run must match
+
+    @property
+    def reports_time(self) -> bool:
+        """Microbenchmarks print the wall time of their measured work (start-up excluded)."""
+        return self.kind != PROGRAM
+
+
+@dataclass
+class MemoryRecord:
+    workload: str
+    allocator: str
+    repetition: int
+    order: int
+    status: str
+    directory: Path
+    result: Optional[RunResult] = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def metric(self, name: str) -> Optional[float]:
+        if self.result is None:
+            return None
+        if name == "cgroup_peak":
+            return float(self.result.cgroup_kernel_peak) if self.result.cgroup_kernel_peak is not None else None
+        if name == "hz":
+            return self.result.achieved_rate
+        summary = self.result.summary("pss")
+        if summary is None:
+            return None
+        return {"peak_pss": float(summary.peak), "mean_pss": summary.mean}.get(name)
+
+
+def shown_command(command: Sequence[str], root: Path, work: Optional[Path]) -> str:
+    """The command with the checkout's path left out and the scratch directory called WORK."""
+    text = " ".join(command)
+    if work is not None:
+        text = text.replace(str(work), "WORK")
+    return text.replace(str(root) + os.sep, "")
+
+
+def program_workloads(context: Context, programs: Sequence[Program], scratch: Path, timeout: float) -> Tuple[
+        List[Workload], List[str]]:
+    """The programs with their inputs built, each with the output of a run without any
+    preload (also a warm-up: binaries and inputs are in the page cache before the first timed
+    run). A program that fails even then is left out, with a failure line."""
+    system = allocator_registry.resolve("system")
+    workloads, failures = [], []
+    for program in programs:
+        work = scratch / program.name
+        work.mkdir()
+        context.log(f"preparing {program.name} (scale {program.scale(context)})")
+        try:
+            prepared = program.prepare(context.root, work, program.scale(context))
+        except (OSError, subprocess.CalledProcessError) as error:
+            failures.append(f"{program.name}: preparing its inputs failed: {error}")
+            continue
+        reference = timed_run(prepared.command, system, prepared.cwd, prepared.env, timeout)
+        if not reference.ok:
+            failures.append(f"{program.name}: fails without any preload ({reference.status}): {reference.stderr_tail}")
+            continue
+        workloads.append(Workload(program.name, PROGRAM, prepared.command, prepared.cwd, prepared.env, program.models,
+                                  shown_command(prepared.command, context.root, work),
+                                  reference=reference.stdout.strip()))
+    return workloads, failures
+
+
+def memory_pass(context: Context, workloads: Sequence[Workload], allocators: Sequence[Allocator], repetitions: int,
+                timeout: float) -> List[MemoryRecord]:
+    def execute(slot: schedule.Slot) -> MemoryRecord:
+        workload, allocator = slot.workload, slot.allocator
+        interval = PROGRAM_INTERVAL_S if workload.kind == PROGRAM else MICRO_INTERVAL_S
+        directory = context.out / "memory" / workload.name / f"{_slug(allocator.name)}-r{slot.repetition}"
+        directory.mkdir(parents=True)
+        record = MemoryRecord(workload.name, allocator.name, slot.repetition, slot.order, "ok", directory)
+        try:
+            record.result = memory_run(workload.command, allocator, workload.cwd, workload.env, interval,
+                                       timeout, directory / "stdout.txt", directory / "stderr.txt")
+        except MeshallocError as error:
+            record.status = f"cannot start: {error}"
+            return record
+        write_run(record.result, directory)
+        if record.result.interrupted:  # Ctrl-C reached the command: stop here, as compare does
+            raise KeyboardInterrupt
+        output = (directory / "stdout.txt").read_text(errors="replace").strip()
+        if not record.result.succeeded:
+            record.status = record.result.describe_exit()
+        elif PRELOAD_FAILURE in (directory / "stderr.txt").read_text(errors="replace"):
+            record.status = "the allocator was not preloaded"
+        elif workload.reference is not None and output != workload.reference:
+            record.status = "output differs from a run without preload"
+        return record
+
+    def describe(done: schedule.Done[MemoryRecord]) -> str:
+        record = done.result
+        peak = record.metric("peak_pss")
+        return (f"{record.allocator}={peak / MIB:.1f}MiB" if record.ok and peak else
+                f"{record.allocator}={record.status if not record.ok else 'no sample'}")
+
+    done = schedule.run(schedule.plan(workloads, allocators, repetitions), execute, context.log, describe,
+                        group=lambda slot: f"memory {slot.workload.name} [{slot.repetition}/{repetitions}]")
+    return [finished.result for finished in done]
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)

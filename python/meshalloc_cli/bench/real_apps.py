@@ -5,39 +5,40 @@ The paper measured Firefox (Speedometer), Redis and SPECint2006; Firefox needs a
 its own allocator and SPEC a licence, so neither can run here. This experiment takes the five
 Debian programs of the speed experiment (programs.py: python3, ruby, perl, sqlite3, git), runs
 each under glibc, jemalloc, mimalloc, tcmalloc and meshalloc with meshing off (0n) and on (3y, the defaults),
-interleaved, and samples the PSS of the whole process tree every 10 ms (the paper's mstat rate).
+interleaved (`--allocators` replaces the list, `--baseline` the reference of the tables), and
+samples the PSS of the whole process tree every 10 ms (the paper's mstat rate).
 The claims set the paper's memory figures beside ours and are judged only on their direction:
 does meshalloc 3y use less memory than the reference allocator? See docs/real-apps.md.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from ..compare import Stat
+from ..allocators import MESH_DEFAULT, MESH_OFF, Allocator
 from ..measure import MIB
+from . import schedule
+from .claims import Claims, claims_table
+from .common import ExperimentBase, checked_repetitions, choose_allocators, machine_notes, names_from
 from .framework import FULL, QUICK, SMOKE, Claim, Context, ExperimentUnavailable, Outcome
-from .common import (BarPanel, ExperimentBase, checked_repetitions, claims_table, geomean, load_average, machine_json,
-                     markdown_table, names_from, number, ratio_bar_chart, write_tsv)
-from .programs import available_programs
-from .speed import (Geomean, MemoryRecord, Workload, allocators_to_run, machine_notes, memory_pass, program_workloads,
-                    stat_text)
+from .programs import MemoryRecord, Workload, available_programs, memory_pass, program_workloads
+from .report import NO_VALUE, BarPanel, geomean_claim_text, geomean_text, markdown_table, number, ratio_bar_chart
+from .report import allocator_json, notes_section, range_text, stat_text, write_summary_json, write_tsv
+from .stats import Geomean, Stat, geomean_of, paired_ratios, ratio
 
 NAME = "real-apps"
-BASELINE = "glibc"  # the paper's reference for SPEC (and perlbench)
+GLIBC = "glibc"  # the paper's reference for SPEC (and perlbench)
+BASELINE = GLIBC  # the tables' reference, unless --baseline names another
 JEMALLOC = "jemalloc"  # the paper's reference for Firefox and Redis
-MESH_ON = "meshalloc:3y"
-MESH_OFF = "meshalloc:0n"  # meshing and randomisation off: what meshing itself saves is 3y against this
+MESH_ON = MESH_DEFAULT  # what meshing itself saves is this against MESH_OFF
 ALLOCATORS = (BASELINE, JEMALLOC, "mimalloc", "tcmalloc", MESH_OFF, MESH_ON)
 SMOKE_ALLOCATORS = (BASELINE, MESH_ON)
 
 PROGRAMS_VARIABLE = "REAL_APPS_PROGRAMS"
-ALLOCATORS_VARIABLE = "REAL_APPS_ALLOCATORS"
+ALLOCATORS_VARIABLE = "REAL_APPS_ALLOCATORS"  # an alias of --allocators
 
 # The paper ran each allocator three times (Firefox, §6.2.1); full runs five, since our programs
 # are short and a shared machine is noisy; quick keeps two, so that a spread can still be shown.
@@ -67,7 +68,8 @@ class AppCell:
 Table = Dict[str, Dict[str, AppCell]]  # program -> allocator -> cell
 
 
-def build_table(programs: Sequence[str], allocators: Sequence[str], records: Sequence[MemoryRecord]) -> Table:
+def build_table(programs: Sequence[str], allocators: Sequence[str], records: Sequence[MemoryRecord],
+                baseline: Optional[str]) -> Table:
     table: Table = {}
     for program in programs:
         row: Dict[str, AppCell] = {}
@@ -80,96 +82,63 @@ def build_table(programs: Sequence[str], allocators: Sequence[str], records: Seq
                 cell.by_repetition[metric] = {record.repetition: record.metric(metric) for record in good
                                               if record.metric(metric)}
             row[name] = cell
-        base = row.get(BASELINE)
+        base = row.get(baseline) if baseline else None
         for cell in row.values():
             for metric in METRICS:
-                cell.ratios[metric] = _ratio(cell.stats.get(metric), base.stats.get(metric) if base else None)
+                cell.ratios[metric] = ratio(cell.stats.get(metric), base.stats.get(metric) if base else None)
         table[program] = row
     return table
-
-
-def _ratio(mine: Optional[Stat], theirs: Optional[Stat]) -> Optional[float]:
-    if mine is None or theirs is None or theirs.median <= 0:
-        return None
-    return mine.median / theirs.median
 
 
 def between(table: Table, programs: Sequence[str], mine: str, theirs: str, metric: str) -> Geomean:
     """Geometric mean over the programs of mine's median over theirs; low/high are the
     extremes of the per-repetition geomeans (rep r against rep r, every program)."""
-    ratios, paired = [], []
+    pairs = []
     for program in programs:
         a, b = table.get(program, {}).get(mine), table.get(program, {}).get(theirs)
-        ratio = _ratio(a.stats.get(metric), b.stats.get(metric)) if a and b else None
-        if ratio is None:
-            continue
-        ratios.append(ratio)
-        paired.append({repetition: value / b.by_repetition[metric][repetition]
-                       for repetition, value in a.by_repetition[metric].items()
-                       if b.by_repetition[metric].get(repetition)})
-    result = Geomean(geomean(ratios), rows=len(ratios))
-    if paired and len(ratios) == len(programs):
-        common = set.intersection(*(set(ratios_by_rep) for ratios_by_rep in paired))
-        per_repetition = [geomean(ratios_by_rep[repetition] for ratios_by_rep in paired)
-                          for repetition in sorted(common)]
-        per_repetition = [value for value in per_repetition if value is not None]
-        if len(per_repetition) > 1:
-            result.low, result.high = min(per_repetition), max(per_repetition)
-    return result
-
-
-def _geomean_text(value: Geomean, decimals: int = 2) -> str:
-    if value.value is None:
-        return "—"
-    text = f"{value.value:.{decimals}f}"
-    if (value.low is not None and value.high is not None
-            and f"{value.low:.{decimals}f}" != f"{value.high:.{decimals}f}"):
-        text += f" ({value.low:.{decimals}f}–{value.high:.{decimals}f})"
-    return text
+        value = ratio(a.stats.get(metric), b.stats.get(metric)) if a and b else None
+        pairs.append((value, paired_ratios(a.by_repetition[metric], b.by_repetition[metric]) if value else {}))
+    return geomean_of(pairs)
 
 
 # ---------------------------------------------------------------------------------------------
 # Tables
 
-def ratio_table(programs: Sequence[str], names: Sequence[str], table: Table, metric: str) -> str:
+def ratio_table(programs: Sequence[str], names: Sequence[str], table: Table, metric: str,
+                baseline: Optional[str]) -> str:
     """One metric: the baseline's MiB, every other allocator over it, meshing's own effect
     (3y over 0n), geometric means with the range of the per-repetition geomeans."""
-    others = [name for name in names if name != BASELINE]
+    others = [name for name in names if name != baseline]
     with_meshing = MESH_ON in names and MESH_OFF in names
-    header = ["program", f"{BASELINE} MiB" if BASELINE in names else "MiB"] + [f"{name} ×" for name in others]
+    header = ["program", f"{baseline} MiB" if baseline in names else "MiB"] + [f"{name} ×" for name in others]
     if with_meshing:
         header.append("3y ÷ 0n")
     rows = []
     for program in programs:
         cells = table[program]
-        base = cells.get(BASELINE)
-        row = [program, stat_text(base.stats.get(metric), MIB, 1) if base else "—"]
+        base = cells.get(baseline)
+        row = [program, stat_text(base.stats.get(metric), 1, MIB) if base else NO_VALUE]
         for name in others:
             row.append(_ratio_cell(cells.get(name), metric, base))
         if with_meshing:
-            row.append(_geomean_text(between(table, [program], MESH_ON, MESH_OFF, metric)))
+            row.append(geomean_text(between(table, [program], MESH_ON, MESH_OFF, metric)))
         rows.append(row)
-    geomean_row = ["**geomean**", ""] + [_geomean_text(between(table, programs, name, BASELINE, metric))
-                                         for name in others]
+    geomean_row = ["**geomean**", ""] + [geomean_text(between(table, programs, name, baseline, metric))
+                                         if baseline else NO_VALUE for name in others]
     if with_meshing:
-        geomean_row.append(_geomean_text(between(table, programs, MESH_ON, MESH_OFF, metric)))
+        geomean_row.append(geomean_text(between(table, programs, MESH_ON, MESH_OFF, metric)))
     rows.append(geomean_row)
     return markdown_table(header, rows)
 
 
 def _ratio_cell(cell: Optional[AppCell], metric: str, base: Optional[AppCell]) -> str:
     if cell is None:
-        return "—"
+        return NO_VALUE
     if cell.ratios.get(metric) is None:
-        return "failed" if cell.runs and not cell.succeeded else "—"
-    text = f"{cell.ratios[metric]:.2f}"
-    if base is not None:
-        paired = [value / base.by_repetition[metric][repetition]
-                  for repetition, value in cell.by_repetition[metric].items()
-                  if base.by_repetition[metric].get(repetition)]
-        if len(paired) > 1 and f"{min(paired):.2f}" != f"{max(paired):.2f}":
-            text += f" ({min(paired):.2f}–{max(paired):.2f})"
-    return text
+        return "failed" if cell.runs and not cell.succeeded else NO_VALUE
+    paired = list(paired_ratios(cell.by_repetition[metric], base.by_repetition[metric]).values()) if base else []
+    spread = Stat.of(paired) if len(paired) > 1 else None
+    return range_text(cell.ratios[metric], spread.low if spread else None, spread.high if spread else None)
 
 
 def absolute_table(programs: Sequence[str], names: Sequence[str], table: Table, metric: str) -> str:
@@ -179,7 +148,7 @@ def absolute_table(programs: Sequence[str], names: Sequence[str], table: Table, 
         row = [program]
         for name in names:
             cell = table[program].get(name)
-            text = stat_text(cell.stats.get(metric), MIB, 1) if cell else "—"
+            text = stat_text(cell.stats.get(metric), 1, MIB) if cell else NO_VALUE
             if cell and cell.runs > cell.succeeded:
                 text += f" ({cell.runs - cell.succeeded} failed)"
             row.append(text)
@@ -191,40 +160,27 @@ def absolute_table(programs: Sequence[str], names: Sequence[str], table: Table, 
 # Claims
 
 def claims(programs: Sequence[str], table: Table, checked: bool) -> List[Claim]:
-    result: List[Claim] = []
+    """The paper's memory statements, against glibc and jemalloc whatever the tables' baseline."""
+    result = Claims(checked)
     direction = "in spirit ({}): holds when meshalloc 3y uses less than {} (the direction, not the size)"
 
     def add(claim: str, paper: str, value: Geomean, rows: int, note: str) -> None:
-        holds = value.value < 1.0 if value.value is not None else None
-        ours = "—"
-        if value.value is not None:
-            ours = f"{value.value:.3f}×"
-            details = []
-            if value.low is not None and value.high is not None:
-                details.append(f"per repetition {value.low:.3f}–{value.high:.3f}")
-            if rows > 1:
-                details.append(f"geomean over {value.rows} of {rows} programs")
-            if details:
-                ours += f" ({'; '.join(details)})"
-        if not checked:
-            holds, note = None, "smoke run (tiny parameters): not checked; " + note
-        elif value.value is None:
-            note = "not measured here (an allocator is missing or failed); " + note
-        result.append(Claim(claim, paper, ours, holds, note))
+        result.add(claim, paper, geomean_claim_text(value, rows),
+                   value.value < 1.0 if value.value is not None else None, note)
 
     add("meshalloc 3y mean memory vs glibc, geomean of the real programs",
         f"{PAPER_SPEC_MEAN:.3f}× (SPECint2006 geomean, −2.4 %)",
-        between(table, programs, MESH_ON, BASELINE, "mean_pss"),
+        between(table, programs, MESH_ON, GLIBC, "mean_pss"),
         len(programs), direction.format("Debian programs, not SPECint2006; PSS, not RSS", "glibc"))
     if "perl" in programs:
         add("meshalloc 3y peak memory vs glibc, perl", f"{PAPER_PERLBENCH_PEAK:.2f}× (400.perlbench peak RSS, "
-            "564 vs 664 MB)", between(table, ["perl"], MESH_ON, BASELINE, "peak_pss"), 1,
+            "564 vs 664 MB)", between(table, ["perl"], MESH_ON, GLIBC, "peak_pss"), 1,
             direction.format("our mail-filtering script, not perlbench; peak PSS", "glibc"))
     add("meshalloc 3y mean memory vs jemalloc, geomean of the real programs",
         f"{PAPER_FIREFOX_MEAN:.2f}× (Firefox, Speedometer: 530 vs 632 MB)",
         between(table, programs, MESH_ON, JEMALLOC, "mean_pss"), len(programs),
         direction.format("Debian programs, not Firefox", "jemalloc"))
-    return result
+    return result.found
 
 
 # ---------------------------------------------------------------------------------------------
@@ -243,7 +199,8 @@ def write_runs(out: Path, records: Sequence[MemoryRecord]) -> Path:
                       for record in records))
 
 
-def write_table_tsv(out: Path, programs: Sequence[str], names: Sequence[str], table: Table) -> Path:
+def write_table_tsv(out: Path, programs: Sequence[str], names: Sequence[str], table: Table,
+                    baseline: Optional[str]) -> Path:
     rows = []
     for program in programs:
         for name in names:
@@ -258,47 +215,40 @@ def write_table_tsv(out: Path, programs: Sequence[str], names: Sequence[str], ta
             rows.append(row)
     header = ["program", "allocator", "runs", "succeeded"]
     for metric in METRICS:
-        header += [f"{metric}_bytes", f"{metric}_min", f"{metric}_max", f"{metric}_ratio_to_{BASELINE}"]
+        header += [f"{metric}_bytes", f"{metric}_min", f"{metric}_max", f"{metric}_ratio_to_{baseline or 'none'}"]
     return write_tsv(out / "table.tsv", header, rows)
 
 
-def figure(out: Path, programs: Sequence[str], names: Sequence[str], table: Table, repetitions: int) -> List[Path]:
+def figure(out: Path, programs: Sequence[str], names: Sequence[str], table: Table, repetitions: int,
+           baseline: Optional[str]) -> List[Path]:
     """The paper's "memory vs glibc" bars for our set: each allocator's mean and peak PSS over
     glibc's per program, and their geometric mean."""
-    if BASELINE not in names:
+    if baseline is None or baseline not in names:
         return []
-    shown = [name for name in names if name != BASELINE]
+    shown = [name for name in names if name != baseline]
     panels = []
     for metric in METRICS:
-        panel = BarPanel(f"{METRIC_TITLES[metric]} ÷ {BASELINE}", list(programs) + ["geomean"], {})
+        panel = BarPanel(f"{METRIC_TITLES[metric]} ÷ {baseline}", list(programs) + ["geomean"], {})
         for name in shown:
             values, lows, highs = [], [], []
             for rows in [[program] for program in programs] + [list(programs)]:
-                value = between(table, rows, name, BASELINE, metric)
+                value = between(table, rows, name, baseline, metric)
                 values.append(value.value)
                 lows.append(value.low)
                 highs.append(value.high)
             panel.series[name], panel.low[name], panel.high[name] = values, lows, highs
         panels.append(panel)
-    title = (f"Memory of real programs relative to {BASELINE} (lower is less)\nmedian of {repetitions} "
+    title = (f"Memory of real programs relative to {baseline} (lower is less)\nmedian of {repetitions} "
              "interleaved run(s), whiskers = per-repetition range")
-    return ratio_bar_chart(panels, f"÷ {BASELINE}", title, out / "memory")
+    return ratio_bar_chart(panels, f"÷ {baseline}", title, out / "memory")
 
 
-def write_summary(out: Path, context: Context, workloads: Sequence[Workload], allocator_rows: Sequence[dict],
+def write_summary(out: Path, context: Context, workloads: Sequence[Workload], allocators: Sequence[Allocator],
                   repetitions: int, found: Sequence[Claim]) -> Path:
-    path = out / "summary.json"
-    path.write_text(json.dumps({
-        "experiment": NAME,
-        "mode": context.mode,
-        "repetitions": repetitions,
-        "machine": machine_json(),
-        "allocators": list(allocator_rows),
-        "programs": [{"name": workload.name, "command": workload.command, "models": workload.pattern,
-                      "reference_output": workload.reference} for workload in workloads],
-        "claims": [dataclasses.asdict(claim) for claim in found],
-    }, indent=2, ensure_ascii=False) + "\n")
-    return path
+    return write_summary_json(
+        out, NAME, context.mode, repetitions, found, allocators=[allocator_json(allocator) for allocator in allocators],
+        programs=[{"name": workload.name, "command": workload.command, "models": workload.pattern,
+                   "reference_output": workload.reference} for workload in workloads])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -308,7 +258,7 @@ class RealApps(ExperimentBase):
     def run(self, context: Context) -> Outcome:
         repetitions = checked_repetitions(context, REPETITIONS)
         timeout = TIMEOUT_S[context.mode]
-        load_start = load_average()
+        load_start = schedule.load_average()
         programs, missing = available_programs()
         wanted = names_from(PROGRAMS_VARIABLE)
         if wanted:
@@ -319,12 +269,11 @@ class RealApps(ExperimentBase):
         if not programs:
             raise ExperimentUnavailable("none of the programs is installed: " + "; ".join(missing))
 
-        allocators, skipped = allocators_to_run(context, ALLOCATORS_VARIABLE, ALLOCATORS, SMOKE_ALLOCATORS)
-        allocator_names = [allocator.name for allocator in allocators]
-        notes = [f"Skipped allocator {line}" for line in skipped]
-        notes += [f"Skipped program {line}" for line in missing]
-        if BASELINE not in allocator_names:
-            notes.append(f"{BASELINE} did not run: no ratios, and the claims cannot be checked.")
+        selection = choose_allocators(context, ALLOCATORS, SMOKE_ALLOCATORS, ALLOCATORS_VARIABLE, (BASELINE,))
+        allocators, allocator_names, baseline = selection.allocators, selection.names, selection.baseline
+        notes = selection.notes(BASELINE) + [f"Skipped program {line}" for line in missing]
+        if GLIBC not in allocator_names:
+            notes.append(f"{GLIBC} did not run: the claims against it cannot be checked.")
 
         with tempfile.TemporaryDirectory(prefix="meshalloc-real-apps-") as scratch:
             workloads, failures = program_workloads(context, programs, Path(scratch), timeout)
@@ -336,16 +285,18 @@ class RealApps(ExperimentBase):
                      for record in records if not record.ok]
 
         rows = [workload.name for workload in workloads]
-        table = build_table(rows, allocator_names, records)
+        table = build_table(rows, allocator_names, records, baseline)
         found = claims(rows, table, checked=context.mode != SMOKE)
 
         rates = [record.metric("hz") for record in records if record.metric("hz")]
-        caption = (f"Each allocator's PSS over {BASELINE}'s (median of {repetitions} interleaved repetition(s); in "
+        caption = (f"Each allocator's PSS over {baseline}'s (median of {repetitions} interleaved repetition(s); in "
                    "brackets the range of the per-repetition ratios); lower is less memory. PSS of the whole process "
                    "tree sampled every 10 ms; mean = time-weighted over the run. 3y ÷ 0n: what meshing (with "
                    "randomisation) saves over meshalloc without it.")
-        main = "\n".join([f"**Mean PSS** (× {BASELINE})", "", ratio_table(rows, allocator_names, table, "mean_pss"),
-                          f"**Peak PSS** (× {BASELINE})", "", ratio_table(rows, allocator_names, table, "peak_pss")])
+        main = "\n".join([f"**Mean PSS** (× {baseline})", "",
+                          ratio_table(rows, allocator_names, table, "mean_pss", baseline),
+                          f"**Peak PSS** (× {baseline})", "",
+                          ratio_table(rows, allocator_names, table, "peak_pss", baseline)])
         if context.mode == SMOKE:
             notes.append("Smoke mode: tiny inputs, one repetition — a check that everything runs, not a measurement.")
         elif context.mode == QUICK:
@@ -357,7 +308,7 @@ class RealApps(ExperimentBase):
         notes += machine_notes(allocators, None, load_start)
 
         out = context.out
-        files = [write_runs(out, records), write_table_tsv(out, rows, allocator_names, table)]
+        files = [write_runs(out, records), write_table_tsv(out, rows, allocator_names, table, baseline)]
         markdown = "\n".join([
             f"# Real programs' memory ({context.mode} mode)", "", caption, "", main,
             f"## Mean PSS, MiB (median, min–max over {repetitions} run(s))", "",
@@ -370,16 +321,13 @@ class RealApps(ExperimentBase):
             markdown_table(["program", "models", "command"],
                            ([workload.name, workload.pattern, f"`{workload.shown}`"] for workload in workloads),
                            left=3),
-            "## Notes", "", *[f"- {note}" for note in notes + [f"failed: {line}" for line in failures]], "",
+            *notes_section(notes, failures),
         ])
         table_md = out / "table.md"
         table_md.write_text(markdown)
         files.append(table_md)
-        files += figure(out, rows, allocator_names, table, repetitions)
-        files.append(write_summary(out, context, workloads,
-                                   [{"name": allocator.name, "library": str(allocator.library or ""),
-                                     "environment": dict(allocator.set_env)} for allocator in allocators],
-                                   repetitions, found))
+        files += figure(out, rows, allocator_names, table, repetitions, baseline)
+        files.append(write_summary(out, context, workloads, allocators, repetitions, found))
         files.append(out / "memory")
         return Outcome(repetitions=repetitions, claims=found, table_md=caption + "\n\n" + main, files=files,
                        failures=failures, notes=notes)

@@ -15,18 +15,19 @@ the schedule, and writes the tables, the figure and the claims.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
-from .. import allocators as allocator_registry
-from ..allocators import Allocator
-from ..compare import Stat
+from ..allocators import MESH_DEFAULT, MESH_OFF, Allocator, library_options, resolve
 from ..errors import MeshallocError
 from ..measure import DEFAULT_INTERVAL_S, KIB, MIB
-from .common import ExperimentBase, checked_repetitions, machine_json, number, private_meshalloc_copy, write_tsv
+from . import schedule
+from .claims import Claims
+from .common import ExperimentBase, checked_repetitions, requested_specs, with_private_meshalloc
+from .report import markdown_table, number, stat_text, write_summary_json, write_tsv
+from .stats import Stat
 from .framework import FULL, QUICK, SMOKE, Claim, Context, ExperimentUnavailable, Outcome
 from .redis_support import (ACTIVEDEFRAG_OPTIONS, BUILD_SCRIPT, MAIN_THREAD_CPU_KEY, SERVER_OPTIONS, Config,
                             Insertion, RedisInstall, Run, Workload, any_install, compile_client, describe_runs,
@@ -55,15 +56,19 @@ SEED = 1
 
 BASELINE = "jemalloc"
 ACTIVEDEFRAG = "jemalloc+activedefrag"
-MESHALLOC = "meshalloc:3y"  # the defaults: rotated runs (docs/heap.md), what a user gets
+MESHALLOC = MESH_DEFAULT  # rotated runs (docs/heap.md), what a user gets
 MESHALLOC_PAPER = "meshalloc:2y"  # the paper's randomisation: every object placed independently
-MESHALLOC_OFF = "meshalloc:0n"
+MESHALLOC_OFF = MESH_OFF
 TCMALLOC = "tcmalloc"
 # The configurations, in the order they run within a repetition and appear in the table.
 CONFIG_ORDER = (BASELINE, ACTIVEDEFRAG, "glibc", "mimalloc", TCMALLOC, MESHALLOC, MESHALLOC_PAPER, MESHALLOC_OFF)
 SMOKE_CONFIGS = (BASELINE, ACTIVEDEFRAG, MESHALLOC)
-# A comma-separated subset of CONFIG_ORDER to run instead (not a MESHALLOC_* name: those
-# reach the meshalloc servers' environment).
+# The configurations this experiment builds itself rather than by preloading an allocator into
+# the libc-linked server: the server's own jemalloc (with and without activedefrag) and its
+# MALLOC=libc build. Any other spec (--allocators) is preloaded into the libc-linked server.
+BUILT_IN = (BASELINE, ACTIVEDEFRAG, "glibc")
+# An alias of --allocators (not a MESHALLOC_* name: those reach the meshalloc servers'
+# environment).
 CONFIGS_VARIABLE = "REDIS_LRU_CONFIGS"
 
 # What the paper measured (§6.2.2; the artifact's README repeats the first two).
@@ -159,37 +164,21 @@ def workload(context: Context) -> Workload:
 # ---------------------------------------------------------------------------------------------
 # Configurations
 
-def wanted_configs(context: Context) -> Tuple[str, ...]:
-    return chosen_configs(context, CONFIGS_VARIABLE, CONFIG_ORDER, SMOKE_CONFIGS)
+def wanted_configs(context: Context) -> Tuple[List[str], bool]:
+    """The specs to run (common.requested_specs), the baseline first whatever the list says
+    (every ratio is against it); and whether the user chose them."""
+    names, source = requested_specs(context, CONFIG_ORDER, SMOKE_CONFIGS, CONFIGS_VARIABLE)
+    return [BASELINE] + [name for name in names if name != BASELINE], source is not None
 
 
-def chosen_configs(context: Context, variable: str, order: Sequence[str], smoke: Sequence[str]) -> Tuple[str, ...]:
-    """The configurations `variable` names (a comma-separated subset of `order`), else the
-    mode's: `smoke` in smoke mode, every one of `order` otherwise."""
-    chosen = os.environ.get(variable)
-    if chosen:
-        names = tuple(name.strip() for name in chosen.split(",") if name.strip())
-        unknown = sorted(set(names) - set(order))
-        if unknown:
-            raise ExperimentUnavailable(f"{variable}: unknown configuration(s) {', '.join(unknown)} "
-                                        f"(known: {', '.join(order)})")
-        return tuple(name for name in order if name in names)
-    return tuple(smoke) if context.mode == SMOKE else tuple(order)
-
-
-def meshalloc_allocator(name: str, library: Path) -> Allocator:
-    """meshalloc preloaded from `library` in the configuration `name` names ("meshalloc:3y")."""
-    config = name.partition(":")[2]
-    return Allocator(name=name, library=library, description=f"meshalloc, MESHALLOC_CONFIG={config}",
-                     set_env={"MESHALLOC_CONFIG": config}, unset_env=allocator_registry.MESHALLOC_CONFIG_OVERRIDES)
-
-
-def build_configs(names: Sequence[str], install: RedisInstall, meshalloc: Optional[Path]) -> Tuple[
+def build_configs(context: Context, names: Sequence[str], by_user: bool, install: RedisInstall) -> Tuple[
         List[Config], List[str]]:
-    """The configurations that can run here, and a note for each one that cannot."""
+    """The configurations that can run here, and a note for each one that cannot (a spec of
+    the user's that cannot run at all stops the experiment)."""
     as_linked = lambda name, what: Allocator(name=name, library=None, description=what)  # noqa: E731
     configs: List[Config] = []
     skipped: List[str] = []
+    preloaded: List[Allocator] = []
     for name in names:
         if name == BASELINE:
             what = "Redis's bundled jemalloc" if install.from_source else "Debian's redis-server, system jemalloc"
@@ -205,17 +194,21 @@ def build_configs(names: Sequence[str], install: RedisInstall, meshalloc: Option
                 skipped.append(f"{name}: needs the MALLOC=libc build ({BUILD_SCRIPT})")
                 continue
             configs.append(Config(name, install.libc_server, as_linked(name, "glibc malloc (MALLOC=libc)")))
-        elif name.startswith("meshalloc"):
-            if meshalloc is None:
-                skipped.append(f"{name}: libmeshalloc.so is not built (`make release`)")
-                continue
-            configs.append(Config(name, install.preload_server, meshalloc_allocator(name, meshalloc),
-                                  meshalloc=True))
-        else:  # mimalloc, tcmalloc: Debian's libraries, preloaded
+        else:
             try:
-                configs.append(Config(name, install.preload_server, allocator_registry.resolve(name)))
+                preloaded.append(resolve(name, context.build_dir))
             except MeshallocError as error:
+                if by_user:
+                    raise ExperimentUnavailable(f"{name}: {error}") from None
                 skipped.append(f"{name}: {error}")
+                continue
+            configs.append(Config(name, install.preload_server, preloaded[-1]))
+    copies = dict(zip((allocator.name for allocator in preloaded), with_private_meshalloc(context, preloaded)))
+    for index, config in enumerate(configs):
+        if config.allocator.name in copies:
+            allocator = copies[config.allocator.name]
+            configs[index] = replace(config, name=allocator.name, allocator=allocator,
+                                     meshalloc=bool(allocator.library and library_options(allocator.library)))
     return configs, skipped
 
 
@@ -238,8 +231,7 @@ def stats_by_config(runs: Sequence[Run], configs: Sequence[Config], rounds: Roun
             if ratio in PAIRED_KEYS:
                 continue
             mine, theirs = row.get(metric), base.get(metric)
-            row[ratio] = (Stat(mine.median / theirs.median, mine.low / theirs.median, mine.high / theirs.median)
-                          if mine and theirs and theirs.median else None)
+            row[ratio] = mine.scaled(theirs.median) if mine and theirs and theirs.median else None
     apply_paired_insertion(table, rounds, cpu_rounds, baseline)
     return table
 
@@ -291,29 +283,17 @@ def apply_paired_insertion(table: Table, rounds: Rounds, cpu_rounds: Optional[Ro
             row[prefix + "_ratio"] = Stat.of(round_ratios(by_round, name, baseline))
 
 
-def stat_text(stat: Optional[Stat], scale: Optional[float], decimals: int, show_range: bool) -> str:
-    if stat is None:
-        return "—"
-    scale = scale or 1
-    text = f"{stat.median / scale:.{decimals}f}"
-    if show_range and round(stat.low / scale, decimals) != round(stat.high / scale, decimals):
-        text += f" ({stat.low / scale:.{decimals}f}–{stat.high / scale:.{decimals}f})"
-    return text
-
-
-def markdown_table(runs: Sequence[Run], configs: Sequence[Config], table: Table, columns: Sequence[Column],
-                   repetitions: int, baseline: str = BASELINE) -> str:
-    headers = ["config", "ok"] + [header for _, header, _, _ in columns]
-    lines = ["| " + " | ".join(headers) + " |",
-             "|" + "|".join("---" if index == 0 else "---:" for index in range(len(headers))) + "|"]
+def config_table(runs: Sequence[Run], configs: Sequence[Config], table: Table, columns: Sequence[Column],
+                 repetitions: int, baseline: str = BASELINE) -> str:
+    rows = []
     for config in configs:
         mine = [run for run in runs if run.config is config]
         name = config.name + (" (baseline)" if config.name == baseline else "")
-        cells = [name, f"{sum(run.ok for run in mine)}/{len(mine)}"]
-        cells += [stat_text(table[config.name].get(key), scale, decimals, repetitions > 1 or key in PAIRED_KEYS)
-                  for key, _, scale, decimals in columns]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+        rows.append([name, f"{sum(run.ok for run in mine)}/{len(mine)}"]
+                    + [stat_text(table[config.name].get(key), decimals, scale or 1,
+                                 show_range=repetitions > 1 or key in PAIRED_KEYS)
+                       for key, _, scale, decimals in columns])
+    return markdown_table(["config", "ok"] + [header for _, header, _, _ in columns], rows)
 
 
 def caption(install: RedisInstall, load: Workload, repetitions: int, rounds: int) -> str:
@@ -383,26 +363,12 @@ def seconds_text(stat: Optional[Stat], count: int, decimals: int = 2) -> str:
     return f"{stat.median:.{decimals}f} s"
 
 
-def insertion_text(insertion: Optional[Stat], rounds: Optional[Rounds], name: str, runs: int,
-                   baseline: str = BASELINE) -> str:
+def insertion_text(insertion: Optional[Stat], rounds: Optional[Rounds], name: str, runs: int) -> str:
     """A configuration's insertion ratio, counted in paired rounds when there were any, else in runs."""
-    paired = len(round_ratios(rounds, name, baseline)) if rounds is not None else 0
+    paired = len(round_ratios(rounds, name)) if rounds is not None else 0
     if paired:
         return ratio_text(insertion, paired).replace(" run", " paired round")
     return ratio_text(insertion, runs)
-
-
-def claim_adder(result: List[Claim], checked: bool) -> Callable[..., None]:
-    """add(claim, paper, ours, holds, note=""), which appends a Claim to result; with checked
-    False (smoke) the verdict is left open, and a claim nobody could measure says so."""
-    def add(claim: str, paper: str, ours: str, holds: Optional[bool], note: str = "") -> None:
-        if not checked:
-            holds, note = None, "smoke run (tiny parameters): not checked" + (f"; {note}" if note else "")
-        elif holds is None and not note:
-            note = "not measured here (a configuration is missing or failed)"
-        result.append(Claim(claim, paper, ours, holds, note))
-
-    return add
 
 
 def claims(table: Table, runs: Sequence[Run], checked: bool, rounds: Optional[Rounds] = None) -> List[Claim]:
@@ -413,9 +379,8 @@ def claims(table: Table, runs: Sequence[Run], checked: bool, rounds: Optional[Ro
     base = table.get(BASELINE, {})
     count = lambda name: sum(1 for run in runs if run.config.name == name and run.ok)  # noqa: E731
     n_mesh = count(MESHALLOC)
-    result: List[Claim] = []
-
-    add = claim_adder(result, checked)
+    result = Claims(checked)
+    add = result.add
 
     mean = mesh.get("mean_ratio")
     after = mesh.get("after_ratio")
@@ -509,7 +474,7 @@ def claims(table: Table, runs: Sequence[Run], checked: bool, rounds: Optional[Ro
         note += f"; after the insertion alone: {tc_after.median / off_after.median:.2f}×"
     add("tcmalloc's mean heap equals meshalloc with meshing off",
         f"within {PAPER_NO_MESH_SPREAD:.0%} (tcmalloc and Hoard vs Mesh, meshing off)", ours, holds, note)
-    return result
+    return result.found
 
 
 # ---------------------------------------------------------------------------------------------
@@ -560,32 +525,23 @@ def write_timing(out: Path, insertions: Sequence[Insertion], runs: Sequence[Run]
 
 def write_summary(out: Path, context: Context, load: Workload, install: RedisInstall, configs: Sequence[Config],
                   runs: Sequence[Run], repetitions: int, found: Sequence[Claim]) -> Path:
-    path = out / "summary.json"
-    path.write_text(json.dumps({
-        "experiment": NAME,
-        "mode": context.mode,
-        "repetitions": repetitions,
-        "redis": {"version": install.version(), "from_source": install.from_source,
-                  "jemalloc_server": str(install.jemalloc_server),
-                  "libc_server": str(install.libc_server) if install.libc_server else None},
-        "workload": {"maxmemory": load.maxmemory, "hold_s": load.hold_s, "idle_after_s": load.idle_after_s,
-                     "interval_s": load.interval_s, "pipeline": load.pipeline, "seed": load.seed,
-                     "phases": [{"keys": keys, "value_bytes": size} for keys, size in load.phases]},
-        "server_options": SERVER_OPTIONS, "activedefrag_options": ACTIVEDEFRAG_OPTIONS,
-        "machine": machine_json(),
-        "configs": [{"name": config.name, "server": str(config.server),
-                     "preload": str(config.allocator.library or ""), "environment": dict(config.allocator.set_env),
-                     "extra_args": config.extra_args} for config in configs],
-        "runs": [{"order": run.order, "config": run.config.name, "repetition": run.repetition, "ok": run.ok,
-                  "problems": run.problems, "client": run.client, "timed_client": run.timed_client,
-                  "client_start_s": run.client_start_s,
-                  "client_end_s": run.client_end_s,
-                  "metrics": {metric: run.metric(metric) for metric in RUN_METRICS},
-                  "directory": str(run.directory.relative_to(out))} for run in runs],
-        "claims": [{"claim": claim.claim, "paper": claim.paper, "ours": claim.ours, "holds": claim.holds,
-                    "note": claim.note} for claim in found],
-    }, indent=2) + "\n")
-    return path
+    return write_summary_json(
+        out, NAME, context.mode, repetitions, found,
+        redis={"version": install.version(), "from_source": install.from_source,
+               "jemalloc_server": str(install.jemalloc_server),
+               "libc_server": str(install.libc_server) if install.libc_server else None},
+        workload={"maxmemory": load.maxmemory, "hold_s": load.hold_s, "idle_after_s": load.idle_after_s,
+                  "interval_s": load.interval_s, "pipeline": load.pipeline, "seed": load.seed,
+                  "phases": [{"keys": keys, "value_bytes": size} for keys, size in load.phases]},
+        server_options=SERVER_OPTIONS, activedefrag_options=ACTIVEDEFRAG_OPTIONS,
+        configs=[{"name": config.name, "server": str(config.server), "preload": str(config.allocator.library or ""),
+                  "environment": dict(config.allocator.set_env), "extra_args": config.extra_args}
+                 for config in configs],
+        runs=[{"order": run.order, "config": run.config.name, "repetition": run.repetition, "ok": run.ok,
+               "problems": run.problems, "client": run.client, "timed_client": run.timed_client,
+               "client_start_s": run.client_start_s, "client_end_s": run.client_end_s,
+               "metrics": {metric: run.metric(metric) for metric in RUN_METRICS},
+               "directory": str(run.directory.relative_to(out))} for run in runs])
 
 
 PLOT_TITLE = "Redis as an LRU cache (Mesh §6.2.2): server PSS over time"
@@ -595,11 +551,9 @@ def plot(out: Path, runs: Sequence[Run], configs: Sequence[Config], maxmemory_mi
          title: str = PLOT_TITLE) -> List[Path]:
     """memory.png and memory.svg: PSS over time per configuration (the median run by mean PSS
     bold, the other repetitions faint, a dot at the end of the insertion), mappings below."""
-    import matplotlib
+    from ..plotting import load_pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as pyplot
-
+    pyplot = load_pyplot()
     figure, (memory, maps) = pyplot.subplots(2, 1, sharex=True, figsize=(10, 7), gridspec_kw={"height_ratios": (3, 1)})
     colours = pyplot.rcParams["axes.prop_cycle"].by_key()["color"]
     end = 0.0
@@ -638,11 +592,7 @@ def plot(out: Path, runs: Sequence[Run], configs: Sequence[Config], maxmemory_mi
     maps.set_xlabel("seconds since the server started")
     maps.set_xlim(0, end + 0.5)
     figure.tight_layout()
-    written = []
-    for extension in ("png", "svg"):
-        path = out / f"memory.{extension}"
-        figure.savefig(path, dpi=120, metadata={"Date": None} if extension == "svg" else None)
-        written.append(path)
+    written = save_figure(figure, out / "memory")
     pyplot.close(figure)
     return written
 
@@ -681,15 +631,17 @@ def locate_redis(context: Context) -> Tuple[RedisInstall, List[str]]:
 
 def run_schedule(context: Context, configs: Sequence[Config], load: Workload, install: RedisInstall,
                  client: Path, repetitions: int) -> List[Run]:
-    schedule = [(repetition, config) for repetition in range(1, repetitions + 1) for config in configs]
-    runs: List[Run] = []
-    for order, (repetition, config) in enumerate(schedule, 1):
-        run = Run(config, repetition, order, context.out / "runs" / f"{config.slug}-r{repetition}")
+    slots = schedule.plan([load], configs, repetitions)
+
+    def execute(slot: schedule.Slot) -> Run:
+        config = slot.allocator
+        run = Run(config, slot.repetition, slot.order, context.out / "runs" / f"{config.slug}-r{slot.repetition}")
         one_run(run, load, install, client)
         timed_run(run, load, install, client)
-        runs.append(run)
-        context.log(progress_line(run, len(schedule)))
-    return runs
+        context.log(progress_line(run, len(slots)))
+        return run
+
+    return [done.result for done in schedule.run(slots, execute)]
 
 
 def timing_round_count(context: Context) -> int:
@@ -707,19 +659,22 @@ def timing_round_count(context: Context) -> int:
 
 def timing_rounds(context: Context, configs: Sequence[Config], load: Workload, install: RedisInstall,
                   client: Path, count: int) -> List[Insertion]:
-    """count rounds of unsampled insertions, every configuration once per round, the order
-    rotated by one each round so that none always follows the same neighbour."""
-    insertions: List[Insertion] = []
-    for index in range(1, count + 1):
-        shift = (index - 1) % len(configs)
-        for config in list(configs[shift:]) + list(configs[:shift]):
-            directory = context.out / "timing" / f"{config.slug}-t{index}"
-            report, problem = time_insertion(config, load, install, client, directory, index, "insertion")
-            insertions.append(Insertion(config, index, report, problem))
-        line = ", ".join(f"{i.config.name} {i.seconds:.3f} s" if i.seconds is not None
-                         else f"{i.config.name} FAILED: {i.problem}" for i in insertions[-len(configs):])
-        context.log(f"[timing round {index}/{count}] {line}")
-    return insertions
+    """count rounds of unsampled insertions, every configuration once per round, in rotated
+    order so that none always follows the same neighbour."""
+    def execute(slot: schedule.Slot) -> Insertion:
+        config, index = slot.allocator, slot.repetition
+        directory = context.out / "timing" / f"{config.slug}-t{index}"
+        report, problem = time_insertion(config, load, install, client, directory, index, "insertion")
+        return Insertion(config, index, report, problem)
+
+    def describe(done: schedule.Done[Insertion]) -> str:
+        insertion = done.result
+        return (f"{insertion.config.name} {insertion.seconds:.3f} s" if insertion.seconds is not None
+                else f"{insertion.config.name} FAILED: {insertion.problem}")
+
+    done = schedule.run(schedule.plan([load], configs, count, schedule.ROTATED), execute, context.log, describe,
+                        group=lambda slot: f"[timing round {slot.repetition}/{count}]", separator=", ")
+    return [finished.result for finished in done]
 
 
 def progress_line(run: Run, total: int) -> str:
@@ -747,14 +702,20 @@ class RedisLru(ExperimentBase):
         context = replace(context, out=context.out.resolve())
         load = workload(context)
         repetitions = checked_repetitions(context, REPETITIONS)
-        names = wanted_configs(context)
+        names, by_user = wanted_configs(context)
         install, notes = locate_redis(context)
         client = compile_client(context.root)
-        meshalloc = private_meshalloc_copy(context) if any(name.startswith("meshalloc") for name in names) else None
-        configs, skipped = build_configs(names, install, meshalloc)
+        configs, skipped = build_configs(context, names, by_user, install)
         if not configs:
             raise ExperimentUnavailable("no configuration can run here: " + "; ".join(skipped))
         notes += [f"Skipped {line}" for line in skipped]
+        if by_user:
+            notes.append(f"Allocators chosen by the user are preloaded into the libc-linked server; {BASELINE} "
+                         "(the server's own), jemalloc+activedefrag and glibc (the MALLOC=libc build) are built in, "
+                         f"and {BASELINE} always runs: it is every ratio's reference.")
+        if context.baseline and context.baseline != BASELINE:
+            notes.append(f"--baseline {context.baseline} does not apply here: Redis's ratios are against its own "
+                         f"{BASELINE}, as the paper's figure 7 is.")
         if context.mode == QUICK:
             notes.append(f"Quick run: {repetitions} repetition(s), {load.hold_s:g} s per server instead of "
                          f"{FULL_HOLD_S:g} s.")
@@ -770,9 +731,9 @@ class RedisLru(ExperimentBase):
         cpu_rounds = insertion_rounds(runs, insertions, cpu=True)
         table = stats_by_config(runs, configs, rounds, cpu_rounds)
         found = claims(table, runs, checked=context.mode != SMOKE, rounds=rounds)
-        main = markdown_table(runs, configs, table, MAIN_COLUMNS, repetitions)
+        main = config_table(runs, configs, table, MAIN_COLUMNS, repetitions)
         text = caption(install, load, repetitions, len(rounds))
-        detail = markdown_table(runs, configs, table, DETAIL_COLUMNS, repetitions)
+        detail = config_table(runs, configs, table, DETAIL_COLUMNS, repetitions)
         md_path = context.out / "table.md"
         md_path.write_text(main + "\n" + text + "\n\nMore per configuration:\n\n" + detail + "\n"
                            + "\n\n".join(table_notes(runs)) + "\n")
@@ -788,4 +749,4 @@ class RedisLru(ExperimentBase):
                        failures=describe_runs(runs), notes=notes)
 
 
-EXPERIMENT = RedisLru(name=NAME, title="Redis LRU cache", paper="Mesh §6.2.2, figure 7")
+EXPERIMENT = RedisLru(name=NAME, title="Redis LRU cache", paper="Mesh §6.2.2, figure 7", own_allocators=BUILT_IN)

@@ -37,6 +37,7 @@ from ..errors import MeshallocError
 from ..measure import RunResult, measure, summarize
 from ..output import write_run
 from .framework import ExperimentUnavailable
+from .schedule import one_minute_load
 
 # Where scripts/redis/build.sh caches its binaries (REDIS_CACHE overrides, as for the script).
 CACHE_VARIABLE = "REDIS_CACHE"
@@ -349,13 +350,6 @@ class Run:
         raise KeyError(name)
 
 
-def load_average() -> Optional[float]:
-    try:
-        return float(Path("/proc/loadavg").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
@@ -547,7 +541,7 @@ def one_run(run: Run, workload: Workload, install: RedisInstall, client: Path) -
     """Start, load, hold and stop one server; everything lands in `run` and run.directory."""
     config = run.config
     run.directory.mkdir(parents=True, exist_ok=True)
-    run.load_before = load_average()
+    run.load_before = one_minute_load()
     port = free_port()
     env = server_environment(config, os.environ)
     command = [str(config.server), "--port", str(port), "--maxmemory", workload.maxmemory, *SERVER_OPTIONS,

@@ -16,20 +16,21 @@ import csv
 import re
 import shutil
 import subprocess
-import tempfile
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .. import allocators as allocator_registry
-from ..allocators import Allocator
-from ..compare import Comparison, RunRecord, Stat, compare
-from ..errors import MeshallocError
+from ..compare import Comparison, RunRecord, compare
 from ..measure import DEFAULT_INTERVAL_S
 from ..output import markdown_table, write_comparison
 from ..plotting import plot_comparison
-from .common import KEY_VALUE, ExperimentBase, claims_table, glibc_shim, private_library_copy, size_text
+from .claims import claims_table
+from .common import KEY_VALUE, ExperimentBase, choose_allocators
+from . import report
+from .report import size_text, stat_text
+from .stats import Stat
 from .framework import FULL, QUICK, SMOKE, Claim, Context, ExperimentUnavailable, Outcome
 
 NAME = "ruby-strings"
@@ -50,20 +51,21 @@ SMOKE_PAUSE_MS = 20
 # The configurations, in the order they run within a repetition and appear in the table.
 JEMALLOC = "jemalloc"
 GLIBC = "glibc"
-MESH_OFF = "meshalloc:0n"
+MESH_OFF = allocator_registry.MESH_OFF
 MESH_NO_RANDOM = "meshalloc:0y"
 MESH_FULL = "meshalloc:2y"
 PAPER_CONFIGS = (JEMALLOC, GLIBC, MESH_OFF, MESH_NO_RANDOM, MESH_FULL)
 # Not a paper configuration: meshalloc's defaults, whose rotated runs (docs/heap.md) leave
 # each span a shifted copy of the one-in-four pattern, which meshes with the other shifts.
-MESH_DEFAULT = "meshalloc:3y"
+MESH_DEFAULT = allocator_registry.MESH_DEFAULT
 # Not a paper configuration: meshalloc 2y with a larger share of a core for meshing.
 # meshalloc caps meshing at mesh_budget_permille (20: 2 %) of a core; this run at 20 %
 # shows how much of any gap to the paper that cap explains, i.e. whether the pages are
 # meshable at all. Quick and full only: smoke runs are too short for a second pass.
-BUDGET_VARIABLE = "MESHALLOC_MESH_BUDGET_PERMILLE"
 GENEROUS_BUDGET_PERMILLE = 200
-MESH_GENEROUS = f"meshalloc:2y+budget{GENEROUS_BUDGET_PERMILLE}"
+MESH_GENEROUS = f"meshalloc:2y+mesh_budget_permille={GENEROUS_BUDGET_PERMILLE}"
+ALLOCATORS = PAPER_CONFIGS + (MESH_DEFAULT, MESH_GENEROUS)
+SMOKE_ALLOCATORS = PAPER_CONFIGS + (MESH_DEFAULT,)
 # The reference for ratios: the paper's figure 8 is against jemalloc ("for this benchmark,
 # jemalloc and glibc are essentially indistinguishable"); glibc stands in when it is missing.
 BASELINES = (JEMALLOC, GLIBC)
@@ -142,42 +144,6 @@ def workload(context: Context) -> Workload:
     return Workload(budget_mb=context.pick(SMOKE_BUDGET_MB, PAPER_BUDGET_MB, PAPER_BUDGET_MB),
                     first_size=PAPER_FIRST_SIZE, keep_every=PAPER_KEEP_EVERY,
                     pause_ms=context.pick(SMOKE_PAUSE_MS, PAPER_PAUSE_MS, PAPER_PAUSE_MS))
-
-
-# ---------------------------------------------------------------------------------------------
-# Configurations
-
-def _meshalloc(name: str, library: Path, config: str, extra: Optional[Dict[str, str]] = None) -> Allocator:
-    settings = {"MESHALLOC_CONFIG": config, **(extra or {})}
-    described = ", ".join(f"{key}={value}" for key, value in settings.items())
-    return Allocator(name=name, library=library, description=f"meshalloc, {described}", set_env=settings,
-                     unset_env=allocator_registry.MESHALLOC_CONFIG_OVERRIDES + (BUDGET_VARIABLE,))
-
-
-def build_allocators(context: Context, meshalloc: Optional[Path]) -> Tuple[List[Allocator], List[str]]:
-    """The configurations that can run here, and a note for each one that cannot."""
-    names = list(PAPER_CONFIGS) + [MESH_DEFAULT] + ([MESH_GENEROUS] if context.mode != SMOKE else [])
-    chosen: List[Allocator] = []
-    skipped: List[str] = []
-    for name in names:
-        if name.startswith("meshalloc"):
-            if meshalloc is None:
-                skipped.append(f"{name}: {context.meshalloc_lib} is not built (`make release`)")
-                continue
-            if name == MESH_GENEROUS:
-                chosen.append(_meshalloc(name, meshalloc, "2y", {BUDGET_VARIABLE: str(GENEROUS_BUDGET_PERMILLE)}))
-            else:
-                chosen.append(_meshalloc(name, meshalloc, name.partition(":")[2]))
-        elif name == GLIBC:
-            shim = glibc_shim(context, name, skipped)
-            if shim is not None:
-                chosen.append(shim)
-        else:
-            try:
-                chosen.append(allocator_registry.resolve(name))
-            except MeshallocError as error:
-                skipped.append(f"{name}: {error}")
-    return chosen, skipped
 
 
 def ruby_version(ruby: str) -> str:
@@ -285,7 +251,7 @@ def work_table(comparison: Comparison, checks: Sequence[Check], baseline: str) -
     """The workload's own timing: work_s excludes the pauses, which every allocator sleeps
     alike, so the allocator's share of the run shows better than in the wall time."""
     show_range = comparison.repeat > 1
-    lines = ["| allocator | checked | work s | work × | wall s |", "|---|---:|---:|---:|---:|"]
+    rows = []
     work: Dict[str, Optional[Stat]] = {}
     for allocator in comparison.allocators:
         mine = [check for check in checks if check.run.allocator == allocator.name]
@@ -295,21 +261,11 @@ def work_table(comparison: Comparison, checks: Sequence[Check], baseline: str) -
         mine = [check for check in checks if check.run.allocator == allocator.name]
         stat = work[allocator.name]
         row = comparison.row(allocator.name)
-        cells = [allocator.name + (" (baseline)" if allocator.name == baseline else ""),
-                 f"{sum(check.ok for check in mine)}/{len(mine)}", stat_text(stat, 3, show_range),
-                 f"{stat.median / base.median:.2f}" if stat and base and base.median else "—",
-                 stat_text(row.time if row else None, 3, show_range)]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def stat_text(stat: Optional[Stat], decimals: int, show_range: bool) -> str:
-    if stat is None:
-        return "—"
-    text = f"{stat.median:.{decimals}f}"
-    if show_range and f"{stat.low:.{decimals}f}" != f"{stat.high:.{decimals}f}":
-        text += f" ({stat.low:.{decimals}f}–{stat.high:.{decimals}f})"
-    return text
+        rows.append([allocator.name + (" (baseline)" if allocator.name == baseline else ""),
+                     f"{sum(check.ok for check in mine)}/{len(mine)}", stat_text(stat, 3, show_range=show_range),
+                     f"{stat.median / base.median:.2f}" if stat and base and base.median else "—",
+                     stat_text(row.time if row else None, 3, show_range=show_range)])
+    return report.markdown_table(["allocator", "checked", "work s", "work ×", "wall s"], rows)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -388,7 +344,7 @@ def claims(comparison: Comparison, baseline: str, checked: bool) -> List[Claim]:
         add(f"not a paper configuration: meshalloc 2y with a {GENEROUS_BUDGET_PERMILLE / 10:g} % meshing CPU "
             f"budget, mean heap vs {baseline}", f"{PAPER_2Y_HEAP:.2f}× (Mesh 2y)", MESH_GENEROUS, baseline,
             "mean_pss", judge, rule,
-            f"{BUDGET_VARIABLE}={GENEROUS_BUDGET_PERMILLE} instead of the default 20 (2 % of a core): "
+            f"mesh_budget_permille={GENEROUS_BUDGET_PERMILLE} instead of the default 20 (2 % of a core): "
             "how much of the 2y result the CPU cap explains" + stand_in)
     return result
 
@@ -406,22 +362,19 @@ class RubyStrings(ExperimentBase):
             raise ExperimentUnavailable(f"{script} is missing")
         load = workload(context)
         repetitions = context.repetitions(**REPETITIONS)
-        with tempfile.TemporaryDirectory(prefix="meshalloc-ruby-strings-") as private:
-            library = (private_library_copy(context.meshalloc_lib, Path(private))
-                       if context.meshalloc_lib.is_file() else None)
-            chosen, skipped = build_allocators(context, library)
-            baseline = next((name for name in BASELINES if any(a.name == name for a in chosen)), None)
-            if baseline is None:
-                raise ExperimentUnavailable("neither jemalloc nor glibc can run here: " + "; ".join(skipped))
-            context.log(f"{load.describe()}; {len(chosen)} configurations × {repetitions} "
-                        f"repetition(s), baseline {baseline}")
-            command = [ruby, str(script), *load.arguments()]
+        selection = choose_allocators(context, ALLOCATORS, SMOKE_ALLOCATORS, baselines=BASELINES)
+        chosen, skipped, baseline = selection.allocators, selection.skipped, selection.baseline
+        if baseline is None:
+            raise ExperimentUnavailable("neither jemalloc nor glibc can run here: " + "; ".join(skipped))
+        context.log(f"{load.describe()}; {len(chosen)} configurations × {repetitions} "
+                    f"repetition(s), baseline {baseline}")
+        command = [ruby, str(script), *load.arguments()]
 
-            def started(order: int, total: int, name: str, repetition: int) -> None:
-                context.log(f"  [{order}/{total}] {name} #{repetition}")
+        def started(order: int, total: int, name: str, repetition: int) -> None:
+            context.log(f"  [{order}/{total}] {name} #{repetition}")
 
-            comparison = compare(command, chosen, repeat=repetitions, baseline=baseline,
-                                 interval=DEFAULT_INTERVAL_S, log_dir=context.out / "logs", on_start=started)
+        comparison = compare(command, chosen, repeat=repetitions, baseline=baseline,
+                             interval=DEFAULT_INTERVAL_S, log_dir=context.out / "logs", on_start=started)
         return self.report(context, comparison, load, skipped, ruby, repetitions)
 
     def report(self, context: Context, comparison: Comparison, load: Workload, skipped: List[str], ruby: str,
@@ -442,7 +395,7 @@ class RubyStrings(ExperimentBase):
         notes += [f"skipped {line}" for line in skipped]
         if MESH_GENEROUS in {a.name for a in comparison.allocators}:
             notes.append(f"{MESH_GENEROUS} is not one of the paper's configurations: meshalloc 2y with "
-                         f"{BUDGET_VARIABLE}={GENEROUS_BUDGET_PERMILLE} (20 % of a core for meshing instead of 2 %).")
+                         f"mesh_budget_permille={GENEROUS_BUDGET_PERMILLE} (20 % of a core for meshing instead of 2 %).")
         if comparison.interrupted:
             notes.append("interrupted: the tables cover only the runs that finished")
 

@@ -27,8 +27,10 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .. import paths
+from ..allocators import resolve
 from ..errors import EXIT_FAILURE, EXIT_OK, EXIT_SIGNAL_BASE, EXIT_USAGE, MeshallocError
-from .framework import MODES, Claim, Context, ExperimentUnavailable, Outcome
+from .claims import Tally, summary_claims_table, verdict
+from .framework import MODES, Context, ExperimentUnavailable, Outcome
 
 OUTCOME_FILE = "outcome.json"
 ERROR_FILE = "error.txt"
@@ -41,8 +43,6 @@ RAN, SKIPPED, NOT_AVAILABLE, FAILED, INTERRUPTED = "ran", "skipped", "not availa
 # Statuses that do not fail the run unless the user asked for that experiment by name.
 BENIGN_STATUSES = (SKIPPED, NOT_AVAILABLE)
 
-HOLDS_MARK = {True: "✓", False: "✗", None: "—"}
-NO_VALUE = "—"
 MIB = 1 << 20
 GIB = 1 << 30
 SECONDS_PER_MINUTE = 60
@@ -62,25 +62,6 @@ class ExperimentRecord:
     reason: str = ""  # why it was skipped / failed, one line
     duration_s: float = 0.0
     outcome: Optional[Outcome] = None
-
-
-@dataclass
-class Tally:
-    hold: int = 0
-    do_not_hold: int = 0
-    unchecked: int = 0
-
-    def add(self, claims: Sequence[Claim]) -> None:
-        for claim in claims:
-            if claim.holds is True:
-                self.hold += 1
-            elif claim.holds is False:
-                self.do_not_hold += 1
-            else:
-                self.unchecked += 1
-
-    def text(self) -> str:
-        return f"{self.hold} claims hold, {self.do_not_hold} do not, {self.unchecked} unchecked"
 
 
 @dataclass
@@ -110,6 +91,21 @@ def check_names(names: Sequence[str]) -> None:
     for name in names:
         if name not in known:
             raise MeshallocError(f"unknown experiment '{name}' (known: {', '.join(known)})", EXIT_USAGE)
+
+
+def check_allocators(names: Sequence[str], specs: Sequence[str]) -> None:
+    """Every --allocators spec must be one allocators.resolve() accepts, or a name one of the
+    experiments to run builds itself (its own_allocators); MeshallocError otherwise, before
+    anything runs. An experiment that cannot use a name another one built in is skipped."""
+    own = set()
+    for name in names or experiment_modules():
+        try:
+            own.update(getattr(load_experiment(name), "own_allocators", ()))
+        except Exception:  # a module that cannot load is reported when it runs
+            continue
+    for spec in specs:
+        if spec not in own:
+            resolve(spec)
 
 
 class _NotAvailable(Exception):
@@ -214,7 +210,8 @@ def _write_json(path: Path, data: Dict[str, Any]) -> None:
 
 
 def run_one(name: str, mode: str, out_root: Path, repeat: Optional[int], root: Path, build_dir: Path,
-            log: Callable[[str], None], machine: Dict[str, str]) -> ExperimentRecord:
+            log: Callable[[str], None], machine: Dict[str, str], allocators: Sequence[str] = (),
+            baseline: Optional[str] = None) -> ExperimentRecord:
     directory = out_root / name
     _empty_directory(directory)
     log_file = open(directory / LOG_FILE, "w")
@@ -231,7 +228,7 @@ def run_one(name: str, mode: str, out_root: Path, repeat: Optional[int], root: P
         experiment = load_experiment(name)
         record.title, record.paper = experiment.title, experiment.paper
         context = Context(mode=mode, out=directory, root=root, build_dir=build_dir, repeat=repeat,
-                          log=experiment_log)
+                          log=experiment_log, allocators=tuple(allocators), baseline=baseline)
         outcome = experiment.run(context)
         if not isinstance(outcome, Outcome):
             raise TypeError(f"run() returned {type(outcome).__name__}, not an Outcome")
@@ -254,9 +251,12 @@ def run_one(name: str, mode: str, out_root: Path, repeat: Optional[int], root: P
 
 def run_bench(names: Optional[Sequence[str]], mode: str, out_root: Path, repeat: Optional[int] = None,
               log: Callable[[str], None] = lambda line: None, root: Optional[Path] = None,
-              build_dir: Optional[Path] = None) -> BenchReport:
+              build_dir: Optional[Path] = None, allocators: Sequence[str] = (),
+              baseline: Optional[str] = None) -> BenchReport:
     """Run the named experiments (all when `names` is empty or None) in `mode`, then rebuild
-    SUMMARY.md. Raises MeshallocError for an unknown name or an unusable output root."""
+    SUMMARY.md. `allocators` and `baseline` are --allocators' specs and --baseline's, handed to
+    every experiment (framework.Context). Raises MeshallocError for an unknown name or an
+    unusable output root."""
     if mode not in MODES:
         raise MeshallocError(f"unknown mode '{mode}' (one of {', '.join(MODES)})", EXIT_USAGE)
     explicit = list(dict.fromkeys(names or []))  # named twice runs once
@@ -275,7 +275,7 @@ def run_bench(names: Optional[Sequence[str]], mode: str, out_root: Path, repeat:
     records: List[ExperimentRecord] = []
     for index, name in enumerate(chosen, 1):
         log(f"[{index}/{len(chosen)}] {name} ({mode})")
-        record = run_one(name, mode, out_root, repeat, root, build_dir, log, machine)
+        record = run_one(name, mode, out_root, repeat, root, build_dir, log, machine, allocators, baseline)
         records.append(record)
         log(f"[{index}/{len(chosen)}] {name}: {_status_line(record, out_root)}")
         if record.status == INTERRUPTED:
@@ -299,7 +299,7 @@ def _status_line(record: ExperimentRecord, out_root: Path) -> str:
     duration = _duration(record.duration_s)
     if record.status == RAN:
         tally = Tally()
-        tally.add(record.outcome.claims)
+        tally.add([claim.holds for claim in record.outcome.claims])
         failures = f", {len(record.outcome.failures)} failed run(s)" if record.outcome.failures else ""
         return f"done in {duration}: {tally.text()}{failures}"
     if record.status == FAILED:
@@ -376,23 +376,6 @@ def describe_machine(root: Path) -> Dict[str, str]:
 # SUMMARY.md
 
 
-def _cell(text: Any) -> str:
-    """Text that stays in one Markdown table cell."""
-    return " ".join(str(text).split()).replace("|", "\\|") or NO_VALUE
-
-
-def claims_table(claims: Sequence[Dict[str, Any]]) -> List[str]:
-    lines = ["| claim | paper | this machine | holds |", "|---|---|---|:---:|"]
-    for claim in claims:
-        holds = claim.get("holds")
-        mark = HOLDS_MARK.get(holds if holds in (True, False) else None)
-        note = claim.get("note") or ""
-        verdict = f"{mark} {note}" if note else mark
-        lines.append(f"| {_cell(claim.get('claim', ''))} | {_cell(claim.get('paper', ''))} | "
-                     f"{_cell(claim.get('ours', ''))} | {_cell(verdict)} |")
-    return lines
-
-
 def load_outcomes(out_root: Path) -> List[Dict[str, Any]]:
     """Every */outcome.json under the root: the known experiments in their run order, then
     any others by name. An unreadable file becomes a stub that says so."""
@@ -443,10 +426,8 @@ def _experiment_section(data: Dict[str, Any], tally: Tally) -> List[str]:
         lines += [table, ""]
     claims = data.get("claims") or []
     if claims:
-        lines += claims_table(claims) + [""]
-        tally.add([Claim(claim.get("claim", ""), claim.get("paper", ""), claim.get("ours", ""),
-                         claim.get("holds") if claim.get("holds") in (True, False) else None)
-                   for claim in claims])
+        lines += summary_claims_table(claims) + [""]
+        tally.add([verdict(claim) for claim in claims])
     else:
         lines += ["No claims checked.", ""]
     files = data.get("files") or []

@@ -1,8 +1,8 @@
 """`meshalloc bench speed`: how fast is meshalloc next to the allocators people would otherwise
 use? Seventeen microbenchmarks (bench/*.cc), each modelled on a well-known allocator stress
 pattern, and five real programs from Debian (programs.py), under glibc, jemalloc, mimalloc,
-tcmalloc and meshalloc with meshing off (1n, the configuration issue 2's speed targets are
-about) and on (3y, the default). The paper's §6.2 runtime-overhead statements are set beside
+tcmalloc and meshalloc in 1n (meshing off, slots shuffled at each refill: the configuration
+issue 2's speed targets are about) and 3y (the defaults); `--allocators` replaces the list. The paper's §6.2 runtime-overhead statements are set beside
 the real programs' numbers. See docs/speed.md.
 
 Time and memory come from separate passes. The timing pass runs every workload under every
@@ -12,47 +12,47 @@ memory pass then runs each (workload, allocator) again under measure() for peak 
 during the timing pass would read /proc/PID/smaps_rollup, which takes the program's mmap lock
 against the very mmap/munmap/madvise calls that distinguish allocators, and on a 2-CPU machine
 the sampler also takes CPU from the two-thread workloads: the slowdown would differ by
-allocator, a bias rather than noise, on runs of a tenth of a second.
+allocator, a bias rather than noise, on runs of a tenth of a second. Both passes run on the
+one scheduler (schedule.py), interleaved.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
-import platform
-import re
-import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .. import allocators as allocator_registry
 from ..allocators import Allocator
-from ..compare import Stat
-from ..errors import MeshallocError
-from ..measure import MIB, RunResult
-from ..output import write_run
+from ..allocators import MESH_DEFAULT
+from ..measure import MIB
+from . import schedule
+from .claims import Claims, claims_table
+from .common import (KEY_VALUE, ExperimentBase, check_configurations, checked_repetitions, choose_allocators,
+                     machine_notes, names_from)
 from .framework import FULL, QUICK, SMOKE, Claim, Context, ExperimentUnavailable, Outcome
-from .common import (KEY_VALUE, BarPanel, ExperimentBase, checked_repetitions, claims_table, geomean, load_average,
-                     machine_json, markdown_table, names_from, number, private_meshalloc_copy, quiet,
-                     ratio_bar_chart, write_tsv)
-from .programs import PRELOAD_FAILURE, Program, available_programs, memory_run, timed_run
+from .report import (NO_VALUE, BarPanel, allocator_json, geomean_claim_text, geomean_text, markdown_table,
+                     notes_section, number, ratio_bar_chart, stat_text, write_summary_json, write_tsv)
+from .stats import Geomean, Stat, geomean_of, paired_ratios, ratio
+from .programs import (MICRO_INTERVAL_S, PROGRAM, PROGRAM_INTERVAL_S, MemoryRecord, Workload, available_programs,
+                       memory_pass, program_workloads, shown_command, timed_run)
 
 NAME = "speed"
-ST, MT, PROGRAM = "st", "mt", "program"
+ST, MT = "st", "mt"  # the microbenchmarks' kinds; programs.PROGRAM is the real programs'
 KIND_TITLES = {ST: "single-threaded microbenchmarks", MT: "multi-threaded microbenchmarks", PROGRAM: "real programs"}
 
 BASELINE = "mimalloc"
-MESH_OFF = "meshalloc:1n"  # issue 2's speed targets are about this configuration
-MESH_ON = "meshalloc:3y"  # the defaults: what a user gets
+# Issue 2's speed targets are stated for this configuration (meshing off, randomisation 1), not
+# for the experiments' "meshing off" reference (allocators.MESH_OFF, 0n): they name it as it is.
+TARGET_CONFIG = "meshalloc:1n"
+MESH_ON = MESH_DEFAULT  # what a user gets
 GLIBC, JEMALLOC = "glibc", "jemalloc"
-ALLOCATORS = (GLIBC, JEMALLOC, BASELINE, "tcmalloc", MESH_OFF, MESH_ON)
-SMOKE_ALLOCATORS = (BASELINE, MESH_OFF)
-SHORT_NAMES = {MESH_OFF: "1n", MESH_ON: "3y"}
+ALLOCATORS = (GLIBC, JEMALLOC, BASELINE, "tcmalloc", TARGET_CONFIG, MESH_ON)
+SMOKE_ALLOCATORS = (BASELINE, TARGET_CONFIG)
 
-# Environment variables that narrow a run (comma- or space-separated names).
+# Environment variables that narrow a run (comma- or space-separated names); SPEED_ALLOCATORS
+# is an alias of --allocators.
 WORKLOADS_VARIABLE = "SPEED_WORKLOADS"
 ALLOCATORS_VARIABLE = "SPEED_ALLOCATORS"
 THREADS_VARIABLE = "SPEED_THREADS"
@@ -67,10 +67,6 @@ TIME_REPETITIONS = {SMOKE: 1, QUICK: 5, FULL: 7}
 # The memory pass: peak memory of a deterministic workload varies far less between runs
 # than its time does, so fewer runs suffice.
 MEMORY_REPETITIONS = {SMOKE: 1, QUICK: 1, FULL: 2}
-# Microbenchmarks last 0.05-0.5 s: sample fast enough to see their peak. Programs last
-# 0.5-2 s: the paper's 100 Hz (mstat) is enough.
-MICRO_INTERVAL_S = 0.002
-PROGRAM_INTERVAL_S = 0.010
 TIMEOUT_S = {SMOKE: 60.0, QUICK: 300.0, FULL: 300.0}
 
 # Issue 2's targets for meshalloc 1n against mimalloc.
@@ -146,25 +142,6 @@ MICROBENCHMARKS: Tuple[Microbenchmark, ...] = (
 
 
 @dataclass
-class Workload:
-    """One row of the table, ready to run under any allocator."""
-
-    name: str
-    kind: str  # ST, MT or PROGRAM
-    command: List[str]
-    cwd: Optional[Path]
-    env: Dict[str, str]
-    pattern: str
-    shown: str  # the command as the docs and tables show it: paths relative to the checkout
-    reference: Optional[str] = None  # a program's output without LD_PRELOAD, which every run must match
-
-    @property
-    def reports_time(self) -> bool:
-        """Microbenchmarks print the wall time of their measured work (start-up excluded)."""
-        return self.kind != PROGRAM
-
-
-@dataclass
 class TimeRecord:
     workload: str
     allocator: str
@@ -179,33 +156,6 @@ class TimeRecord:
     @property
     def ok(self) -> bool:
         return self.status == "ok"
-
-
-@dataclass
-class MemoryRecord:
-    workload: str
-    allocator: str
-    repetition: int
-    order: int
-    status: str
-    directory: Path
-    result: Optional[RunResult] = None
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok"
-
-    def metric(self, name: str) -> Optional[float]:
-        if self.result is None:
-            return None
-        if name == "cgroup_peak":
-            return float(self.result.cgroup_kernel_peak) if self.result.cgroup_kernel_peak is not None else None
-        if name == "hz":
-            return self.result.achieved_rate
-        summary = self.result.summary("pss")
-        if summary is None:
-            return None
-        return {"peak_pss": float(summary.peak), "mean_pss": summary.mean}.get(name)
 
 
 @dataclass
@@ -229,6 +179,11 @@ class Cell:
             return None
         return min(self.paired.values()), max(self.paired.values())
 
+    @property
+    def row(self) -> Tuple[Optional[float], Dict[int, float]]:
+        """What a geomean over workloads takes (stats.geomean_of)."""
+        return self.ratio, self.paired
+
 
 Table = Dict[str, Dict[str, Cell]]  # workload -> allocator -> cell
 
@@ -246,59 +201,6 @@ def thread_count() -> int:
     return max(MIN_THREADS, min(MAX_THREADS, os.cpu_count() or MIN_THREADS))
 
 
-def choose_allocators(names: Sequence[str], meshalloc: Optional[Path]) -> Tuple[List[Allocator], List[str]]:
-    """The allocators that can run here, and a note for each one that cannot."""
-    chosen: List[Allocator] = []
-    skipped: List[str] = []
-    for name in names:
-        try:
-            allocator = allocator_registry.resolve(name)
-        except MeshallocError as error:
-            skipped.append(f"{name}: {error}")
-            continue
-        if name.startswith("meshalloc"):
-            if meshalloc is None:
-                skipped.append(f"{name}: libmeshalloc.so is not built (`make release`)")
-                continue
-            allocator = dataclasses.replace(allocator, library=meshalloc)
-        chosen.append(allocator)
-    return chosen, skipped
-
-
-def allocators_to_run(context: Context, variable: str, everyone: Sequence[str],
-                      smoke: Sequence[str]) -> Tuple[List[Allocator], List[str]]:
-    """The allocators of a run (those `variable` names, else the mode's), the meshalloc ones
-    preloading one private copy of the library, and a note for each that cannot run. Speed and
-    real-apps choose theirs the same way; with none that can run there is no experiment."""
-    names = names_from(variable) or list(smoke if context.mode == SMOKE else everyone)
-    meshalloc = private_meshalloc_copy(context) if any(name.startswith("meshalloc") for name in names) else None
-    allocators, skipped = choose_allocators(names, meshalloc)
-    if not allocators:
-        raise ExperimentUnavailable("no allocator can run here: " + "; ".join(skipped))
-    return allocators, skipped
-
-
-def check_meshalloc_configs(allocators: Sequence[Allocator], probe: Path) -> List[str]:
-    """Each meshalloc configuration must report the settings its name promises (the library
-    prints them with MESHALLOC_SHOW_OPTIONS); a warning for each one that does not."""
-    warnings = []
-    for allocator in allocators:
-        config = allocator.name.partition(":")[2]
-        if not allocator.name.startswith("meshalloc") or not config:
-            continue
-        env = allocator.environment(dict(os.environ, MESHALLOC_SHOW_OPTIONS="1"))
-        try:
-            shown = subprocess.run([str(probe), "--iterations=1", "--slots=1"], env=env, capture_output=True,
-                                   text=True, timeout=30, check=False).stderr
-        except (OSError, subprocess.TimeoutExpired) as error:
-            warnings.append(f"{allocator.name}: could not check its options ({error})")
-            continue
-        want_mesh = "true" if config[1] == "y" else "false"
-        if f"mesh = {want_mesh}" not in shown or f"randomize = {config[0]}" not in shown:
-            warnings.append(f"warning: {allocator.name} did not report mesh = {want_mesh}, randomize = {config[0]}")
-    return warnings
-
-
 def microbenchmark_workloads(context: Context, threads: int) -> List[Workload]:
     binaries = context.build_dir / "bench"
     missing = sorted({bench.binary for bench in MICROBENCHMARKS if not (binaries / bench.binary).is_file()})
@@ -311,40 +213,6 @@ def microbenchmark_workloads(context: Context, threads: int) -> List[Workload]:
         workloads.append(Workload(bench.name, bench.kind, command, None, {}, bench.pattern,
                                   shown_command(command, context.root, None)))
     return workloads
-
-
-def shown_command(command: Sequence[str], root: Path, work: Optional[Path]) -> str:
-    """The command with the checkout's path left out and the scratch directory called WORK."""
-    text = " ".join(command)
-    if work is not None:
-        text = text.replace(str(work), "WORK")
-    return text.replace(str(root) + os.sep, "")
-
-
-def program_workloads(context: Context, programs: Sequence[Program], scratch: Path, timeout: float) -> Tuple[
-        List[Workload], List[str]]:
-    """The programs with their inputs built, each with the output of a run without any
-    preload (also a warm-up: binaries and inputs are in the page cache before the first timed
-    run). A program that fails even then is left out, with a failure line."""
-    system = allocator_registry.resolve("system")
-    workloads, failures = [], []
-    for program in programs:
-        work = scratch / program.name
-        work.mkdir()
-        context.log(f"preparing {program.name} (scale {program.scale(context)})")
-        try:
-            prepared = program.prepare(context.root, work, program.scale(context))
-        except (OSError, subprocess.CalledProcessError) as error:
-            failures.append(f"{program.name}: preparing its inputs failed: {error}")
-            continue
-        reference = timed_run(prepared.command, system, prepared.cwd, prepared.env, timeout)
-        if not reference.ok:
-            failures.append(f"{program.name}: fails without any preload ({reference.status}): {reference.stderr_tail}")
-            continue
-        workloads.append(Workload(program.name, PROGRAM, prepared.command, prepared.cwd, prepared.env, program.models,
-                                  shown_command(prepared.command, context.root, work),
-                                  reference=reference.stdout.strip()))
-    return workloads, failures
 
 
 # ---------------------------------------------------------------------------------------------
@@ -360,75 +228,36 @@ def parse_line(text: str) -> Dict[str, str]:
 
 def time_pass(context: Context, workloads: Sequence[Workload], allocators: Sequence[Allocator], repetitions: int,
               timeout: float) -> List[TimeRecord]:
-    records: List[TimeRecord] = []
-    order = 0
-    for workload in workloads:
-        checksum_reference: Optional[str] = None
-        for repetition in range(1, repetitions + 1):
-            progress = []
-            for allocator in allocators:
-                order += 1
-                run = timed_run(workload.command, allocator, workload.cwd, workload.env, timeout)
-                record = TimeRecord(workload.name, allocator.name, repetition, order, run.status, None,
-                                    detail=run.stderr_tail)
-                if run.ok and workload.reports_time:
-                    fields = parse_line(run.stdout)
-                    record.detail = " ".join(f"{key}={value}" for key, value in fields.items())
-                    record.checksum = fields.get("checksum", "")
-                    record.maxrss_kb = _float(fields.get("maxrss_kb"))
-                    record.seconds = _float(fields.get("seconds"))
-                    if record.seconds is None:
-                        record.status = "no seconds= in its output"
-                    elif checksum_reference is None:
-                        checksum_reference = record.checksum
-                    elif record.checksum != checksum_reference:
-                        record.status, record.seconds = f"checksum {record.checksum} differs from the first run's", None
-                elif run.ok:
-                    record.seconds = run.seconds
-                    if run.stdout.strip() != workload.reference:
-                        record.status, record.seconds = "output differs from a run without preload", None
-                records.append(record)
-                progress.append(f"{allocator.name}={record.seconds:.3f}" if record.ok else
-                                f"{allocator.name}={record.status}")
-            context.log(f"time {workload.name} [{repetition}/{repetitions}] " + " ".join(progress))
-    return records
+    checksums: Dict[str, str] = {}  # workload -> the first run's checksum, which every run must match
 
+    def execute(slot: schedule.Slot) -> TimeRecord:
+        workload, allocator = slot.workload, slot.allocator
+        run = timed_run(workload.command, allocator, workload.cwd, workload.env, timeout)
+        record = TimeRecord(workload.name, allocator.name, slot.repetition, slot.order, run.status, None,
+                            detail=run.stderr_tail)
+        if run.ok and workload.reports_time:
+            fields = parse_line(run.stdout)
+            record.detail = " ".join(f"{key}={value}" for key, value in fields.items())
+            record.checksum = fields.get("checksum", "")
+            record.maxrss_kb = _float(fields.get("maxrss_kb"))
+            record.seconds = _float(fields.get("seconds"))
+            if record.seconds is None:
+                record.status = "no seconds= in its output"
+            elif checksums.setdefault(workload.name, record.checksum) != record.checksum:
+                record.status, record.seconds = f"checksum {record.checksum} differs from the first run's", None
+        elif run.ok:
+            record.seconds = run.seconds
+            if run.stdout.strip() != workload.reference:
+                record.status, record.seconds = "output differs from a run without preload", None
+        return record
 
-def memory_pass(context: Context, workloads: Sequence[Workload], allocators: Sequence[Allocator], repetitions: int,
-                timeout: float) -> List[MemoryRecord]:
-    records: List[MemoryRecord] = []
-    order = 0
-    for workload in workloads:
-        interval = PROGRAM_INTERVAL_S if workload.kind == PROGRAM else MICRO_INTERVAL_S
-        for repetition in range(1, repetitions + 1):
-            progress = []
-            for allocator in allocators:
-                order += 1
-                directory = context.out / "memory" / workload.name / f"{_slug(allocator.name)}-r{repetition}"
-                directory.mkdir(parents=True)
-                record = MemoryRecord(workload.name, allocator.name, repetition, order, "ok", directory)
-                try:
-                    record.result = memory_run(workload.command, allocator, workload.cwd, workload.env, interval,
-                                               timeout, directory / "stdout.txt", directory / "stderr.txt")
-                except MeshallocError as error:
-                    record.status = f"cannot start: {error}"
-                else:
-                    write_run(record.result, directory)
-                    if record.result.interrupted:  # Ctrl-C reached the command: stop here, as compare does
-                        raise KeyboardInterrupt
-                    output = (directory / "stdout.txt").read_text(errors="replace").strip()
-                    if not record.result.succeeded:
-                        record.status = record.result.describe_exit()
-                    elif PRELOAD_FAILURE in (directory / "stderr.txt").read_text(errors="replace"):
-                        record.status = "the allocator was not preloaded"
-                    elif workload.reference is not None and output != workload.reference:
-                        record.status = "output differs from a run without preload"
-                records.append(record)
-                peak = record.metric("peak_pss")
-                progress.append(f"{allocator.name}={peak / MIB:.1f}MiB" if record.ok and peak else
-                                f"{allocator.name}={record.status if not record.ok else 'no sample'}")
-            context.log(f"memory {workload.name} [{repetition}/{repetitions}] " + " ".join(progress))
-    return records
+    def describe(done: schedule.Done[TimeRecord]) -> str:
+        record = done.result
+        return f"{record.allocator}={record.seconds:.3f}" if record.ok else f"{record.allocator}={record.status}"
+
+    done = schedule.run(schedule.plan(workloads, allocators, repetitions), execute, context.log, describe,
+                        group=lambda slot: f"time {slot.workload.name} [{slot.repetition}/{repetitions}]")
+    return [finished.result for finished in done]
 
 
 def _float(text: Optional[str]) -> Optional[float]:
@@ -436,10 +265,6 @@ def _float(text: Optional[str]) -> Optional[float]:
         return float(text) if text is not None else None
     except ValueError:
         return None
-
-
-def _slug(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -460,61 +285,21 @@ def build_table(workloads: Sequence[Workload], allocators: Sequence[str], baseli
                              peak_pss=Stat.of(peaks), runs=len(mine), succeeded=len(good))
         base = row.get(baseline) if baseline else None
         for cell in row.values():
-            if base and base.time and cell.time and base.time.median > 0:
-                cell.ratio = cell.time.median / base.time.median
-                cell.paired = paired_ratios(cell, base)
-            if base and base.peak_pss and cell.peak_pss and base.peak_pss.median > 0:
-                cell.peak_ratio = cell.peak_pss.median / base.peak_pss.median
+            if base is not None:
+                cell.ratio = ratio(cell.time, base.time)
+                cell.paired = paired_ratios(cell.seconds, base.seconds) if cell.ratio is not None else {}
+                cell.peak_ratio = ratio(cell.peak_pss, base.peak_pss)
         table[workload.name] = row
     return table
 
 
-def paired_ratios(mine: Cell, theirs: Cell) -> Dict[int, float]:
-    return {repetition: seconds / theirs.seconds[repetition] for repetition, seconds in mine.seconds.items()
-            if theirs.seconds.get(repetition)}
-
-
-@dataclass
-class Geomean:
-    value: Optional[float]
-    low: Optional[float] = None  # geomeans of the per-repetition ratios, where every row has one
-    high: Optional[float] = None
-    rows: int = 0
-
-
-def geomean_of(table: Table, rows: Sequence[str], allocator: str, attribute: str = "ratio") -> Geomean:
-    """Geometric mean over rows of an allocator's ratio to the baseline (or of its peak-memory
-    ratio). For time, low/high are the extremes of the per-repetition geomeans."""
+def geomean_over(table: Table, rows: Sequence[str], allocator: str, attribute: str = "ratio") -> Geomean:
+    """Geometric mean over rows of an allocator's time ratio to the baseline (with the spread of
+    the per-repetition geomeans), or of another of its ratios (peak_ratio)."""
     cells = [table[row][allocator] for row in rows if allocator in table.get(row, {})]
-    values = [getattr(cell, attribute) for cell in cells if getattr(cell, attribute) is not None]
-    result = Geomean(geomean(values), rows=len(values))
-    if attribute == "ratio" and cells and len(values) == len(cells):
-        _spread(result, [cell.paired for cell in cells])
-    return result
-
-
-def _spread(result: Geomean, paired: Sequence[Dict[int, float]]) -> None:
-    """low/high: the geomean over the rows of repetition r's ratios, lowest and highest r
-    (only repetitions every row has)."""
-    if not paired:
-        return
-    repetitions = set.intersection(*(set(ratios) for ratios in paired))
-    per_repetition = [geomean(ratios[repetition] for ratios in paired) for repetition in sorted(repetitions)]
-    per_repetition = [value for value in per_repetition if value is not None]
-    if len(per_repetition) > 1:
-        result.low, result.high = min(per_repetition), max(per_repetition)
-
-
-# ---------------------------------------------------------------------------------------------
-# Text
-
-def stat_text(stat: Optional[Stat], scale: float = 1.0, decimals: int = 3) -> str:
-    if stat is None:
-        return "—"
-    text = f"{stat.median / scale:.{decimals}f}"
-    if round(stat.low / scale, decimals) != round(stat.high / scale, decimals):
-        text += f" ({stat.low / scale:.{decimals}f}–{stat.high / scale:.{decimals}f})"
-    return text
+    if attribute == "ratio":
+        return geomean_of([cell.row for cell in cells])
+    return geomean_of([(getattr(cell, attribute), {}) for cell in cells if getattr(cell, attribute) is not None])
 
 
 def ratio_cell(cell: Optional[Cell], bold_above: Optional[float] = None) -> str:
@@ -526,15 +311,6 @@ def ratio_cell(cell: Optional[Cell], bold_above: Optional[float] = None) -> str:
     spread = cell.ratio_range
     if spread and len(cell.paired) > 1 and f"{spread[0]:.2f}" != f"{spread[1]:.2f}":
         text += f" ({spread[0]:.2f}–{spread[1]:.2f})"
-    return text
-
-
-def geomean_cell(value: Geomean) -> str:
-    if value.value is None:
-        return "—"
-    text = f"{value.value:.2f}"
-    if value.low is not None and value.high is not None and f"{value.low:.2f}" != f"{value.high:.2f}":
-        text += f" ({value.low:.2f}–{value.high:.2f})"
     return text
 
 
@@ -563,23 +339,23 @@ def ratio_table(workloads: Sequence[Workload], names: Sequence[str], baseline: O
     the range of the per-repetition ratios; geometric means per group and overall."""
     shown = [name for name in names if name != baseline]
     header = ["workload", "kind", f"{baseline} s" if baseline else "time s"] + [f"{name} ×" for name in shown]
-    if MESH_OFF in shown:
+    if TARGET_CONFIG in shown:
         header.append("1n target")
     rows = []
     for workload in workloads:
         cells = table[workload.name]
         base = cells.get(baseline) if baseline else None
-        row = [workload.name, workload.kind, stat_text(base.time) if base else "—"]
-        row += [ratio_cell(cells.get(name), TARGETS.get(workload.kind) if name == MESH_OFF else None) for name in shown]
-        if MESH_OFF in shown:
-            row.append(target_verdict(workload.kind, cells.get(MESH_OFF)))
+        row = [workload.name, workload.kind, stat_text(base.time, 3) if base else NO_VALUE]
+        row += [ratio_cell(cells.get(name), TARGETS.get(workload.kind) if name == TARGET_CONFIG else None) for name in shown]
+        if TARGET_CONFIG in shown:
+            row.append(target_verdict(workload.kind, cells.get(TARGET_CONFIG)))
         rows.append(row)
     groups = groups_present(workloads)
     every = [workload.name for workload in workloads]
     summaries = [(f"geomean {kind}", members) for kind, members in groups] + [("geomean all", every)]
     for label, members in summaries:
-        row = [f"**{label}**", "", ""] + [geomean_cell(geomean_of(table, members, name)) for name in shown]
-        if MESH_OFF in shown:
+        row = [f"**{label}**", "", ""] + [geomean_text(geomean_over(table, members, name)) for name in shown]
+        if TARGET_CONFIG in shown:
             row.append("")
         rows.append(row)
     return markdown_table(header, rows, left=2)
@@ -592,7 +368,7 @@ def seconds_table(workloads: Sequence[Workload], names: Sequence[str], table: Ta
         row = [workload.name, workload.kind]
         for name in names:
             cell = table[workload.name].get(name)
-            text = stat_text(cell.time) if cell else "—"
+            text = stat_text(cell.time, 3) if cell else NO_VALUE
             if cell and cell.runs > cell.succeeded:
                 text += f" ({cell.runs - cell.succeeded} failed)"
             row.append(text)
@@ -604,12 +380,12 @@ def memory_table(workloads: Sequence[Workload], names: Sequence[str], baseline: 
     header = ["workload", "kind"] + [f"{name} MiB" for name in names]
     rows = []
     for workload in workloads:
-        rows.append([workload.name, workload.kind] + [stat_text(table[workload.name][name].peak_pss, MIB, 1)
+        rows.append([workload.name, workload.kind] + [stat_text(table[workload.name][name].peak_pss, 1, MIB)
                                                       if name in table[workload.name] else "—" for name in names])
     every = [workload.name for workload in workloads]
     if baseline:
         rows.append([f"**geomean × {baseline}**", ""] + [
-            f"{value:.2f}" if (value := geomean_of(table, every, name, "peak_ratio").value) is not None else "—"
+            f"{value:.2f}" if (value := geomean_over(table, every, name, "peak_ratio").value) is not None else "—"
             for name in names])
     return markdown_table(header, rows, left=2)
 
@@ -624,20 +400,14 @@ def workloads_table(workloads: Sequence[Workload]) -> str:
 # Claims
 
 def claims(workloads: Sequence[Workload], table: Table, baseline: Optional[str], checked: bool) -> List[Claim]:
-    result: List[Claim] = []
-
-    def add(claim: str, paper: str, ours: str, holds: Optional[bool], note: str = "") -> None:
-        if not checked:
-            holds, note = None, "smoke run (tiny parameters): not checked" + (f"; {note}" if note else "")
-        elif holds is None and "—" in ours and not note:
-            note = "not measured here (an allocator is missing or failed)"
-        result.append(Claim(claim, paper, ours, holds, note))
+    result = Claims(checked)
+    add = result.add
 
     for kind, rows in groups_present(workloads):
         if kind not in TARGETS:
             continue
         limit = TARGETS[kind]
-        cells = [(row, table[row].get(MESH_OFF)) for row in rows]
+        cells = [(row, table[row].get(TARGET_CONFIG)) for row in rows]
         measured = [(row, cell) for row, cell in cells if cell is not None and cell.ratio is not None]
         claim = f"meshalloc 1n time vs mimalloc, each {KIND_TITLES[kind][:-1]} ({len(rows)})"
         paper = f"≤ {limit:.1f}× on every one (issue 2's target)"
@@ -660,50 +430,34 @@ def claims(workloads: Sequence[Workload], table: Table, baseline: Optional[str],
         spirit = "in spirit: Debian programs here, SPECint2006 in the paper; holds when within the artifact's " \
                  f"expected ~10 % (≤ {OVERHEAD_TOLERANCE:.2f}×)"
         mesh_vs_glibc = _geomean_between(table, programs, MESH_ON, GLIBC)
-        ours = _ratio_claim_text(mesh_vs_glibc, "geomean over", len(programs))
+        ours = geomean_claim_text(mesh_vs_glibc, len(programs))
         add("meshalloc 3y time vs glibc, geomean of the real programs",
             f"{PAPER_SPEC_TIME:.3f}× (SPECint2006, +0.7 %)", ours,
             mesh_vs_glibc.value <= OVERHEAD_TOLERANCE if mesh_vs_glibc.value else None, spirit)
         if "perl" in programs:
             perl = _geomean_between(table, ["perl"], MESH_ON, GLIBC)
             add("meshalloc 3y time vs glibc, perl", f"{PAPER_PERLBENCH_TIME:.3f}× (400.perlbench, +3.9 %)",
-                _ratio_claim_text(perl, "", 1), perl.value <= OVERHEAD_TOLERANCE if perl.value else None,
+                geomean_claim_text(perl, 1), perl.value <= OVERHEAD_TOLERANCE if perl.value else None,
                 f"in spirit: our mail-filtering Perl script, not perlbench; holds when ≤ {OVERHEAD_TOLERANCE:.2f}×")
         mesh_vs_je = _geomean_between(table, programs, MESH_ON, JEMALLOC)
         mesh_s, je_s = PAPER_REDIS_TIME
         add("meshalloc 3y time vs jemalloc, geomean of the real programs",
             f"≈1.00–1.02× (Firefox: < 1 % Speedometer; Redis insertion {mesh_s} s vs {je_s} s)",
-            _ratio_claim_text(mesh_vs_je, "geomean over", len(programs)),
+            geomean_claim_text(mesh_vs_je, len(programs)),
             mesh_vs_je.value <= OVERHEAD_TOLERANCE if mesh_vs_je.value else None,
             f"in spirit: Debian programs, not Firefox or Redis; holds when ≤ {OVERHEAD_TOLERANCE:.2f}×")
-    return result
+    return result.found
 
 
 def _geomean_between(table: Table, rows: Sequence[str], mine: str, theirs: str) -> Geomean:
     """Geometric mean over rows of mine's median time over theirs, with the range of the
     per-repetition geomeans (rep r against rep r) where every row has both."""
-    ratios, paired = [], []
+    pairs = []
     for row in rows:
         a, b = table.get(row, {}).get(mine), table.get(row, {}).get(theirs)
-        if a and b and a.time and b.time and b.time.median > 0:
-            ratios.append(a.time.median / b.time.median)
-            paired.append(paired_ratios(a, b))
-    result = Geomean(geomean(ratios), rows=len(ratios))
-    if len(ratios) == len(rows):
-        _spread(result, paired)
-    return result
-
-
-def _ratio_claim_text(value: Geomean, what: str, rows: int) -> str:
-    if value.value is None:
-        return "—"
-    text = f"{value.value:.3f}×"
-    details = []
-    if value.low is not None and value.high is not None:
-        details.append(f"per repetition {value.low:.3f}–{value.high:.3f}")
-    if what:
-        details.append(f"{what} {value.rows} of {rows} programs")
-    return text + (f" ({'; '.join(details)})" if details else "")
+        value = ratio(a.time, b.time) if a and b else None
+        pairs.append((value, paired_ratios(a.seconds, b.seconds) if value is not None else {}))
+    return geomean_of(pairs)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -759,7 +513,7 @@ def figure(out: Path, workloads: Sequence[Workload], names: Sequence[str], basel
         panel = BarPanel(title, rows + ["geomean"], {})
         for name in shown:
             cells = [table[row].get(name) for row in rows]
-            mean = geomean_of(table, rows, name)
+            mean = geomean_over(table, rows, name)
             panel.series[name] = [cell.ratio if cell else None for cell in cells] + [mean.value]
             panel.low[name] = [(cell.ratio_range or (None, None))[0] if cell else None for cell in cells] + [mean.low]
             panel.high[name] = [(cell.ratio_range or (None, None))[1] if cell else None for cell in cells] + [mean.high]
@@ -771,29 +525,6 @@ def figure(out: Path, workloads: Sequence[Workload], names: Sequence[str], basel
     return ratio_bar_chart(panels, f"time ÷ {baseline}", title, out / "speed")
 
 
-def machine_notes(allocators: Sequence[Allocator], threads: Optional[int], load_start: str) -> List[str]:
-    cpu = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.partition(":")[2].strip()
-                break
-    except OSError:
-        pass
-    versions = []
-    for allocator in allocators:
-        package = allocator_registry.SYSTEM_ALLOCATORS.get(allocator.name, (None, None))[1]
-        version = quiet(["dpkg-query", "-W", "-f", "${Version}", package]) if package else ""
-        if version:
-            versions.append(f"{allocator.name} {version}")
-    text = f"Machine: {cpu or platform.machine()}, {os.cpu_count()} CPUs, Linux {platform.release()}. "
-    if threads is not None:
-        text += (f"{threads} threads for the multi-threaded microbenchmarks "
-                 f"(prodcons: {max(2, threads // 2 * 2)}). ")
-    text += f"Load average at the start {load_start}, at the end {load_average()}."
-    return [text + (f" Packages: {', '.join(versions)}." if versions else "")]
-
-
 # ---------------------------------------------------------------------------------------------
 # The experiment
 
@@ -803,7 +534,7 @@ class Speed(ExperimentBase):
         memory_repetitions = min(repetitions, MEMORY_REPETITIONS[context.mode])
         timeout = TIMEOUT_S[context.mode]
         threads = thread_count()
-        load_start = load_average()
+        load_start = schedule.load_average()
 
         workloads = microbenchmark_workloads(context, threads)
         programs, missing_programs = available_programs()
@@ -817,14 +548,10 @@ class Speed(ExperimentBase):
             workloads = [workload for workload in workloads if workload.name in wanted]
             programs = [program for program in programs if program.name in wanted]
 
-        allocators, skipped = allocators_to_run(context, ALLOCATORS_VARIABLE, ALLOCATORS, SMOKE_ALLOCATORS)
-        allocator_names = [allocator.name for allocator in allocators]
-        baseline = BASELINE if BASELINE in allocator_names else None
-        notes = [f"Skipped allocator {line}" for line in skipped]
-        notes += [f"Skipped program {line}" for line in missing_programs]
-        if baseline is None:
-            notes.append(f"{BASELINE} did not run, so there are no ratios and no claims can be checked.")
-        notes += check_meshalloc_configs(allocators, context.build_dir / "bench" / "churn")
+        selection = choose_allocators(context, ALLOCATORS, SMOKE_ALLOCATORS, ALLOCATORS_VARIABLE, (BASELINE,))
+        allocators, allocator_names, baseline = selection.allocators, selection.names, selection.baseline
+        notes = selection.notes(BASELINE) + [f"Skipped program {line}" for line in missing_programs]
+        notes += check_configurations(allocators)
 
         failures: List[str] = []
         with tempfile.TemporaryDirectory(prefix="meshalloc-speed-") as scratch:
@@ -879,7 +606,7 @@ class Speed(ExperimentBase):
             "## Claims", "",
             claims_table(found, "paper / target"),
             "## Workloads", "", workloads_table(workloads),
-            "## Notes", "", *[f"- {note}" for note in notes + [f"failed: {line}" for line in failures]], "",
+            *notes_section(notes, failures),
         ])
         table_md = out / "table.md"
         table_md.write_text(markdown)
@@ -894,21 +621,11 @@ class Speed(ExperimentBase):
 
 def write_summary(out: Path, context: Context, workloads: Sequence[Workload], allocators: Sequence[Allocator],
                   repetitions: int, memory_repetitions: int, threads: int, found: Sequence[Claim]) -> Path:
-    path = out / "summary.json"
-    path.write_text(json.dumps({
-        "experiment": NAME,
-        "mode": context.mode,
-        "repetitions": repetitions,
-        "memory_repetitions": memory_repetitions,
-        "threads": threads,
-        "machine": machine_json(),
-        "allocators": [{"name": allocator.name, "library": str(allocator.library or ""),
-                        "environment": dict(allocator.set_env)} for allocator in allocators],
-        "workloads": [{"name": workload.name, "kind": workload.kind, "command": workload.command,
-                       "pattern": workload.pattern, "reference_output": workload.reference} for workload in workloads],
-        "claims": [dataclasses.asdict(claim) for claim in found],
-    }, indent=2, ensure_ascii=False) + "\n")
-    return path
+    return write_summary_json(
+        out, NAME, context.mode, repetitions, found, memory_repetitions=memory_repetitions, threads=threads,
+        allocators=[allocator_json(allocator) for allocator in allocators],
+        workloads=[{"name": workload.name, "kind": workload.kind, "command": workload.command,
+                    "pattern": workload.pattern, "reference_output": workload.reference} for workload in workloads])
 
 
 EXPERIMENT = Speed(name=NAME, title="Allocator speed: microbenchmarks and real programs",

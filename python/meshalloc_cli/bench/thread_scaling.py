@@ -20,22 +20,19 @@ cgroup's high-water mark, page tables and mappings over the whole run.
 
 from __future__ import annotations
 
-import hashlib
-import re
 import subprocess
 import tempfile
-from dataclasses import dataclass, field, replace
-from datetime import datetime
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-from .. import allocators as allocator_registry
-from ..allocators import Allocator
-from ..compare import Stat
-from ..errors import MeshallocError
+from ..allocators import MESH_DEFAULT, MESH_OFF, Allocator
 from ..measure import KIB, MIB, RunResult, measure
-from .common import (KEY_VALUE, ExperimentBase, glibc_shim, load_average, private_library_copy, size_text,
-                     write_tsv)
+from . import schedule
+from .common import KEY_VALUE, ExperimentBase, built, check_configurations, choose_allocators
+from .claims import summary_claims_table
+from .report import markdown_table, size_text, write_tsv
+from .stats import Stat
 from .framework import FULL, QUICK, SMOKE, Claim, Context, ExperimentUnavailable, Outcome
 
 NAME = "thread-scaling"
@@ -44,8 +41,8 @@ BINARY = Path("bench") / "thread_scaling"  # inside the build directory
 # The allocators, in table order. The study measured mimalloc, jemalloc and libc; tcmalloc and
 # meshalloc with meshing off (0n) show what a thread cache and meshalloc without meshing do.
 GLIBC, JEMALLOC, MIMALLOC, TCMALLOC = "glibc", "jemalloc", "mimalloc", "tcmalloc"
-MESH_ON, MESH_OFF = "meshalloc:3y", "meshalloc:0n"
-ALLOCATORS = (GLIBC, JEMALLOC, MIMALLOC, TCMALLOC, MESH_ON, MESH_OFF)
+MESH_ON = MESH_DEFAULT
+ALLOCATORS = (GLIBC, JEMALLOC, MIMALLOC, TCMALLOC, MESH_ON, MESH_OFF)  # --allocators replaces them
 
 # The study's grid: one thread and multiples of six up to 48 ("to allow greater precision when
 # linearly modelling the minheap"). Quick keeps its ends and two points between; smoke only
@@ -223,43 +220,11 @@ def run_once(binary: Path, allocator: Allocator, workload: Workload, threads: in
 # Allocators
 
 
-def choose_allocators(context: Context, snapshot_dir: Path) -> Tuple[List[Allocator], List[str], Dict[str, str]]:
-    """The allocators that can run here, a note for each that cannot, and where each came from."""
-    chosen: List[Allocator] = []
-    skipped: List[str] = []
-    origin: Dict[str, str] = {}
-    meshalloc_copy: Optional[Path] = None
-    for name in ALLOCATORS:
-        if name.startswith("meshalloc"):
-            library = context.meshalloc_lib
-            if not library.is_file():
-                skipped.append(f"{name}: {library} is not built (`make release`)")
-                continue
-            if meshalloc_copy is None:
-                meshalloc_copy = private_library_copy(library, snapshot_dir)
-                digest = hashlib.sha256(meshalloc_copy.read_bytes()).hexdigest()[:12]
-                built = datetime.fromtimestamp(library.stat().st_mtime).isoformat(sep=" ", timespec="seconds")
-                origin["meshalloc"] = f"{library}, built {built}, sha256 {digest} (one copy preloaded for every run)"
-            config = name.partition(allocator_registry.CONFIG_SEPARATOR)[2]
-            chosen.append(Allocator(name=name, library=meshalloc_copy,
-                                    description=f"meshalloc, MESHALLOC_CONFIG={config}",
-                                    set_env={"MESHALLOC_CONFIG": config},
-                                    unset_env=allocator_registry.MESHALLOC_CONFIG_OVERRIDES))
-        elif name == GLIBC:
-            shim = glibc_shim(context, name, skipped)
-            if shim is None:
-                continue
-            chosen.append(shim)
-            origin[name] = f"glibc malloc ({_glibc_version()}) through {shim.library}"
-        else:
-            try:
-                allocator = allocator_registry.resolve(name)
-            except MeshallocError as error:
-                skipped.append(f"{name}: {error}")
-                continue
-            chosen.append(allocator)
-            origin[name] = f"{allocator.library}{_package_version(allocator.library)}"
-    return chosen, skipped, origin
+def origin(allocator: Allocator) -> str:
+    """Where an allocator's library came from, for the notes."""
+    if allocator.name == GLIBC:
+        return f"glibc malloc ({_glibc_version()}) through {allocator.library}"
+    return f"{allocator.library}{_package_version(allocator.library)}"
 
 
 def _glibc_version() -> str:
@@ -286,28 +251,6 @@ def _package_version(library: Optional[Path]) -> str:
     except OSError:
         return ""
     return f" ({package} {version})" if version else f" ({package})"
-
-
-SHOWN_OPTION = re.compile(r"^\s*(mesh|randomize)\s*=\s*(\S+)", re.MULTILINE)
-
-
-def check_configuration(binary: Path, allocator: Allocator) -> Optional[str]:
-    """None when a meshalloc configuration runs as its name says (the library prints its
-    options with MESHALLOC_SHOW_OPTIONS=1), else what is wrong."""
-    config = allocator.set_env.get("MESHALLOC_CONFIG")
-    if not config:
-        return None
-    env = allocator.environment()
-    env["MESHALLOC_SHOW_OPTIONS"] = "1"
-    done = subprocess.run([str(binary), "--threads", "1", "--rounds", "1", "--objects", "10", "--settle-ms", "0"],
-                          env=env, capture_output=True, text=True, check=False)
-    shown = dict(SHOWN_OPTION.findall(done.stderr))
-    if not shown:
-        return None  # a library that does not print its options cannot be checked this way
-    want = {"mesh": "true" if config[1] == "y" else "false", "randomize": config[0]}
-    if shown != want:
-        return f"{allocator.name} runs with mesh={shown.get('mesh')} randomize={shown.get('randomize')}"
-    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -473,12 +416,10 @@ def _runs_text(analysis: Analysis) -> str:
 def wide_table(analysis: Analysis) -> List[str]:
     """PSS per allocator, moment and thread count: median MiB, (PSS/live), [min–max]. The two
     moments of an allocator are adjacent rows, so each column compares them directly."""
-    lines = ["| allocator | moment | " + " | ".join(f"T={count}" for count in analysis.threads) + " |",
-             "|---|---|" + "---:|" * len(analysis.threads),
-             f"| {LIVE_ROW} | | " + " | ".join(_mib(analysis.live.get(count)) for count in analysis.threads) + " |"]
+    rows = [[LIVE_ROW, ""] + [_mib(analysis.live.get(count)) for count in analysis.threads]]
     for name in analysis.allocators:
         for moment in MOMENTS:
-            cells = []
+            cells = [name, moment]
             for count in analysis.threads:
                 cell = analysis.cells[(name, count)]
                 stat = cell.pss_at(moment)
@@ -494,62 +435,59 @@ def wide_table(analysis: Analysis) -> List[str]:
                 if cell.failed:
                     text += f" ({cell.failed} failed)"
                 cells.append(text)
-            lines.append(f"| {name} | {moment} | " + " | ".join(cells) + " |")
-    return lines
+            rows.append(cells)
+    header = ["allocator", "moment"] + [f"T={count}" for count in analysis.threads]
+    return markdown_table(header, rows, left=2).splitlines()
 
 
 def fit_table(analysis: Analysis) -> List[str]:
-    lines = ["| allocator | slope MiB/thread | spread over repetitions | intercept MiB | R² | "
-             "overhead MiB/thread | slope ÷ live slope |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+    rows = []
     if analysis.live_fit:
         fit = analysis.live_fit
-        lines.append(f"| {LIVE_ROW} | {fit.slope:.3f} | — | {fit.intercept:.2f} | {fit.r2:.4f} | — | 1.00 |")
+        rows.append([LIVE_ROW, f"{fit.slope:.3f}", "—", f"{fit.intercept:.2f}", f"{fit.r2:.4f}", "—", "1.00"])
     for name in analysis.allocators:
         result = analysis.fits[name]
         if result.fit is None:
-            lines.append(f"| {name} | — | — | — | — | — | — |")
+            rows.append([name] + ["—"] * 6)
             continue
         spread = result.slope_spread()
-        spread_text = _range(spread[0], spread[1], 3) if spread else "—"
-        overhead = f"{result.overhead:.3f}" if result.overhead is not None else "—"
-        growth = f"{result.growth:.2f}" if result.growth is not None else "—"
-        lines.append(f"| {name} | {result.fit.slope:.3f} | {spread_text} | {result.fit.intercept:.2f} | "
-                     f"{result.fit.r2:.4f} | {overhead} | {growth} |")
-    return lines
+        rows.append([name, f"{result.fit.slope:.3f}", _range(spread[0], spread[1], 3) if spread else "—",
+                     f"{result.fit.intercept:.2f}", f"{result.fit.r2:.4f}",
+                     f"{result.overhead:.3f}" if result.overhead is not None else "—",
+                     f"{result.growth:.2f}" if result.growth is not None else "—"])
+    header = ["allocator", "slope MiB/thread", "spread over repetitions", "intercept MiB", "R²",
+              "overhead MiB/thread", "slope ÷ live slope"]
+    return markdown_table(header, rows).splitlines()
 
 
 def detail_table(analysis: Analysis) -> List[str]:
-    lines = ["| allocator | T | runs | live MiB | alive PSS MiB | min–max | alive PSS/live | PSS after exit MiB | "
-             "min–max | PSS/live after exit | peak PSS MiB | cgroup peak MiB | page tables KiB alive / after exit | "
-             "mappings | seconds |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-
     def kib(stat: Optional[Stat]) -> str:
         return "—" if stat is None else f"{stat.median / KIB:.0f}"
 
+    rows = []
     for name in analysis.allocators:
         for count in analysis.threads:
             cell = analysis.cells[(name, count)]
-            runs = f"{cell.runs - cell.failed}/{cell.runs}"
+            row = [name, str(count), f"{cell.runs - cell.failed}/{cell.runs}", _mib(analysis.live.get(count))]
             if cell.pss is None:
-                lines.append(f"| {name} | {count} | {runs} | {_mib(analysis.live.get(count))} |" + " — |" * 11)
+                rows.append(row + ["—"] * 11)
                 continue
-            moments = []
             for moment in MOMENTS:
                 stat = cell.pss_at(moment)
                 ratio = analysis.ratio(name, count, moment)
-                moments.append(f"{_mib(stat.median if stat else None)} | "
-                               f"{_range(stat.low / MIB, stat.high / MIB, 1) if stat else '—'} | "
-                               f"{'—' if ratio is None else f'{ratio:.2f}'}")
-            lines.append(
-                f"| {name} | {count} | {runs} | {_mib(analysis.live.get(count))} | {' | '.join(moments)} | "
-                f"{_mib(cell.peak_pss.median if cell.peak_pss else None)} | "
-                f"{_mib(cell.peak_cgroup.median if cell.peak_cgroup else None)} | "
-                f"{kib(cell.alive_pte)} / {kib(cell.pte)} | "
-                f"{'—' if cell.mappings is None else f'{cell.mappings.median:.0f}'} | "
-                f"{'—' if cell.seconds is None else f'{cell.seconds.median:.3f}'} |")
-    return lines
+                row += [_mib(stat.median if stat else None),
+                        _range(stat.low / MIB, stat.high / MIB, 1) if stat else "—",
+                        "—" if ratio is None else f"{ratio:.2f}"]
+            rows.append(row + [
+                _mib(cell.peak_pss.median if cell.peak_pss else None),
+                _mib(cell.peak_cgroup.median if cell.peak_cgroup else None),
+                f"{kib(cell.alive_pte)} / {kib(cell.pte)}",
+                "—" if cell.mappings is None else f"{cell.mappings.median:.0f}",
+                "—" if cell.seconds is None else f"{cell.seconds.median:.3f}"])
+    header = ["allocator", "T", "runs", "live MiB", "alive PSS MiB", "min–max", "alive PSS/live",
+              "PSS after exit MiB", "min–max", "PSS/live after exit", "peak PSS MiB", "cgroup peak MiB",
+              "page tables KiB alive / after exit", "mappings", "seconds"]
+    return markdown_table(header, rows).splitlines()
 
 
 def table_md(analysis: Analysis) -> str:
@@ -795,9 +733,9 @@ MOMENT_LINESTYLE = {EXIT: "-", ALIVE: "--"}
 def plot(analysis: Analysis, stem: Path, workload: Workload) -> List[Path]:
     """PSS against threads (median, min–max bars) beside PSS ÷ live, at both moments (solid:
     after exit, dashed: alive and idle), with the targets drawn in."""
-    from ..plotting import _pyplot, _save
+    from ..plotting import load_pyplot, save_figure
 
-    pyplot = _pyplot()
+    pyplot = load_pyplot()
     figure, (memory, ratio) = pyplot.subplots(1, 2, figsize=FIGURE_SIZE_IN)
     for index, name in enumerate(analysis.allocators):
         marker = MARKERS[index % len(MARKERS)]
@@ -840,7 +778,7 @@ def plot(analysis: Analysis, stem: Path, workload: Workload) -> List[Path]:
                     f"{size_text(workload.min_size)}–{size_text(workload.max_size)} per thread, "
                     f"{workload.keep_percent} % kept", fontsize=10)
     figure.tight_layout()
-    written = _save(figure, stem)
+    written = save_figure(figure, stem)
     pyplot.close(figure)
     return written
 
@@ -853,11 +791,7 @@ def write_markdown(analysis: Analysis, claims: Sequence[Claim], workload: Worklo
               "from outside over the whole run, page tables as the program read them at each moment, mappings "
               "after exit):", ""]
     lines += detail_table(analysis)
-    lines += ["", "| claim | paper | this machine | holds |", "|---|---|---|:---:|"]
-    for claim in claims:
-        mark = {True: "✓", False: "✗"}.get(claim.holds, "—")
-        verdict = f"{mark} {claim.note}".strip()
-        lines.append(f"| {claim.claim} | {claim.paper} | {claim.ours} | {verdict} |")
+    lines += [""] + summary_claims_table([asdict(claim) for claim in claims])
     lines += ["", "## Environment", ""] + [f"- {line}" for line in environment]
     path = out / "table.md"
     path.write_text("\n".join(lines) + "\n")
@@ -870,9 +804,7 @@ def write_markdown(analysis: Analysis, claims: Sequence[Claim], workload: Worklo
 
 class ThreadScaling(ExperimentBase):
     def run(self, context: Context) -> Outcome:
-        binary = context.build_dir / BINARY
-        if not binary.is_file():
-            raise ExperimentUnavailable(f"{binary} is missing (run `make release`)")
+        binary = built(context, BINARY)
         workload = context.pick(SMOKE_WORKLOAD, STUDY_WORKLOAD, STUDY_WORKLOAD)
         threads = list(context.pick(*(THREADS[mode] for mode in (SMOKE, QUICK, FULL))))
         repetitions = context.repetitions(*(REPETITIONS[mode] for mode in (SMOKE, QUICK, FULL)))
@@ -880,37 +812,37 @@ class ThreadScaling(ExperimentBase):
                             f"threads: {', '.join(map(str, threads))}; {repetitions} repetition(s), allocators "
                             "interleaved within each"]
         failures: List[str] = []
-        load_start = load_average()
+        load_start = schedule.load_average()
 
-        with tempfile.TemporaryDirectory(prefix="meshalloc-thread-scaling-") as snapshot:
-            chosen, skipped, origin = choose_allocators(context, Path(snapshot))
-            for note in skipped:
-                context.log(f"skipping {note}")
-                notes.append(f"skipped {note}")
-            for allocator in list(chosen):
-                wrong = check_configuration(binary, allocator)
-                if wrong:
-                    failures.append(f"{wrong}; not run")
-                    chosen.remove(allocator)
-            if not chosen:
-                raise ExperimentUnavailable("no allocator to run: " + "; ".join(skipped + failures))
-            context.log(f"threads {' '.join(map(str, threads))}; {repetitions} repetition(s); "
-                        f"allocators: {' '.join(allocator.name for allocator in chosen)}; PSS {ALIVE}/{EXIT}")
-            runs: List[ScalingRun] = []
-            for count in threads:
-                for repetition in range(1, repetitions + 1):
-                    progress = [f"T={count} [{repetition}/{repetitions}]"]
-                    for allocator in chosen:
-                        run = run_once(binary, allocator, workload, count, repetition)
-                        runs.append(run)
-                        if run.ok:
-                            alive = run.value(PSS_FIELD[ALIVE])
-                            alive_text = f"{alive / MIB:.1f}/" if alive is not None else ""
-                            progress.append(f"{allocator.name}={alive_text}{run.value('pss_bytes') / MIB:.1f}MiB")
-                        else:
-                            progress.append(f"{allocator.name}=FAILED")
-                            failures.append(f"{allocator.name} T={count} repetition {repetition}: {run.status}")
-                    context.log(" ".join(progress))
+        selection = choose_allocators(context, ALLOCATORS)
+        for note in selection.notes():
+            context.log(note)
+            notes.append(note)
+        wrong = check_configurations(selection.allocators)
+        failures += [f"{line}; not run" for line in wrong]
+        chosen = [allocator for allocator in selection.allocators if not any(
+            line.startswith(f"warning: {allocator.name} ") for line in wrong)]
+        if not chosen:
+            raise ExperimentUnavailable("no allocator to run: " + "; ".join(selection.skipped + failures))
+        context.log(f"threads {' '.join(map(str, threads))}; {repetitions} repetition(s); "
+                    f"allocators: {' '.join(allocator.name for allocator in chosen)}; PSS {ALIVE}/{EXIT}")
+
+        def execute(slot: schedule.Slot) -> ScalingRun:
+            return run_once(binary, slot.allocator, workload, slot.workload, slot.repetition)
+
+        def describe(done: schedule.Done[ScalingRun]) -> str:
+            run = done.result
+            if not run.ok:
+                return f"{run.allocator}=FAILED"
+            alive = run.value(PSS_FIELD[ALIVE])
+            alive_text = f"{alive / MIB:.1f}/" if alive is not None else ""
+            return f"{run.allocator}={alive_text}{run.value('pss_bytes') / MIB:.1f}MiB"
+
+        done = schedule.run(schedule.plan(threads, chosen, repetitions), execute, context.log, describe,
+                            group=lambda slot: f"T={slot.workload} [{slot.repetition}/{repetitions}]")
+        runs = [finished.result for finished in done]
+        failures += [f"{run.allocator} T={run.threads} repetition {run.repetition}: {run.status}"
+                     for run in runs if not run.ok]
 
         names = [allocator.name for allocator in chosen]
         analysis = analyse(runs, names, threads, repetitions)
@@ -918,9 +850,10 @@ class ThreadScaling(ExperimentBase):
             notes.append(f"live bytes differ between allocators at T={analysis.live_disagree}: the workload "
                          "should be deterministic")
         claims = build_claims(analysis, context.mode)
-        environment = [f"{name}: {where}" for name, where in origin.items()]
-        environment.append(f"load average (1/5/15 min) at the start {load_start}, at the end {load_average()}")
-        notes.append(f"load average at the start {load_start}, at the end {load_average()} (2 CPUs are "
+        environment = [f"{allocator.name}: {origin(allocator)}" for allocator in chosen]
+        load_end = schedule.load_average()
+        environment.append(f"load average (1/5/15 min) at the start {load_start}, at the end {load_end}")
+        notes.append(f"load average at the start {load_start}, at the end {load_end} (2 CPUs are "
                      "time-sliced between up to 48 threads: a busy machine adds noise)")
 
         out = context.out
