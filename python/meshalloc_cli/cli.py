@@ -21,7 +21,7 @@ from rich.table import Table
 from rich.text import Text
 from rich import box
 
-from . import __version__, allocators as allocator_registry, trace as tracing
+from . import __version__, allocators as allocator_registry, trace as tracing, trace_cli
 from .breakdown import COLUMNS as BREAKDOWN_COLUMNS
 from .compare import DEFAULT_REPEAT, Comparison, RunRecord, compare
 from .errors import EXIT_FAILURE, EXIT_OK, EXIT_SIGNAL_BASE, EXIT_USAGE, MeshallocError
@@ -220,9 +220,14 @@ def _add_trace_parser(commands) -> None:
                                epilog="exit status: 0; 1 for a missing, corrupt or truncated trace; 2 for bad usage.")
     stats.add_argument("trace", type=Path, metavar="TRACE")
     stats.add_argument("--json", action="store_true", help="one JSON object instead of text")
+    trace_cli.add_parsers(actions)  # replay, analyze
 
 
 def cmd_trace(args, command: Optional[List[str]], err: Console) -> int:
+    if getattr(args, "trace_handler", None):  # replay, analyze (trace_cli.py)
+        if command:
+            raise MeshallocError(f"`meshalloc trace {args.trace_command}` takes no command")
+        return args.trace_handler(args, _console(stderr=False), err)
     if args.trace_command == "record":
         command = _command_or_error(command, args.command)
         allocator = allocator_registry.resolve(args.allocator) if args.allocator else None

@@ -15,6 +15,8 @@ MESHALLOC_LIBRARY = Path("src") / "libmeshalloc.so"
 GLIBC_SHIM_LIBRARY = Path("tools") / "glibc-shim" / "libmeshalloc-glibc-shim.so"
 TRACE_RECORDER_LIBRARY = Path("tools") / "trace" / "libmeshalloc-trace.so"
 TRACE_TOOL = Path("tools") / "trace" / "meshalloc-trace"
+TRACE_REPLAY_PREPARE = Path("tools") / "trace" / "meshalloc-replay-prepare"
+TRACE_REPLAYER = Path("tools") / "trace" / "meshalloc-replay"
 
 
 def _walk_up(start: Path) -> Optional[Path]:

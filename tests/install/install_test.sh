@@ -75,6 +75,7 @@ files)
     "$lib/meshalloc/python/meshalloc_cli/cli.py" "$lib/meshalloc/src/libmeshalloc.so" \
     "$lib/meshalloc/tools/glibc-shim/libmeshalloc-glibc-shim.so" \
     "$lib/meshalloc/tools/trace/libmeshalloc-trace.so" "$lib/meshalloc/tools/trace/meshalloc-trace" \
+    "$lib/meshalloc/tools/trace/meshalloc-replay" "$lib/meshalloc/tools/trace/meshalloc-replay-prepare" \
     "$prefix/share/man/man3/meshalloc.3" "$prefix/share/doc/meshalloc/options.md"; do
     [[ -e $file ]] || fail "missing after install: ${file#"$prefix/"}"
   done

@@ -9,5 +9,6 @@ EXPERIMENT_MODULES = {
     "speed": "speed",
     "real-apps": "real_apps",
     "large-heap": "large_heap",
+    "traces": "traces",
     "handles": "handles",
 }
