@@ -12,15 +12,21 @@
  * server evicts old keys as new ones arrive, so phase 2 frees most of phase 1's small values in
  * random order while allocating larger ones: the fragmentation the experiment is about.
  *
+ * With --reads N (meshalloc bench handles), a third phase then sends N GETs, pipelined the
+ * same way, of keys drawn at random from the ones inserted (most of them evicted by then: a
+ * miss walks its hash chain as a hit does). total_s stays the insertion's time.
+ *
  * It speaks RESP directly (no hiredis): each command is an array of bulk strings; each reply
- * to SET is one line, "+OK" or "-ERR ...". Error replies are counted, not fatal.
+ * to SET is one line, "+OK" or "-ERR ..."; a reply to GET is a bulk string or "$-1". Error
+ * replies are counted, not fatal.
  *
  * Output, one line on stdout, key=value pairs separated by spaces:
  *   lru_client phase1_keys=700000 phase1_value=240 phase1_s=1.234567 phase2_keys=170000
  *   phase2_value=492 phase2_s=0.345678 total_s=1.580245 errors=0 batch=256 seed=1
+ * and with --reads, at the end: reads=500000 reads_s=0.456789 hits=123456
  *
  * Usage: lru_client --port PORT [--host 127.0.0.1] [--phase1 N] [--size1 B] [--phase2 N]
- *                   [--size2 B] [--batch N] [--seed S] [--connect-timeout SECONDS]
+ *                   [--size2 B] [--batch N] [--seed S] [--reads N] [--connect-timeout SECONDS]
  * Exit status: 0 on success, 1 on a usage or connection error, 2 when the server closes the
  * connection or answers something that is not a SET reply.
  */
@@ -41,6 +47,8 @@
 #define VALUE_POOL 8192 /* random printable bytes values are cut from */
 #define MAX_VALUE 65536
 #define READ_CHUNK 65536
+/* A reply buffer holds a whole GET reply (a value of up to MAX_VALUE bytes) and one read. */
+#define REPLY_BUFFER (MAX_VALUE + 64 + READ_CHUNK)
 
 struct options {
   const char* host;
@@ -48,6 +56,7 @@ struct options {
   long phase_keys[2];
   long value_size[2];
   long batch;
+  long reads;
   uint64_t seed;
   double connect_timeout;
 };
@@ -72,7 +81,8 @@ static void usage(const char* why) {
   fprintf(
       stderr,
       "lru_client: %s\nusage: lru_client --port PORT [--host ADDR] [--phase1 N] [--size1 BYTES] "
-      "[--phase2 N] [--size2 BYTES] [--batch N] [--seed S] [--connect-timeout SECONDS]\n",
+      "[--phase2 N] [--size2 BYTES] [--batch N] [--seed S] [--reads N] [--connect-timeout "
+      "SECONDS]\n",
       why);
   exit(1);
 }
@@ -97,6 +107,7 @@ static void parse_options(int argc, char** argv, struct options* o) {
   o->phase_keys[1] = 170000;
   o->value_size[1] = 492;
   o->batch = 256;
+  o->reads = 0;
   o->seed = 1;
   o->connect_timeout = 5.0;
   for (int i = 1; i < argc; i++) {
@@ -118,6 +129,8 @@ static void parse_options(int argc, char** argv, struct options* o) {
       o->value_size[1] = parse_long(name, value, 1, MAX_VALUE);
     else if (!strcmp(name, "--batch"))
       o->batch = parse_long(name, value, 1, 100000);
+    else if (!strcmp(name, "--reads"))
+      o->reads = parse_long(name, value, 0, 1L << 40);
     else if (!strcmp(name, "--seed"))
       o->seed = (uint64_t)parse_long(name, value, 0, INT64_MAX);
     else if (!strcmp(name, "--connect-timeout"))
@@ -179,14 +192,50 @@ static void write_all(int fd, const char* data, size_t length) {
 }
 
 /* Replies are read into this buffer; a reply can straddle two reads. */
-static char reply_buffer[READ_CHUNK];
+static char reply_buffer[REPLY_BUFFER];
 static size_t reply_start, reply_end;
 
-/* Reads `count` one-line replies; returns how many were errors. */
-static long read_replies(int fd, long count) {
+/* Keeps the unread replies at the front of the buffer and reads more; exits when the server
+ * closes the connection. */
+static void read_more(int fd) {
+  memmove(reply_buffer, reply_buffer + reply_start, reply_end - reply_start);
+  reply_end -= reply_start;
+  reply_start = 0;
+  if (reply_end == sizeof reply_buffer) {
+    fprintf(stderr, "lru_client: a reply longer than %zu bytes\n", sizeof reply_buffer);
+    exit(2);
+  }
+  for (;;) {
+    ssize_t n = read(fd, reply_buffer + reply_end, sizeof reply_buffer - reply_end);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      fprintf(stderr, "lru_client: the server closed the connection (%s)\n",
+              n < 0 ? strerror(errno) : "EOF");
+      exit(2);
+    }
+    reply_end += (size_t)n;
+    return;
+  }
+}
+
+/* Reads `count` replies: one-line replies to SET, or with `bulk` the bulk strings GET answers
+ * (whose hits are added to *hits). Returns how many were errors. */
+static long read_replies(int fd, long count, int bulk, long* hits) {
   long errors = 0;
   while (count > 0) {
     char* line_end = memchr(reply_buffer + reply_start, '\n', reply_end - reply_start);
+    if (line_end && bulk && reply_buffer[reply_start] == '$') {
+      long length = strtol(reply_buffer + reply_start + 1, NULL, 10);
+      size_t whole = (size_t)(line_end - reply_buffer) + 1 + (length >= 0 ? (size_t)length + 2 : 0);
+      if (whole > reply_end) {
+        read_more(fd);
+        continue;
+      }
+      if (length >= 0) (*hits)++;
+      reply_start = whole;
+      count--;
+      continue;
+    }
     if (line_end) {
       char type = reply_buffer[reply_start];
       if (type == '-') {
@@ -196,8 +245,8 @@ static long read_replies(int fd, long count) {
                   (int)(line_end - (reply_buffer + reply_start)), reply_buffer + reply_start);
         }
         errors++;
-      } else if (type != '+') {
-        fprintf(stderr, "lru_client: unexpected reply to SET: %.*s\n",
+      } else if (type != '+' || bulk) {
+        fprintf(stderr, "lru_client: unexpected reply to %s: %.*s\n", bulk ? "GET" : "SET",
                 (int)(line_end - (reply_buffer + reply_start)), reply_buffer + reply_start);
         exit(2);
       }
@@ -205,57 +254,53 @@ static long read_replies(int fd, long count) {
       count--;
       continue;
     }
-    /* No complete line: keep the partial one at the front and read more. */
-    memmove(reply_buffer, reply_buffer + reply_start, reply_end - reply_start);
-    reply_end -= reply_start;
-    reply_start = 0;
-    if (reply_end == sizeof reply_buffer) {
-      fprintf(stderr, "lru_client: a reply longer than %zu bytes\n", sizeof reply_buffer);
-      exit(2);
-    }
-    ssize_t n = read(fd, reply_buffer + reply_end, sizeof reply_buffer - reply_end);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      fprintf(stderr, "lru_client: the server closed the connection (%s)\n",
-              n < 0 ? strerror(errno) : "EOF");
-      exit(2);
-    }
-    reply_end += (size_t)n;
+    read_more(fd); /* no complete line yet */
   }
   return errors;
 }
 
-/* Runs one phase; returns its wall-clock seconds and adds its error replies to *errors. */
-static double run_phase(int fd, long keys, long value_size, long batch, const char* pool,
-                        long* errors) {
-  /* One command: *3 $3 SET $20 key:<16 hex> $<n> <value>, with CRLFs; 64 bytes cover the headers.
-   */
-  size_t command_max = (size_t)value_size + 4 + KEY_HEX_DIGITS + 64;
-  char* buffer = malloc(command_max * (size_t)batch);
-  if (!buffer) {
+static const char hex[] = "0123456789abcdef";
+
+/* Writes "key:<16 hex digits>" at p; returns the end. */
+static char* put_key(char* p, uint64_t key) {
+  memcpy(p, "key:", 4);
+  p += 4;
+  for (int digit = KEY_HEX_DIGITS - 1; digit >= 0; digit--)
+    p[KEY_HEX_DIGITS - 1 - digit] = hex[(key >> (4 * digit)) & 15];
+  return p + KEY_HEX_DIGITS;
+}
+
+static void* allocate(size_t bytes) {
+  void* memory = malloc(bytes);
+  if (!memory) {
     fprintf(stderr, "lru_client: out of memory\n");
     exit(1);
   }
+  return memory;
+}
+
+/* Runs one phase; returns its wall-clock seconds and adds its error replies to *errors. */
+static double run_phase(int fd, long keys, long value_size, long batch, const char* pool,
+                        uint64_t* inserted, long* errors) {
+  /* One command: *3 $3 SET $20 key:<16 hex> $<n> <value>, with CRLFs; 64 bytes cover the headers.
+   */
+  size_t command_max = (size_t)value_size + 4 + KEY_HEX_DIGITS + 64;
+  char* buffer = allocate(command_max * (size_t)batch);
   char header[64];
   int header_length =
       snprintf(header, sizeof header, "*3\r\n$3\r\nSET\r\n$%d\r\n", 4 + KEY_HEX_DIGITS);
   char value_header[32];
   int value_header_length = snprintf(value_header, sizeof value_header, "\r\n$%ld\r\n", value_size);
-  static const char hex[] = "0123456789abcdef";
-
   double start = now_seconds();
   for (long done = 0; done < keys;) {
     long n = keys - done < batch ? keys - done : batch;
     char* p = buffer;
     for (long i = 0; i < n; i++) {
       uint64_t key = next_random();
+      if (inserted) inserted[done + i] = key;
       memcpy(p, header, (size_t)header_length);
       p += header_length;
-      memcpy(p, "key:", 4);
-      p += 4;
-      for (int digit = KEY_HEX_DIGITS - 1; digit >= 0; digit--)
-        p[KEY_HEX_DIGITS - 1 - digit] = hex[(key >> (4 * digit)) & 15];
-      p += KEY_HEX_DIGITS;
+      p = put_key(p, key);
       memcpy(p, value_header, (size_t)value_header_length);
       p += value_header_length;
       /* The value: value_size bytes of the pool from an offset taken from the key. */
@@ -272,7 +317,34 @@ static double run_phase(int fd, long keys, long value_size, long batch, const ch
       *p++ = '\n';
     }
     write_all(fd, buffer, (size_t)(p - buffer));
-    *errors += read_replies(fd, n);
+    *errors += read_replies(fd, n, 0, NULL);
+    done += n;
+  }
+  double seconds = now_seconds() - start;
+  free(buffer);
+  return seconds;
+}
+
+/* The read phase: `reads` GETs of keys drawn from `inserted`; returns its seconds. */
+static double run_reads(int fd, const uint64_t* inserted, long count, long reads, long batch,
+                        long* hits, long* errors) {
+  char* buffer = allocate((4 + KEY_HEX_DIGITS + 64) * (size_t)batch);
+  char header[64];
+  int header_length =
+      snprintf(header, sizeof header, "*2\r\n$3\r\nGET\r\n$%d\r\n", 4 + KEY_HEX_DIGITS);
+  double start = now_seconds();
+  for (long done = 0; done < reads;) {
+    long n = reads - done < batch ? reads - done : batch;
+    char* p = buffer;
+    for (long i = 0; i < n; i++) {
+      memcpy(p, header, (size_t)header_length);
+      p += header_length;
+      p = put_key(p, inserted[next_random() % (uint64_t)count]);
+      *p++ = '\r';
+      *p++ = '\n';
+    }
+    write_all(fd, buffer, (size_t)(p - buffer));
+    *errors += read_replies(fd, n, 1, hits);
     done += n;
   }
   double seconds = now_seconds() - start;
@@ -289,18 +361,32 @@ int main(int argc, char** argv) {
   static char pool[VALUE_POOL];
   for (int i = 0; i < VALUE_POOL; i++) pool[i] = alphabet[next_random() % (sizeof alphabet - 1)];
 
+  /* The keys inserted, for the read phase to draw from. */
+  long total_keys = o.phase_keys[0] + o.phase_keys[1];
+  uint64_t* inserted = NULL;
+  if (o.reads > 0 && total_keys > 0) {
+    inserted = allocate(sizeof *inserted * (size_t)total_keys);
+  }
+
   int fd = connect_server(&o);
   long errors = 0;
   double seconds[2];
   for (int phase = 0; phase < 2; phase++)
-    seconds[phase] =
-        run_phase(fd, o.phase_keys[phase], o.value_size[phase], o.batch, pool, &errors);
+    seconds[phase] = run_phase(fd, o.phase_keys[phase], o.value_size[phase], o.batch, pool,
+                               inserted ? inserted + (phase ? o.phase_keys[0] : 0) : NULL, &errors);
+  long hits = 0;
+  double read_seconds = 0;
+  if (inserted)
+    read_seconds = run_reads(fd, inserted, total_keys, o.reads, o.batch, &hits, &errors);
   close(fd);
 
   printf(
       "lru_client phase1_keys=%ld phase1_value=%ld phase1_s=%.6f phase2_keys=%ld phase2_value=%ld "
-      "phase2_s=%.6f total_s=%.6f errors=%ld batch=%ld seed=%llu\n",
+      "phase2_s=%.6f total_s=%.6f errors=%ld batch=%ld seed=%llu",
       o.phase_keys[0], o.value_size[0], seconds[0], o.phase_keys[1], o.value_size[1], seconds[1],
       seconds[0] + seconds[1], errors, o.batch, (unsigned long long)o.seed);
+  if (inserted) printf(" reads=%ld reads_s=%.6f hits=%ld", o.reads, read_seconds, hits);
+  printf("\n");
+  free(inserted);
   return 0;
 }

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 from types import ModuleType
@@ -45,6 +46,17 @@ def require_built(*files: Path) -> Path:
     if missing:
         pytest.skip(f"{', '.join(missing)} not built in {build} (`make release`)")
     return build
+
+
+def require_redis_and_client_compiler() -> None:
+    """Skips the test unless there is a redis-server (scripts/redis/build.sh's builds or
+    Debian's) and a C compiler for the Redis LRU client (bench/redis/lru_client.c)."""
+    from meshalloc_cli.bench import redis_support
+
+    if redis_support.any_install(ROOT) is None:
+        pytest.skip("no redis-server (neither scripts/redis/build.sh's builds nor Debian's redis-server)")
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler for the client (bench/redis/lru_client.c)")
 
 
 def run_smoke(experiment: str, out: Path, cwd: Optional[Path] = None) -> Path:

@@ -6,11 +6,11 @@ claims' arithmetic on made-up numbers, which needs no Redis at all."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
-from bench_support import ROOT, assert_figure, assert_ran_once, assert_registered, read_tsv, run_smoke
+from bench_support import (ROOT, assert_figure, assert_ran_once, assert_registered, read_tsv,
+                           require_redis_and_client_compiler, run_smoke)
 
 from meshalloc_cli.bench import framework, redis_lru, redis_support
 from meshalloc_cli.bench.stats import Stat
@@ -22,10 +22,7 @@ from meshalloc_cli.output import SAMPLE_COLUMNS
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
     """One `meshalloc bench --smoke redis-lru`: its experiment directory and outcome.json."""
-    if redis_support.any_install(ROOT) is None:
-        pytest.skip("no redis-server (neither scripts/redis/build.sh's builds nor Debian's redis-server)")
-    if shutil.which("cc") is None:
-        pytest.skip("no C compiler for the client (bench/redis/lru_client.c)")
+    require_redis_and_client_compiler()
     work = tmp_path_factory.mktemp("work")
     # A relative --out, as the default results/ is: the servers run in their own directories,
     # so the experiment must not hand them paths relative to ours.

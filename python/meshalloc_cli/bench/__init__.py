@@ -10,4 +10,5 @@ EXPERIMENT_MODULES = {
     "real-apps": "real_apps",
     "large-heap": "large_heap",
     "traces": "traces",
+    "handles": "handles",
 }

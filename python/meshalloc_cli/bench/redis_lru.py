@@ -29,9 +29,9 @@ from .common import ExperimentBase, checked_repetitions, requested_specs, with_p
 from .report import markdown_table, number, stat_text, write_summary_json, write_tsv
 from .stats import Stat
 from .framework import FULL, QUICK, SMOKE, Claim, Context, ExperimentUnavailable, Outcome
-from .redis_support import (ACTIVEDEFRAG_OPTIONS, BUILD_SCRIPT, SERVER_OPTIONS, Config, Insertion, RedisInstall,
-                            Run, Workload, any_install, compile_client, describe_runs, ensure_source_build, one_run,
-                            time_insertion, timed_run)
+from .redis_support import (ACTIVEDEFRAG_OPTIONS, BUILD_SCRIPT, MAIN_THREAD_CPU_KEY, SERVER_OPTIONS, Config,
+                            Insertion, RedisInstall, Run, Workload, any_install, compile_client, describe_runs,
+                            ensure_source_build, one_run, time_insertion, timed_run)
 
 NAME = "redis-lru"
 
@@ -216,7 +216,7 @@ def build_configs(context: Context, names: Sequence[str], by_user: bool, install
 # Numbers
 
 def stats_by_config(runs: Sequence[Run], configs: Sequence[Config], rounds: Rounds,
-                    cpu_rounds: Rounds) -> Table:
+                    cpu_rounds: Rounds, baseline: str = BASELINE) -> Table:
     """Median and range of every metric over each configuration's successful runs, and ratios
     to the baseline's median (so a ratio's range is each run's spread around it); the insertion
     columns over the timing rounds instead (apply_paired_insertion)."""
@@ -225,14 +225,14 @@ def stats_by_config(runs: Sequence[Run], configs: Sequence[Config], rounds: Roun
         good = [run for run in runs if run.config is config and run.ok]
         table[config.name] = {metric: Stat.of([run.metric(metric) for run in good])
                               for metric in RUN_METRICS if metric not in PAIRED_KEYS}
-    base = table.get(BASELINE, {})
+    base = table.get(baseline, {})
     for row in table.values():
         for ratio, metric in RATIOS.items():
             if ratio in PAIRED_KEYS:
                 continue
             mine, theirs = row.get(metric), base.get(metric)
             row[ratio] = mine.scaled(theirs.median) if mine and theirs and theirs.median else None
-    apply_paired_insertion(table, rounds, cpu_rounds)
+    apply_paired_insertion(table, rounds, cpu_rounds, baseline)
     return table
 
 
@@ -240,19 +240,21 @@ def stats_by_config(runs: Sequence[Run], configs: Sequence[Config], rounds: Roun
 Rounds = Dict[str, Dict[str, float]]
 
 
-def insertion_rounds(runs: Sequence[Run], insertions: Sequence[Insertion], cpu: bool = False) -> Rounds:
+def insertion_rounds(runs: Sequence[Run], insertions: Sequence[Insertion], cpu: bool = False,
+                     key: Optional[str] = None) -> Rounds:
     """Every unsampled insertion by round: each repetition's timed runs form a round, and so
-    does each timing round. Failed runs are left out. The client's wall time, or with cpu the
-    server's main-thread CPU time."""
+    does each timing round. Failed runs are left out. The client's wall time, with cpu the
+    server's main-thread CPU time, or with key that field of the client's report."""
+    key = key or (MAIN_THREAD_CPU_KEY if cpu else "total_s")
     rounds: Rounds = {}
     for run in runs:
-        value = run.insertion_cpu_s if cpu else run.insertion_s
+        value = run.timed_client.get(key)
         if run.ok and value is not None:
-            rounds.setdefault(round_key(run), {})[run.config.name] = value
+            rounds.setdefault(round_key(run), {})[run.config.name] = float(value)
     for insertion in insertions:
-        value = insertion.server_cpu_s if cpu else insertion.seconds
-        if value is not None:
-            rounds.setdefault(round_key(insertion), {})[insertion.config.name] = value
+        value = insertion.report.get(key)
+        if insertion.problem is None and value is not None:
+            rounds.setdefault(round_key(insertion), {})[insertion.config.name] = float(value)
     return rounds
 
 
@@ -262,13 +264,14 @@ def round_key(item) -> str:
     return f"repetition {item.repetition}"
 
 
-def round_ratios(rounds: Rounds, name: str) -> List[float]:
+def round_ratios(rounds: Rounds, name: str, baseline: str = BASELINE) -> List[float]:
     """name's insertion over the baseline's, in every round where both succeeded."""
-    return [times[name] / times[BASELINE] for times in rounds.values()
-            if name in times and times.get(BASELINE)]
+    return [times[name] / times[baseline] for times in rounds.values()
+            if name in times and times.get(baseline)]
 
 
-def apply_paired_insertion(table: Table, rounds: Rounds, cpu_rounds: Optional[Rounds] = None) -> None:
+def apply_paired_insertion(table: Table, rounds: Rounds, cpu_rounds: Optional[Rounds] = None,
+                           baseline: str = BASELINE) -> None:
     """insertion_s over every unsampled insertion, insertion_ratio the median of the per-round
     ratios (so its range is the rounds' spread, not two medians' quotient); the same for the
     server's main-thread CPU time from cpu_rounds."""
@@ -277,15 +280,15 @@ def apply_paired_insertion(table: Table, rounds: Rounds, cpu_rounds: Optional[Ro
             continue
         for name, row in table.items():
             row[prefix + "_s"] = Stat.of([times[name] for times in by_round.values() if name in times])
-            row[prefix + "_ratio"] = Stat.of(round_ratios(by_round, name))
+            row[prefix + "_ratio"] = Stat.of(round_ratios(by_round, name, baseline))
 
 
 def config_table(runs: Sequence[Run], configs: Sequence[Config], table: Table, columns: Sequence[Column],
-                 repetitions: int) -> str:
+                 repetitions: int, baseline: str = BASELINE) -> str:
     rows = []
     for config in configs:
         mine = [run for run in runs if run.config is config]
-        name = config.name + (" (baseline)" if config.name == BASELINE else "")
+        name = config.name + (" (baseline)" if config.name == baseline else "")
         rows.append([name, f"{sum(run.ok for run in mine)}/{len(mine)}"]
                     + [stat_text(table[config.name].get(key), decimals, scale or 1,
                                  show_range=repetitions > 1 or key in PAIRED_KEYS)
@@ -499,7 +502,7 @@ def write_tables(out: Path, runs: Sequence[Run], configs: Sequence[Config], tabl
 
 
 def write_timing(out: Path, insertions: Sequence[Insertion], runs: Sequence[Run], rounds: Rounds,
-                 cpu_rounds: Rounds) -> Path:
+                 cpu_rounds: Rounds, baseline: str = BASELINE) -> Path:
     """timing.tsv: every unsampled insertion (the repetitions' timed runs, then the timing
     rounds) with its ratios to jemalloc's of the same round."""
     path = out / "timing.tsv"
@@ -510,7 +513,7 @@ def write_timing(out: Path, insertions: Sequence[Insertion], runs: Sequence[Run]
                  insertion.problem or "") for insertion in insertions]
 
     def ratio(value: Optional[float], by_round: Rounds, key: str) -> Optional[float]:
-        base = by_round.get(key, {}).get(BASELINE)
+        base = by_round.get(key, {}).get(baseline)
         return value / base if value is not None and base else None
 
     for key, name, seconds, cpu, problem in entries:
@@ -541,7 +544,11 @@ def write_summary(out: Path, context: Context, load: Workload, install: RedisIns
                "directory": str(run.directory.relative_to(out))} for run in runs])
 
 
-def plot(out: Path, runs: Sequence[Run], configs: Sequence[Config], maxmemory_mib: Optional[float]) -> List[Path]:
+PLOT_TITLE = "Redis as an LRU cache (Mesh §6.2.2): server PSS over time"
+
+
+def plot(out: Path, runs: Sequence[Run], configs: Sequence[Config], maxmemory_mib: Optional[float],
+         title: str = PLOT_TITLE) -> List[Path]:
     """memory.png and memory.svg: PSS over time per configuration (the median run by mean PSS
     bold, the other repetitions faint, a dot at the end of the insertion), mappings below."""
     from ..plotting import load_pyplot, save_figure
@@ -579,8 +586,7 @@ def plot(out: Path, runs: Sequence[Run], configs: Sequence[Config], maxmemory_mi
     memory.set_ylabel("PSS MiB")
     memory.set_ylim(bottom=0)
     memory.legend(loc="lower right", fontsize=8)
-    memory.set_title("Redis as an LRU cache (Mesh §6.2.2): server PSS over time\n"
-                     "median run bold, dot = end of insertion")
+    memory.set_title(title + "\nmedian run bold, dot = end of insertion")
     maps.set_ylabel("mappings")
     maps.set_yscale("log")
     maps.set_xlabel("seconds since the server started")

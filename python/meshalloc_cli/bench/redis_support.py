@@ -107,12 +107,15 @@ class Workload:
     idle_after_s: float  # ... but at least this long after the insertion
     interval_s: float  # sampling interval
     seed: int  # the client's seed for repetition 1 (repetition N uses seed + N - 1)
+    reads: int = 0  # GETs of random inserted keys after the insertion (the client's --reads)
 
     def describe(self) -> str:
         (keys1, size1), (keys2, size2) = self.phases
+        reads = f", then {self.reads:,} GETs of random inserted keys" if self.reads else ""
         return (f"`maxmemory {self.maxmemory}`, `allkeys-lru`; {keys1:,} keys with {size1}-byte values, then "
-                f"{keys2:,} keys with {size2}-byte values, pipelined {self.pipeline} at a time; the server is kept "
-                f"{self.hold_s:g} s in all (at least {self.idle_after_s:g} s after the insertion), then shut down")
+                f"{keys2:,} keys with {size2}-byte values, pipelined {self.pipeline} at a time{reads}; the server "
+                f"is kept {self.hold_s:g} s in all (at least {self.idle_after_s:g} s after the insertion), then "
+                "shut down")
 
 
 @dataclass(frozen=True)
@@ -411,7 +414,7 @@ def client_command(client: Path, port: int, workload: Workload, seed: int) -> Li
     (keys1, size1), (keys2, size2) = workload.phases
     return [str(client), "--port", str(port), "--batch", str(workload.pipeline),
             "--phase1", str(keys1), "--size1", str(size1), "--phase2", str(keys2), "--size2", str(size2),
-            "--seed", str(seed)]
+            "--seed", str(seed)] + (["--reads", str(workload.reads)] if workload.reads else [])
 
 
 class Conductor(threading.Thread):
