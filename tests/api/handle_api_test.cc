@@ -171,8 +171,10 @@ std::vector<mh_t> fragment(size_t count, size_t size, size_t keep) {
 TEST(HandleApi, TheControllerCompactsAFragmentedHeapOnItsOwn) {
   meshtest::DeadlockGuard guard(60);
   mh_compact(0);
-  std::vector<mh_t> kept = fragment(200000, 160, 10);
+  // Read before fragmenting: the controller may already compact while the frees run (under
+  // load the whole pass can finish before fragment() returns).
   uint64_t released = handleStat("handles.released");
+  std::vector<mh_t> kept = fragment(200000, 160, 10);
   // F_ub is 1.4 and F_lb 1.05 by default; the controller wakes every 10 ms.
   for (int i = 0; i < 1000 && handleStat("handles.fragmentation_permille") > 1400; i++)
     usleep(10000);
