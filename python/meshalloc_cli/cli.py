@@ -58,14 +58,19 @@ class OneLineParser(argparse.ArgumentParser):
         sys.exit(EXIT_USAGE)
 
 
-def _positive_interval(text: str, unit: str) -> float:
+def _positive_number(text: str, what: str, subject: str) -> float:
+    """A float above 0 for an option whose value is `what` ("a number of seconds")."""
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of {unit}: {text!r}") from None
+        raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
     if not value > 0:
-        raise argparse.ArgumentTypeError(f"the interval must be positive, not {text}")
+        raise argparse.ArgumentTypeError(f"{subject} must be positive, not {text}")
     return value
+
+
+def _positive_interval(text: str, unit: str) -> float:
+    return _positive_number(text, f"a number of {unit}", "the interval")
 
 
 def _positive_ms(text: str) -> float:

@@ -4,7 +4,6 @@ printing only; the work is in trace_replay.py and trace_analyze.py. cli.py hooks
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from typing import List, Optional, Tuple
 
@@ -21,18 +20,9 @@ REPLAY_EXIT = ("exit status: 0; 1 for a missing or corrupt trace; 2 for bad usag
                "status (3: a block lost its contents or came back misaligned; its log names the address).")
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
-    return value
-
-
 def add_parsers(actions) -> None:
-    from .cli import ALLOCATORS_HELP, BASELINE_HELP, DEFAULT_COMPARE_ALLOCATORS, _positive_int, _positive_ms
+    from .cli import (ALLOCATORS_HELP, BASELINE_HELP, DEFAULT_COMPARE_ALLOCATORS, _positive_int, _positive_ms,
+                      _positive_number)
     from .measure import DEFAULT_INTERVAL_S
 
     replay = actions.add_parser(
@@ -51,7 +41,8 @@ def add_parsers(actions) -> None:
     replay.add_argument("--timing", choices=trace_replay.TIMINGS, default="fast",
                         help="fast: every call as soon as the previous one returned; recorded: keep the "
                         "recorded gaps, so timers and background threads see the program's pace (default %(default)s)")
-    replay.add_argument("--speed", type=_positive_float, default=1.0, metavar="X",
+    replay.add_argument("--speed", type=lambda text: _positive_number(text, "a number", "the speed"), default=1.0,
+                        metavar="X",
                         help="with --timing recorded: replay X times faster than recorded (default 1)")
     replay.add_argument("--touch", choices=trace_replay.TOUCHES, default="page",
                         help="what of each block is written and checked: one byte per page, the whole "
