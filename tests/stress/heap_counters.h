@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 
 #include "meshalloc.h"
 
@@ -16,12 +17,16 @@ inline void refreshStatistics() {
   meshalloc_mallctl("epoch", &epoch, &length, &epoch, sizeof(epoch));
 }
 
-// A counter by its mallctl name, after an epoch refresh.
+// A counter by its mallctl name, after an epoch refresh. A name the library does not know is
+// a mistake in the test, which would otherwise read as 0: it stops the program.
 inline uint64_t readCounter(const char* name) {
   refreshStatistics();
   uint64_t value = 0;
   size_t length = sizeof(value);
-  meshalloc_mallctl(name, &value, &length, nullptr, 0);
+  if (meshalloc_mallctl(name, &value, &length, nullptr, 0) != 0) {
+    fprintf(stderr, "stress: no counter named %s\n", name);
+    abort();
+  }
   return value;
 }
 

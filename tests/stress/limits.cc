@@ -26,6 +26,7 @@
 
 #include <cstdint>
 
+#include "heap_counters.h"
 #include "meshalloc.h"
 
 namespace {
@@ -38,15 +39,6 @@ constexpr size_t kMiB = size_t{1} << 20;
   if (block) fprintf(stderr, " (block %p)", block);
   fprintf(stderr, "\n");
   exit(1);
-}
-
-uint64_t statValue(const char* name) {
-  uint64_t epoch = 1;
-  meshalloc_mallctl("epoch", nullptr, nullptr, &epoch, sizeof(epoch));
-  size_t value = 0;
-  size_t length = sizeof(value);
-  if (meshalloc_mallctl(name, &value, &length, nullptr, 0) != 0) failWith(name);
-  return value;
 }
 
 struct Block {
@@ -175,8 +167,8 @@ size_t processBytes() {
 
 int addressSpace(size_t headroomMiB) {
   Blocks blocks(1 << 20);
-  uint64_t allocatedBefore = statValue("stats.allocated");
-  uint64_t largeBefore = statValue("stats.large.allocated");
+  uint64_t allocatedBefore = stress::readCounter("stats.allocated");
+  uint64_t largeBefore = stress::readCounter("stats.large.allocated");
   struct rlimit previous;
   getrlimit(RLIMIT_AS, &previous);
   struct rlimit limited = previous;
@@ -208,8 +200,8 @@ int addressSpace(size_t headroomMiB) {
   checkAll(blocks, "after the second fill");
   freeAll(blocks);
   meshalloc_compact();
-  uint64_t allocatedAfter = statValue("stats.allocated");
-  uint64_t largeAfter = statValue("stats.large.allocated");
+  uint64_t allocatedAfter = stress::readCounter("stats.allocated");
+  uint64_t largeAfter = stress::readCounter("stats.large.allocated");
   if (allocatedAfter != allocatedBefore || largeAfter != largeBefore) {
     fprintf(stderr, "limits: stats.allocated %llu -> %llu, stats.large.allocated %llu -> %llu\n",
             static_cast<unsigned long long>(allocatedBefore),
@@ -310,7 +302,7 @@ int sparseHeapUnderMapLimit(long limit) {
     if (own == MAP_FAILED) failWith("the program's own mmap fails: the mesher used up the limit");
     munmap(own, 1 << 16);
   }
-  uint64_t meshes = statValue("mesh.count");
+  uint64_t meshes = stress::readCounter("mesh.count");
   if (meshes == 0) failWith("nothing was meshed: the test did not exercise the mesher");
   freeAll(blocks);
   printf("limits: vm.max_map_count %ld: %llu meshes, at most %ld mappings\n", limit,
