@@ -138,10 +138,6 @@ class Mutex {
     state_.store(kUnlocked, std::memory_order_relaxed);
   }
 
-  LockRank rank() const {
-    return rank_;
-  }
-
  private:
   static constexpr uint32_t kUnlocked = 0;
   static constexpr uint32_t kLocked = 1;
