@@ -50,3 +50,43 @@ def test_smoke_run(tmp_path):
         assert sum(int(row["blocks"]) for row in lifetimes if row["measure"] == "ops" and row["panel"] == "all") > 0
         assert (directory / name / "replay" / "op-times.tsv").is_file()
     assert "short-lived" in (directory / "table.md").read_text()
+
+
+def _fidelity(live, replayed, own_mib):
+    """A Fidelity from MiB figures: live {name: (mean, peak)}, replayed likewise; every replay
+    run reports `own_mib` of the replayer's own tables."""
+    from types import SimpleNamespace
+
+    from meshalloc_cli.bench.stats import Stat
+    from meshalloc_cli.trace_replay import RunTimes
+
+    def stat(mib):
+        return None if mib is None else Stat(mib * (1 << 20), mib * (1 << 20), mib * (1 << 20))
+
+    rows = [SimpleNamespace(allocator=name, mean_pss=stat(mean), peak_pss=stat(peak))
+            for name, (mean, peak) in replayed.items()]
+    times = {(name, 1): RunTimes(0, 0, 0, 0, int(own_mib * (1 << 20)), {}) for name in replayed}
+    replay = SimpleNamespace(comparison=SimpleNamespace(rows=rows), times=times)
+    return traces.Fidelity("w", {name: (stat(mean), stat(peak)) for name, (mean, peak) in live.items()}, replay)
+
+
+def test_fidelity_is_judged_without_the_replayers_own_tables():
+    from types import SimpleNamespace
+    allocators = [SimpleNamespace(name="glibc"), SimpleNamespace(name="meshalloc")]
+    live = {"glibc": (100.0, 150.0), "meshalloc": (80.0, 140.0)}
+    # 10 MiB of the replayer's own: +12.5 % raw on meshalloc's mean, +0 % without.
+    close = _fidelity(live, {"glibc": (112.0, 160.0), "meshalloc": (90.0, 152.0)}, 10.0)
+    within, ranking = traces.judge([close], allocators, 3)[0]
+    assert within.holds is True and "12.5 % with them" in within.ours
+    assert ranking.holds is True
+    # The same replay without the own tables to take out: 12 % off.
+    assert traces.judge([_fidelity(live, {"glibc": (112.0, 160.0), "meshalloc": (90.0, 152.0)}, 0.0)],
+                        allocators, 3)[0][0].holds is False
+    # Ranked the other way on the mean: within 10 % each, but not the same ranking.
+    swapped = _fidelity({"glibc": (85.0, 150.0), "meshalloc": (80.0, 140.0)},
+                        {"glibc": (88.0, 150.0), "meshalloc": (89.0, 140.0)}, 0.0)
+    assert traces.judge([swapped], allocators, 3)[0][1].holds is False
+    # A missing live figure leaves both unjudged.
+    missing = _fidelity({"glibc": (100.0, 150.0), "meshalloc": (None, 140.0)},
+                        {"glibc": (100.0, 150.0), "meshalloc": (80.0, 140.0)}, 0.0)
+    assert [claim.holds for claim in traces.judge([missing], allocators, 3)[0]] == [None, None]
