@@ -45,6 +45,8 @@ OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")
 
 # Per-version file names: (current charge, kernel high-water mark).
 CHARGE_FILES = {1: ("memory.usage_in_bytes", "memory.max_usage_in_bytes"), 2: ("memory.current", "memory.peak")}
+# Per-version file of the hard limit (beyond it the kernel reclaims, then kills).
+LIMIT_FILES = {1: "memory.limit_in_bytes", 2: "memory.max"}
 
 _child_numbers = itertools.count()
 
@@ -237,6 +239,14 @@ class MemoryCgroup:
     def charge(self) -> Optional[int]:
         """Bytes charged to the cgroup now."""
         return self._read_int(self._charge_path)
+
+    def limit(self, size: int) -> None:
+        """Caps the charge at `size` bytes: past it the kernel reclaims what it can (the
+        arena's pages are shared memory: without swap, nothing), then kills the process."""
+        try:
+            _write(self.directory / LIMIT_FILES[self.version], str(size))
+        except OSError as error:
+            raise CgroupUnavailable(f"cannot limit {self.directory}: {_describe(error)}") from None
 
     def kernel_peak(self) -> Optional[int]:
         """The kernel's own high-water mark of the charge (catches peaks between samples);

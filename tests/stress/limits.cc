@@ -11,6 +11,13 @@
 //                        the workload dies). A heap of sparse spans is meshed again and again:
 //                        the mesher must stay under the limit (every mesh adds mappings), lose
 //                        no write, and the program's own mmap calls must keep working.
+//   --phases MIB         no limit of its own: run in a memory cgroup limited well below the sum of
+//                        its phases (python/tests/test_memory_cgroup.py sets the limit). Six
+//                        phases each allocate MIB of blocks of one size (a different size class
+//                        each), keep one in ten at random, free the rest and mesh. The program
+//                        lives only if what it freed and what meshing released stop being
+//                        charged to the cgroup (a page kept in the arena file, or a hole never
+//                        punched, stays charged until the kernel kills the process).
 //
 // Linked with libmeshalloc. Exit status 0 when every check holds, 1 with a message otherwise,
 // 77 (skipped) when the machine does not let the limit be set.
@@ -155,6 +162,44 @@ void freeAll(Blocks& blocks) {
   blocks.count = 0;
 }
 
+// A fixed xorshift stream: the same blocks kept in every run.
+struct Random {
+  uint64_t state;
+  uint64_t next() {
+    state ^= state << 13;
+    state ^= state >> 7;
+    state ^= state << 17;
+    return state;
+  }
+};
+
+// Allocates blocks of `size`, each filled with a pattern, until the table holds `untilCount`.
+void allocateBlocks(Blocks& blocks, size_t size, size_t untilCount, Random& random,
+                    const char* where) {
+  while (blocks.count < untilCount) {
+    void* p = malloc(size);
+    if (!p) failWith(where);
+    Block b = {static_cast<unsigned char*>(p), size, static_cast<unsigned char>(random.next())};
+    fill(b);
+    blocks.items[blocks.count++] = b;
+  }
+}
+
+// Frees the blocks from `from` on at random, keeping one in `keepOneIn` (checked before each
+// free); the kept ones stay compact in the table, after the first `from`.
+void keepOneIn(Blocks& blocks, size_t from, unsigned keepOneIn, Random& random) {
+  size_t kept = from;
+  for (size_t i = from; i < blocks.count; i++) {
+    if (random.next() % keepOneIn != 0) {
+      check(blocks.items[i], "before its free");
+      free(blocks.items[i].address);
+    } else {
+      blocks.items[kept++] = blocks.items[i];
+    }
+  }
+  blocks.count = kept;
+}
+
 size_t processBytes() {
   FILE* f = fopen("/proc/self/statm", "r");
   if (!f) failWith("cannot read /proc/self/statm");
@@ -266,33 +311,12 @@ int sparseHeapUnderMapLimit(long limit) {
   constexpr size_t kObjects = 200000;
   constexpr size_t kSize = 256;
   Blocks blocks(kObjects);
-  uint64_t seed = 88172645463325252ull;
-  auto next = [&] {
-    seed ^= seed << 13;
-    seed ^= seed >> 7;
-    seed ^= seed << 17;
-    return seed;
-  };
+  Random random{88172645463325252ull};
   long peakMappings = 0;
   for (unsigned round = 0; round < 6; round++) {
-    while (blocks.count < kObjects) {
-      void* p = malloc(kSize);
-      if (!p) failWith("malloc failed under the mapping limit");
-      Block b = {static_cast<unsigned char*>(p), kSize, static_cast<unsigned char>(next())};
-      fill(b);
-      blocks.items[blocks.count++] = b;
-    }
+    allocateBlocks(blocks, kSize, kObjects, random, "malloc failed under the mapping limit");
     // Three quarters freed at random: sparse spans whose meshing needs many mappings.
-    size_t kept = 0;
-    for (size_t i = 0; i < blocks.count; i++) {
-      if (next() % 4 != 0) {
-        check(blocks.items[i], "before its free");
-        free(blocks.items[i].address);
-      } else {
-        blocks.items[kept++] = blocks.items[i];
-      }
-    }
-    blocks.count = kept;
+    keepOneIn(blocks, 0, 4, random);
     meshalloc_compact();
     checkAll(blocks, "after meshing under the mapping limit");
     long mappings = processMappings();
@@ -343,6 +367,32 @@ int maxMapCount(long limit) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
 }
 
+// --- a memory cgroup limit ---
+
+int phases(size_t mib) {
+  constexpr size_t kPhaseSizes[] = {48, 160, 400, 1000, 2500, 6000};
+  constexpr unsigned kKeepOneIn = 10;
+  Blocks blocks(mib * kMiB / kPhaseSizes[0] + (mib * kMiB / kPhaseSizes[0]) / kKeepOneIn * 6);
+  Random random{0x9e3779b97f4a7c15ull};
+  for (size_t size : kPhaseSizes) {
+    size_t kept = blocks.count;  // blocks of earlier phases, at the front of the table
+    allocateBlocks(blocks, size, kept + mib * kMiB / size, random,
+                   "malloc failed under the cgroup limit");
+    keepOneIn(blocks, kept, kKeepOneIn, random);
+    meshalloc_compact();
+    checkAll(blocks, "after a phase's frees and a mesh");
+  }
+  uint64_t meshes = stress::readCounter("mesh.count");
+  size_t kept = blocks.count;
+  size_t live = 0;
+  for (size_t i = 0; i < blocks.count; i++) live += blocks.items[i].size;
+  freeAll(blocks);
+  printf("limits: %zu phases of %zu MiB each: %zu blocks (%zu KiB) kept, %llu meshes\n",
+         sizeof(kPhaseSizes) / sizeof(kPhaseSizes[0]), mib, kept, live >> 10,
+         static_cast<unsigned long long>(meshes));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -352,6 +402,7 @@ int main(int argc, char** argv) {
   if (argc == 3 && !strcmp(argv[1], "--max-map-count")) {
     return maxMapCount(strtol(argv[2], nullptr, 10));
   }
-  fprintf(stderr, "usage: %s --address-space MIB | --max-map-count N\n", argv[0]);
+  if (argc == 3 && !strcmp(argv[1], "--phases")) return phases(strtoul(argv[2], nullptr, 10));
+  fprintf(stderr, "usage: %s --address-space MIB | --max-map-count N | --phases MIB\n", argv[0]);
   return 2;
 }
