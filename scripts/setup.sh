@@ -13,6 +13,7 @@ DEBIAN_PACKAGES=(
   clang-format
   clang libclang-rt-14-dev  # the fuzzer (tests/fuzz): clang with libFuzzer and ASan's runtime
   dpkg-dev  # dpkg-shlibdeps: `make deb` and the install tests' .deb case
+  zlib1g-dev  # compressed traces (`meshalloc trace compress`, tools/trace)
 )
 
 missing=()

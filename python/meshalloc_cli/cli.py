@@ -211,6 +211,8 @@ def _add_trace_parser(commands) -> None:
                         "see `meshalloc allocators`")
     record.add_argument("--callsites", type=_non_negative_int, default=0, metavar="N",
                         help="record a call-site hash on every N-th event of each thread (default 0: none)")
+    record.add_argument("--compress", action="store_true",
+                        help="compress the trace (and each child's) once the command has exited")
     record.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ARGS",
                         help="the command to run, after --")
     dump = actions.add_parser("dump", help="print a trace's events as text",
@@ -225,6 +227,14 @@ def _add_trace_parser(commands) -> None:
                                epilog="exit status: 0; 1 for a missing, corrupt or truncated trace; 2 for bad usage.")
     stats.add_argument("trace", type=Path, metavar="TRACE")
     stats.add_argument("--json", action="store_true", help="one JSON object instead of text")
+    compress = actions.add_parser("compress", help="deflate a trace's chunks (every reader takes either form)",
+                                  description="Rewrite TRACE with every chunk's payload compressed (zlib), after "
+                                  "checking that every event decodes. The recorder never compresses: it only "
+                                  "appends, so that recording costs the program as little as it can.",
+                                  epilog="exit status: 0; 1 for a missing, corrupt, truncated or already "
+                                  "compressed trace; 2 for bad usage.")
+    compress.add_argument("trace", type=Path, metavar="TRACE")
+    compress.add_argument("--out", "-o", type=Path, metavar="FILE", help="write FILE instead of replacing TRACE")
     trace_cli.add_parsers(actions)  # replay, analyze
 
 
@@ -238,6 +248,9 @@ def cmd_trace(args, command: Optional[List[str]], err: Console) -> int:
         allocator = allocator_registry.resolve(args.allocator) if args.allocator else None
         status = tracing.record(command, args.out, allocator, args.callsites)
         children = tracing.child_traces(args.out)
+        if args.compress:
+            for trace in [args.out, *children]:
+                tracing.compress(trace)
         more = f" and {len(children)} child trace{'s' if len(children) != 1 else ''} ({args.out}.<pid>)" if children else ""
         err.print(f"{PROGRAM}: trace in {args.out}{more}; `{PROGRAM} trace stats {args.out}` summarises it",
                   highlight=False)
@@ -246,6 +259,11 @@ def cmd_trace(args, command: Optional[List[str]], err: Console) -> int:
         raise MeshallocError(f"`meshalloc trace {args.trace_command}` takes no command")
     if args.trace_command == "dump":
         return tracing.dump(args.trace, args.head, args.thread)
+    if args.trace_command == "compress":
+        before, after = tracing.compress(args.trace, args.out)
+        err.print(f"{PROGRAM}: {args.out or args.trace}: {before:,} bytes compressed to {after:,} "
+                  f"({after / before:.1%})", highlight=False)
+        return 0
     return tracing.stats(args.trace, args.json)
 
 

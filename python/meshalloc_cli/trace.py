@@ -12,7 +12,7 @@ import re
 import signal
 import subprocess
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 from . import paths
 from .allocators import Allocator
@@ -123,3 +123,18 @@ def dump(trace: Path, head: Optional[int] = None, thread: Optional[int] = None) 
 
 def stats(trace: Path, json: bool = False) -> int:
     return _run_tool(["stats", *(["--json"] if json else []), str(_existing(trace))])
+
+
+def compress(trace: Path, out: Optional[Path] = None) -> Tuple[int, int]:
+    """Writes TRACE compressed to OUT (default: replaces TRACE, through a temporary file beside
+    it, so an interrupted run leaves the original); (bytes before, bytes after)."""
+    target = out if out is not None else trace
+    partial = target.with_name(target.name + ".compressing")
+    partial.unlink(missing_ok=True)
+    before = _existing(trace).stat().st_size
+    try:
+        _run_tool(["compress", str(trace), str(partial)])
+        os.replace(partial, target)
+    finally:
+        partial.unlink(missing_ok=True)
+    return before, target.stat().st_size

@@ -1,8 +1,9 @@
 """What recording costs (docs/trace.md, Measurements): wall time and CPU time (user + system,
 the whole process tree) of each program recorded and not recorded (both on glibc), interleaved,
-as medians with min–max, and the trace's bytes per event. On a loaded machine the CPU time is
-the steadier measure of what the recorder adds. The programs: the fragmentation workload of `make demo` and the real programs of
-`meshalloc bench real-apps`, at its quick scale (--full: its full scale, runs of seconds,
+as medians with min–max, and the trace's bytes per event, as recorded and compressed. On a
+loaded machine the CPU time is the steadier measure of what the recorder adds. The programs:
+the fragmentation workload of `make demo` and the real programs of `meshalloc bench
+real-apps`, at its quick scale (--full: its full scale, runs of seconds,
 which a loaded machine's noise disturbs less).
 
     python -m meshalloc_cli.trace_overhead [--repeat N] [--full] [--programs fragmentation,perl,...]
@@ -37,15 +38,18 @@ def _fragmentation() -> Prepared:
     return Prepared([str(program)], Path.cwd())
 
 
-def _trace_size(trace: Path) -> Tuple[int, int]:
-    """(bytes, events) over the trace and its children's."""
-    total_bytes = total_events = 0
+def _trace_size(trace: Path) -> Tuple[int, int, int]:
+    """(bytes, bytes once compressed, events) over the trace and its children's."""
+    total_bytes = total_compressed = total_events = 0
     for file in [trace, *tracing.child_traces(trace)]:
         summary = subprocess.run([str(tracing.decoder_tool()), "stats", "--json", str(file)], capture_output=True,
                                  text=True, check=True)
-        total_bytes += file.stat().st_size
         total_events += json.loads(summary.stdout)["events"]
-    return total_bytes, total_events
+        before, after = tracing.compress(file, file.with_name(file.name + ".z"))
+        total_bytes += before
+        total_compressed += after
+        file.with_name(file.name + ".z").unlink()
+    return total_bytes, total_compressed, total_events
 
 
 def _children_cpu() -> float:
@@ -87,7 +91,7 @@ def _measure(args: argparse.Namespace, work: Path) -> int:
                          set_env={tracing.ENV_FILE: str(trace)})
     times: Dict[str, Dict[str, List[float]]] = {name: {"plain": [], "recorded": []} for name in programs}
     cpu: Dict[str, Dict[str, List[float]]] = {name: {"plain": [], "recorded": []} for name in programs}
-    sizes: Dict[str, Tuple[int, int]] = {}
+    sizes: Dict[str, Tuple[int, int, int]] = {}
     for repetition in range(args.repeat):
         for name, prepared in programs.items():
             for label, allocator in (("plain", plain), ("recorded", recorded)):
@@ -103,8 +107,8 @@ def _measure(args: argparse.Namespace, work: Path) -> int:
                     sizes[name] = _trace_size(trace)
                 print(f"r{repetition + 1} {name} {label}: {run.seconds:.3f} s", file=sys.stderr, flush=True)
     print("| program | wall s, unrecorded | wall s, recorded | wall × | CPU s, unrecorded | CPU s, recorded | CPU × "
-          "| events | trace MB | bytes/event |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| events | trace MB | bytes/event | compressed MB | bytes/event compressed |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name in programs:
         cells = []
         for measure in (times, cpu):
@@ -113,8 +117,9 @@ def _measure(args: argparse.Namespace, work: Path) -> int:
             cells += [_range(plain_values), _range(recorded_values),
                       f"{statistics.median(recorded_values) / statistics.median(plain_values):.2f} "
                       f"({min(ratios):.2f}–{max(ratios):.2f})"]
-        size, events = sizes[name]
-        print(f"| {name} | {' | '.join(cells)} | {events:,} | {size / 1e6:.1f} | {size / max(events, 1):.2f} |")
+        size, compressed, events = sizes[name]
+        print(f"| {name} | {' | '.join(cells)} | {events:,} | {size / 1e6:.1f} | {size / max(events, 1):.2f} "
+              f"| {compressed / 1e6:.1f} | {compressed / max(events, 1):.2f} |")
     return 0
 
 

@@ -97,6 +97,37 @@ def test_bad_traces_give_one_line_naming_the_offset(recorded, tmp_path, action):
         assert f"{path}: offset " in lines[0], (name, lines[0])
 
 
+def test_compress_keeps_every_event(built, tmp_path):
+    """A compressed trace decodes to the same events; it is smaller; damage to a compressed
+    payload and a second compression give one line and status 1."""
+    trace = tmp_path / "ls.trace"
+    completed = run_meshalloc("trace", "record", "--out", str(trace), "--", "ls", "-lR", "/usr/share/doc")
+    assert completed.returncode == 0, completed.stderr
+    packed = tmp_path / "ls.packed"
+    completed = run_meshalloc("trace", "compress", str(trace), "--out", str(packed))
+    assert completed.returncode == 0, completed.stderr
+    assert not (tmp_path / "ls.packed.compressing").exists()
+    before, after = _stats(trace), _stats(packed)
+    assert after["compressed"] is True and before["compressed"] is False
+    assert after["events"] == before["events"] > 10_000
+    assert after["bytes"] < before["bytes"] * 0.75, (before["bytes"], after["bytes"])
+    assert {key: value for key, value in after.items() if key not in ("file", "bytes", "bytes_per_event",
+                                                                      "compressed")} == \
+        {key: value for key, value in before.items() if key not in ("file", "bytes", "bytes_per_event", "compressed")}
+    assert run_meshalloc("trace", "dump", str(packed)).stdout == run_meshalloc("trace", "dump", str(trace)).stdout
+    again = run_meshalloc("trace", "compress", str(packed))
+    assert again.returncode == EXIT_FAILURE and "already compressed" in again.stderr
+    for name, path in _damaged(packed, tmp_path).items():
+        completed = run_meshalloc("trace", "stats", str(path))
+        assert completed.returncode == EXIT_FAILURE, (name, completed.stderr)
+        assert len(stderr_lines(completed)) == 1 and f"{path}: offset " in completed.stderr, (name, completed.stderr)
+    # In place, with the recording.
+    in_place = tmp_path / "sh.trace"
+    completed = run_meshalloc("trace", "record", "--compress", "--out", str(in_place), "--", "sh", "-c", "exit 0")
+    assert completed.returncode == 0, completed.stderr
+    assert _stats(in_place)["compressed"] is True
+
+
 @pytest.mark.parametrize("arguments, status, words", [
     (["trace", "dump", "/no/such/trace"], EXIT_FAILURE, "no such trace file"),
     (["trace", "dump", "--head", "x", "t"], EXIT_USAGE, "not a whole number"),

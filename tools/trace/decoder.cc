@@ -4,6 +4,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -135,7 +136,7 @@ bool Trace::openBytes(const uint8_t* data, size_t size, Error* error) {
     return fail(error, offsetof(FileHeader, headerSize),
                 format("corrupt header size %u", header_.headerSize));
   }
-  if (header_.flags != 0)
+  if (header_.flags & ~kFileDeflated)
     return fail(error, offsetof(FileHeader, flags),
                 format("unknown header flags 0x%x", header_.flags));
   last_ = header_.start;
@@ -241,7 +242,10 @@ bool Trace::addChunk(const IndexEntry& entry, Error* error) {
                 format("corrupt chunk: payload of %u bytes (at most %u)", chunk.payloadBytes,
                        kMaxChunkPayload));
   }
-  if (chunk.events == 0 || chunk.events > chunk.payloadBytes / 2) {
+  // Every event takes at least two bytes, of the payload as it decodes (a deflated one grows
+  // to at most kMaxChunkPayload; loadChunk checks against what it inflated to).
+  uint32_t decodedBytes = deflated() ? kMaxChunkPayload : chunk.payloadBytes;
+  if (chunk.events == 0 || chunk.events > decodedBytes / 2) {
     return fail(error, entry.offset + offsetof(ChunkHeader, events),
                 format("corrupt chunk: %u events in %u bytes", chunk.events, chunk.payloadBytes));
   }
@@ -315,6 +319,7 @@ ThreadCursor::ThreadCursor(const Trace& trace, uint32_t thread)
 bool ThreadCursor::loadChunk(Error* error) {
   const IndexEntry& entry = info_->chunks[chunk_];
   ChunkHeader chunk = load<ChunkHeader>(trace_.data(), entry.offset);
+  chunkOffset_ = entry.offset;
   cursor_ = trace_.data() + entry.offset + sizeof(ChunkHeader);
   end_ = cursor_ + chunk.payloadBytes;
   if (payloadChecksum(cursor_, chunk.payloadBytes) != chunk.checksum) {
@@ -322,19 +327,42 @@ bool ThreadCursor::loadChunk(Error* error) {
         error, entry.offset,
         format("corrupt chunk: checksum mismatch (thread %u, chunk %zu)", info_->thread, chunk_));
   }
+  if (trace_.deflated()) {
+    inflated_.resize(kMaxChunkPayload);
+    uLongf length = kMaxChunkPayload;
+    int status = uncompress(inflated_.data(), &length, cursor_, chunk.payloadBytes);
+    if (status != Z_OK) {
+      return fail(error, entry.offset,
+                  format("corrupt chunk: its compressed payload does not inflate (%s; thread %u, "
+                         "chunk %zu)",
+                         status == Z_BUF_ERROR ? "larger than the largest chunk" : zError(status),
+                         info_->thread, chunk_));
+    }
+    if (chunk.events > length / 2) {
+      return fail(error, entry.offset + offsetof(ChunkHeader, events),
+                  format("corrupt chunk: %u events in %lu bytes", chunk.events, length));
+    }
+    cursor_ = inflated_.data();
+    end_ = cursor_ + length;
+  }
+  payload_ = cursor_;
   left_ = chunk.events;
   tick_ = chunk.baseTick;
   previousAddress_ = 0;
   return true;
 }
 
+uint64_t ThreadCursor::offsetOf(const uint8_t* at) const {
+  return chunkOffset_ + sizeof(ChunkHeader) + static_cast<uint64_t>(at - payload_);
+}
+
 bool ThreadCursor::decode(Event* event, Error* error) {
-  const uint8_t* data = trace_.data();
   const uint8_t* start = cursor_;
   auto corrupt = [&](const char* what) {
-    return fail(error, static_cast<uint64_t>(cursor_ - data),
-                format("corrupt event (%s) in thread %u's chunk %zu, event at offset %" PRIu64,
-                       what, info_->thread, chunk_, static_cast<uint64_t>(start - data)));
+    return fail(error, offsetOf(cursor_),
+                format("corrupt event (%s) in thread %u's chunk %zu, event at offset %" PRIu64 "%s",
+                       what, info_->thread, chunk_, offsetOf(start),
+                       trace_.deflated() ? " of the inflated payload" : ""));
   };
   if (cursor_ == end_) return corrupt("the chunk ends before its event count");
   uint8_t kindByte = *cursor_++;
@@ -409,7 +437,7 @@ bool ThreadCursor::read(Event* event, Error* error) {
   if (!info_) return false;
   while (left_ == 0) {
     if (cursor_ != end_) {
-      return fail(error, static_cast<uint64_t>(cursor_ - trace_.data()),
+      return fail(error, offsetOf(cursor_),
                   format("corrupt chunk: %zu bytes left after its last event",
                          static_cast<size_t>(end_ - cursor_)));
     }

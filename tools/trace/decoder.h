@@ -72,6 +72,7 @@ class Trace {
   bool openBytes(const uint8_t* data, size_t size, Error* error);
 
   const FileHeader& header() const { return header_; }
+  bool deflated() const { return (header_.flags & kFileDeflated) != 0; }
   bool complete() const { return complete_; }  // the footer is present
   uint64_t dropped() const { return dropped_; }
   uint64_t events() const { return events_; }
@@ -121,10 +122,16 @@ class ThreadCursor {
   void fill();
   bool loadChunk(Error* error);
   bool decode(Event* event, Error* error);
+  // Where `at` (in the payload being decoded) is in the file; in a deflated trace, where it
+  // would be had the payload been stored as it decodes.
+  uint64_t offsetOf(const uint8_t* at) const;
 
   const Trace& trace_;
   const ThreadInfo* info_;
   size_t chunk_ = 0;
+  uint64_t chunkOffset_ = 0;
+  std::vector<uint8_t> inflated_;  // the current chunk's payload, inflated (deflated traces)
+  const uint8_t* payload_ = nullptr;
   const uint8_t* cursor_ = nullptr;
   const uint8_t* end_ = nullptr;
   uint32_t left_ = 0;  // events left in the current chunk

@@ -18,6 +18,12 @@ inline constexpr char kTrailerMagic[8] = {'M', 'T', 'R', 'C', 'E', 'N', 'D', '\0
 inline constexpr uint32_t kChunkMagic = 0x4b4e4843;  // "CHNK" read as little-endian
 inline constexpr uint16_t kFormatVersion = 1;
 
+// FileHeader.flags: every chunk's payload is stored as a zlib stream (`meshalloc trace
+// compress`, after the recording: the recorder itself never compresses, so that its cost on the
+// program stays an append). The chunk's payloadBytes and checksum are those of the stored
+// bytes; the payload inflates to at most kMaxChunkPayload.
+inline constexpr uint32_t kFileDeflated = 1;
+
 // A chunk's payload never exceeds this (the recorder's per-thread buffer); a reader rejects
 // larger lengths as corrupt instead of trusting them.
 inline constexpr uint32_t kMaxChunkPayload = 64 * 1024;
@@ -34,7 +40,7 @@ struct FileHeader {
   char magic[8];
   uint16_t version;
   uint16_t headerSize;  // sizeof(FileHeader); a reader skips what it does not know
-  uint32_t flags;       // 0; reserved for compressed payloads
+  uint32_t flags;       // kFile* bits
   uint32_t pid;
   uint32_t parentPid;  // the forking process when this file is a forked child's, else 0
   uint32_t tickShift;  // ticks = counter >> tickShift

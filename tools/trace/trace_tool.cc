@@ -1,17 +1,23 @@
-// meshalloc-trace: the native half of `meshalloc trace dump` and `meshalloc trace stats`
+// meshalloc-trace: the native half of `meshalloc trace dump`, `stats` and `compress`
 // (docs/trace.md). A trace of many GB is decoded here, in one pass over a mapped file; the
 // Python command only finds this program and passes its output on.
 //
 //   meshalloc-trace dump [--head N] [--thread T] TRACE
 //   meshalloc-trace stats [--json] TRACE
+//   meshalloc-trace compress TRACE OUT     (OUT: the same trace, every payload deflated)
 //
 // Errors: one line on stderr ("meshalloc-trace: TRACE: offset N: what"), exit status 1; a bad
 // invocation exits with 2.
+#include <algorithm>
+#include <cerrno>
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
+
+#include <zlib.h>
 
 #include "decoder.h"
 
@@ -25,7 +31,7 @@ constexpr int kExitUsage = 2;
 int usage(const char* message) {
   fprintf(stderr,
           "meshalloc-trace: %s (usage: meshalloc-trace dump [--head N] [--thread T] TRACE | stats "
-          "[--json] TRACE)\n",
+          "[--json] TRACE | compress TRACE OUT)\n",
           message);
   return kExitUsage;
 }
@@ -118,7 +124,7 @@ int stats(const std::string& path, bool json) {
   const FileHeader& header = trace.header();
   if (json) {
     printf("{\"file\": \"%s\", \"bytes\": %" PRIu64
-           ", \"complete\": %s, \"pid\": %u, \"parent_pid\": %u, "
+           ", \"complete\": %s, \"compressed\": %s, \"pid\": %u, \"parent_pid\": %u, "
            "\"seconds\": %.6f, \"threads\": %zu, \"events\": %" PRIu64
            ", \"bytes_per_event\": %.3f, \"dropped\": %" PRIu64 ", \"objects\": %" PRIu64
            ", \"allocated_bytes\": %" PRIu64 ", \"failed_allocations\": %" PRIu64
@@ -126,9 +132,10 @@ int stats(const std::string& path, bool json) {
            ", \"live_objects_at_end\": %" PRIu64 ", \"live_bytes_at_end\": %" PRIu64
            ", \"unmatched_releases\": %" PRIu64 ", \"reused_live_addresses\": %" PRIu64
            ", \"by_kind\": {",
-           path.c_str(), trace.fileSize(), trace.complete() ? "true" : "false", header.pid,
-           header.parentPid, seconds, trace.threads().size(), trace.events(), bytesPerEvent,
-           trace.dropped(), counts.nextId - 1, allocatedBytes, failedAllocations, counts.peakLive,
+           path.c_str(), trace.fileSize(), trace.complete() ? "true" : "false",
+           trace.deflated() ? "true" : "false", header.pid, header.parentPid, seconds,
+           trace.threads().size(), trace.events(), bytesPerEvent, trace.dropped(),
+           counts.nextId - 1, allocatedBytes, failedAllocations, counts.peakLive,
            counts.peakLiveBytes, counts.live, counts.liveBytes, counts.unmatchedReleases,
            counts.reusedLive);
     const char* separator = "";
@@ -139,7 +146,8 @@ int stats(const std::string& path, bool json) {
     printf("}}\n");
     return 0;
   }
-  printf("trace        %s: %s bytes, %s\n", path.c_str(), withThousands(trace.fileSize()).c_str(),
+  printf("trace        %s: %s bytes%s, %s\n", path.c_str(), withThousands(trace.fileSize()).c_str(),
+         trace.deflated() ? " (compressed)" : "",
          trace.complete()
              ? "complete (footer present)"
              : "no footer: the process ended without exit(), index rebuilt from the chunks");
@@ -173,11 +181,97 @@ int stats(const std::string& path, bool json) {
   return 0;
 }
 
+// Writes `in` again with every chunk payload deflated (kFileDeflated), chunks in their order in
+// `in`, and a footer indexing the new offsets. Every event is decoded first, so a trace that
+// is corrupt anywhere is refused rather than compressed.
+int compress(const std::string& in, const std::string& out) {
+  Trace trace;
+  Error error;
+  if (!trace.open(in, &error)) return corrupt(in, error);
+  if (trace.deflated()) {
+    fprintf(stderr, "meshalloc-trace: %s: already compressed\n", in.c_str());
+    return kExitCorrupt;
+  }
+  if (!trace.complete()) {
+    fprintf(stderr,
+            "meshalloc-trace: %s: no footer (the process ended without exit()); `dump` and "
+            "`replay` read it as it is, `compress` needs a complete trace\n",
+            in.c_str());
+    return kExitCorrupt;
+  }
+  MergedCursor check(trace);
+  Event event;
+  while (check.next(&event, &error)) {
+  }
+  if (error.failed()) return corrupt(in, error);
+
+  std::vector<IndexEntry> chunks;
+  for (const ThreadInfo& info : trace.threads())
+    chunks.insert(chunks.end(), info.chunks.begin(), info.chunks.end());
+  std::sort(chunks.begin(), chunks.end(),
+            [](const IndexEntry& a, const IndexEntry& b) { return a.offset < b.offset; });
+  FILE* file = fopen(out.c_str(), "wbx");
+  if (!file) {
+    fprintf(stderr, "meshalloc-trace: %s: cannot create: %s\n", out.c_str(), strerror(errno));
+    return kExitCorrupt;
+  }
+  bool written = true;
+  auto put = [&](const void* data, size_t bytes) {
+    written = written && fwrite(data, 1, bytes, file) == bytes;
+  };
+  FileHeader header = trace.header();
+  header.flags |= kFileDeflated;
+  put(&header, sizeof header);
+  put(trace.data() + sizeof header, trace.header().headerSize - sizeof header);
+  uint64_t offset = trace.header().headerSize;
+  std::vector<uint8_t> deflated(compressBound(kMaxChunkPayload));
+  for (IndexEntry& entry : chunks) {
+    ChunkHeader chunk;
+    memcpy(&chunk, trace.data() + entry.offset, sizeof chunk);
+    uLongf length = deflated.size();
+    if (compress2(deflated.data(), &length, trace.data() + entry.offset + sizeof chunk,
+                  chunk.payloadBytes, Z_DEFAULT_COMPRESSION) != Z_OK) {
+      fclose(file);
+      remove(out.c_str());
+      fprintf(stderr, "meshalloc-trace: %s: zlib could not compress a chunk\n", in.c_str());
+      return kExitCorrupt;
+    }
+    chunk.payloadBytes = static_cast<uint32_t>(length);
+    chunk.checksum = payloadChecksum(deflated.data(), length);
+    entry.offset = offset;
+    put(&chunk, sizeof chunk);
+    put(deflated.data(), length);
+    offset += sizeof chunk + length;
+  }
+  Trailer trailer;
+  memcpy(&trailer, trace.data() + trace.fileSize() - sizeof trailer, sizeof trailer);
+  trailer.indexOffset = offset;
+  trailer.indexEntries = static_cast<uint32_t>(chunks.size());
+  trailer.threadEntries = static_cast<uint32_t>(trace.threads().size());
+  for (const IndexEntry& entry : chunks) put(&entry, sizeof entry);
+  for (const ThreadInfo& info : trace.threads()) {
+    ThreadEntry thread = {info.thread, info.osThreadId, info.events};
+    put(&thread, sizeof thread);
+  }
+  put(&trailer, sizeof trailer);
+  if (fclose(file) != 0 || !written) {
+    remove(out.c_str());
+    fprintf(stderr, "meshalloc-trace: %s: write failed\n", out.c_str());
+    return kExitCorrupt;
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2) return usage("missing command");
   std::string command = argv[1];
+  if (command == "compress") {
+    if (argc != 4 || argv[2][0] == '-' || argv[3][0] == '-')
+      return usage("compress takes a trace and an output file");
+    return compress(argv[2], argv[3]);
+  }
   uint64_t head = UINT64_MAX;
   bool oneThread = false, json = false;
   uint64_t thread = 0;
