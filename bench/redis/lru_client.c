@@ -16,6 +16,10 @@
  * same way, of keys drawn at random from the ones inserted (most of them evicted by then: a
  * miss walks its hash chain as a hit does). total_s stays the insertion's time.
  *
+ * With --rate N the insertion is paced at N keys per second (each batch waits until the keys
+ * sent so far are due), so the server's pace is the client's whatever its allocator or a trace
+ * recorder costs (meshalloc bench traces compares a recorded run with live ones this way).
+ *
  * It speaks RESP directly (no hiredis): each command is an array of bulk strings; each reply
  * to SET is one line, "+OK" or "-ERR ..."; a reply to GET is a bulk string or "$-1". Error
  * replies are counted, not fatal.
@@ -26,7 +30,8 @@
  * and with --reads, at the end: reads=500000 reads_s=0.456789 hits=123456
  *
  * Usage: lru_client --port PORT [--host 127.0.0.1] [--phase1 N] [--size1 B] [--phase2 N]
- *                   [--size2 B] [--batch N] [--seed S] [--reads N] [--connect-timeout SECONDS]
+ *                   [--size2 B] [--batch N] [--seed S] [--reads N] [--rate KEYS_PER_S]
+ *                   [--connect-timeout SECONDS]
  * Exit status: 0 on success, 1 on a usage or connection error, 2 when the server closes the
  * connection or answers something that is not a SET reply.
  */
@@ -57,6 +62,7 @@ struct options {
   long value_size[2];
   long batch;
   long reads;
+  long rate; /* keys per second; 0: as fast as the server answers */
   uint64_t seed;
   double connect_timeout;
 };
@@ -81,7 +87,7 @@ static void usage(const char* why) {
   fprintf(
       stderr,
       "lru_client: %s\nusage: lru_client --port PORT [--host ADDR] [--phase1 N] [--size1 BYTES] "
-      "[--phase2 N] [--size2 BYTES] [--batch N] [--seed S] [--reads N] [--connect-timeout "
+      "[--phase2 N] [--size2 BYTES] [--batch N] [--seed S] [--reads N] [--rate KEYS_PER_S] [--connect-timeout "
       "SECONDS]\n",
       why);
   exit(1);
@@ -108,6 +114,7 @@ static void parse_options(int argc, char** argv, struct options* o) {
   o->value_size[1] = 492;
   o->batch = 256;
   o->reads = 0;
+  o->rate = 0;
   o->seed = 1;
   o->connect_timeout = 5.0;
   for (int i = 1; i < argc; i++) {
@@ -129,6 +136,8 @@ static void parse_options(int argc, char** argv, struct options* o) {
       o->value_size[1] = parse_long(name, value, 1, MAX_VALUE);
     else if (!strcmp(name, "--batch"))
       o->batch = parse_long(name, value, 1, 100000);
+    else if (!strcmp(name, "--rate"))
+      o->rate = parse_long(name, value, 0, 1000000000L);
     else if (!strcmp(name, "--reads"))
       o->reads = parse_long(name, value, 0, 1L << 40);
     else if (!strcmp(name, "--seed"))
@@ -279,9 +288,31 @@ static void* allocate(size_t bytes) {
   return memory;
 }
 
+/* --rate: the keys sent so far, against the time since the first batch. */
+struct pacer {
+  long rate; /* keys per second; 0: no pacing */
+  double start;
+  long sent;
+};
+
+/* Waits until the next `keys` are due. */
+static void pace(struct pacer* pacer, long keys) {
+  if (pacer->rate <= 0) return;
+  double now = now_seconds();
+  if (pacer->sent == 0) pacer->start = now;
+  double due = pacer->start + (double)pacer->sent / (double)pacer->rate;
+  if (due > now) {
+    double wait = due - now;
+    struct timespec ts = {(time_t)wait, (long)((wait - (double)(time_t)wait) * 1e9)};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+  }
+  pacer->sent += keys;
+}
+
 /* Runs one phase; returns its wall-clock seconds and adds its error replies to *errors. */
 static double run_phase(int fd, long keys, long value_size, long batch, const char* pool,
-                        uint64_t* inserted, long* errors) {
+                        uint64_t* inserted, struct pacer* pacer, long* errors) {
   /* One command: *3 $3 SET $20 key:<16 hex> $<n> <value>, with CRLFs; 64 bytes cover the headers.
    */
   size_t command_max = (size_t)value_size + 4 + KEY_HEX_DIGITS + 64;
@@ -316,6 +347,7 @@ static double run_phase(int fd, long keys, long value_size, long batch, const ch
       *p++ = '\r';
       *p++ = '\n';
     }
+    pace(pacer, n);
     write_all(fd, buffer, (size_t)(p - buffer));
     *errors += read_replies(fd, n, 0, NULL);
     done += n;
@@ -371,9 +403,11 @@ int main(int argc, char** argv) {
   int fd = connect_server(&o);
   long errors = 0;
   double seconds[2];
+  struct pacer pacer = {o.rate, 0.0, 0};
   for (int phase = 0; phase < 2; phase++)
-    seconds[phase] = run_phase(fd, o.phase_keys[phase], o.value_size[phase], o.batch, pool,
-                               inserted ? inserted + (phase ? o.phase_keys[0] : 0) : NULL, &errors);
+    seconds[phase] =
+        run_phase(fd, o.phase_keys[phase], o.value_size[phase], o.batch, pool,
+                  inserted ? inserted + (phase ? o.phase_keys[0] : 0) : NULL, &pacer, &errors);
   long hits = 0;
   double read_seconds = 0;
   if (inserted)

@@ -6,6 +6,7 @@ claims' arithmetic on made-up numbers, which needs no Redis at all."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -195,3 +196,36 @@ def test_insertions_start_at_spread_phases_of_the_wall_clock_second():
     assert redis_support.seconds_until_phase(100.25, 0.5) == pytest.approx(0.25)
     assert redis_support.seconds_until_phase(100.75, 0.5) == pytest.approx(0.75)
     assert redis_support.seconds_until_phase(100.5, 0.5) == pytest.approx(0.0)
+
+
+def test_client_rate_paces_the_insertion(tmp_path):
+    """--rate (what `bench traces` records and replays Redis with): 30,000 keys at 20,000 keys/s
+    take at least 1.5 s, however fast the server answers; without it they take a fraction."""
+    import subprocess
+    import time
+
+    require_redis_and_client_compiler()
+    install = redis_support.any_install(ROOT)
+    client = redis_support.compile_client(ROOT)
+    port = redis_support.free_port()
+    server = subprocess.Popen([str(install.jemalloc_server), "--port", str(port), "--save", "", "--dir", str(tmp_path),
+                               "--bind", "127.0.0.1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while not redis_support.port_open(port) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        load = redis_support.Workload(maxmemory="100mb", phases=((20_000, 100), (10_000, 200)), pipeline=256,
+                                      hold_s=0, idle_after_s=0, interval_s=0.01, seed=1, rate=20_000)
+        paced = subprocess.run(redis_support.client_command(client, port, load, 1), capture_output=True, text=True,
+                               check=True, timeout=60)
+        unpaced = subprocess.run(redis_support.client_command(client, port, replace(load, rate=0), 2),
+                                 capture_output=True, text=True, check=True, timeout=60)
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+    def seconds(completed):
+        return float(dict(field.split("=") for field in completed.stdout.split()[1:])["total_s"])
+
+    assert 1.45 <= seconds(paced) <= 10, paced.stdout
+    assert seconds(unpaced) < 1.45, unpaced.stdout

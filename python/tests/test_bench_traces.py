@@ -52,7 +52,7 @@ def test_smoke_run(tmp_path):
     assert "short-lived" in (directory / "table.md").read_text()
 
 
-def _fidelity(live, replayed, own_mib):
+def _fidelity(live, replayed, own_mib, spread=0.0):
     """A Fidelity from MiB figures: live {name: (mean, peak)}, replayed likewise; every replay
     run reports `own_mib` of the replayer's own tables."""
     from types import SimpleNamespace
@@ -60,14 +60,17 @@ def _fidelity(live, replayed, own_mib):
     from meshalloc_cli.bench.stats import Stat
     from meshalloc_cli.trace_replay import RunTimes
 
-    def stat(mib):
-        return None if mib is None else Stat(mib * (1 << 20), mib * (1 << 20), mib * (1 << 20))
+    def stat(mib, spread=0.0):
+        if mib is None:
+            return None
+        return Stat(mib * (1 << 20), (mib - spread) * (1 << 20), (mib + spread) * (1 << 20))
 
     rows = [SimpleNamespace(allocator=name, mean_pss=stat(mean), peak_pss=stat(peak))
             for name, (mean, peak) in replayed.items()]
     times = {(name, 1): RunTimes(0, 0, 0, 0, int(own_mib * (1 << 20)), {}) for name in replayed}
     replay = SimpleNamespace(comparison=SimpleNamespace(rows=rows), times=times)
-    return traces.Fidelity("w", {name: (stat(mean), stat(peak)) for name, (mean, peak) in live.items()}, replay)
+    return traces.Fidelity("w", {name: (stat(mean, spread), stat(peak, spread))
+                                 for name, (mean, peak) in live.items()}, replay)
 
 
 def test_fidelity_is_judged_without_the_replayers_own_tables():
@@ -86,6 +89,11 @@ def test_fidelity_is_judged_without_the_replayers_own_tables():
     swapped = _fidelity({"glibc": (85.0, 150.0), "meshalloc": (80.0, 140.0)},
                         {"glibc": (88.0, 150.0), "meshalloc": (89.0, 140.0)}, 0.0)
     assert traces.judge([swapped], allocators, 3)[0][1].holds is False
+    # The same, but the live runs' ranges overlap (±3 MiB around 85 and 80): no order to keep.
+    tied = _fidelity({"glibc": (85.0, 150.0), "meshalloc": (80.0, 140.0)},
+                     {"glibc": (88.0, 150.0), "meshalloc": (89.0, 140.0)}, 0.0, spread=3.0)
+    ranking = traces.judge([tied], allocators, 3)[0][1]
+    assert ranking.holds is True and "1 pairs are within" in ranking.ours, ranking.ours
     # A missing live figure leaves both unjudged.
     missing = _fidelity({"glibc": (100.0, 150.0), "meshalloc": (None, 140.0)},
                         {"glibc": (100.0, 150.0), "meshalloc": (80.0, 140.0)}, 0.0)

@@ -108,6 +108,7 @@ class Workload:
     interval_s: float  # sampling interval
     seed: int  # the client's seed for repetition 1 (repetition N uses seed + N - 1)
     reads: int = 0  # GETs of random inserted keys after the insertion (the client's --reads)
+    rate: int = 0  # keys per second the insertion is paced at (the client's --rate); 0: unpaced
 
     def describe(self) -> str:
         (keys1, size1), (keys2, size2) = self.phases
@@ -414,7 +415,8 @@ def client_command(client: Path, port: int, workload: Workload, seed: int) -> Li
     (keys1, size1), (keys2, size2) = workload.phases
     return [str(client), "--port", str(port), "--batch", str(workload.pipeline),
             "--phase1", str(keys1), "--size1", str(size1), "--phase2", str(keys2), "--size2", str(size2),
-            "--seed", str(seed)] + (["--reads", str(workload.reads)] if workload.reads else [])
+            "--seed", str(seed)] + (["--reads", str(workload.reads)] if workload.reads else []) \
+        + (["--rate", str(workload.rate)] if workload.rate else [])
 
 
 class Conductor(threading.Thread):

@@ -42,6 +42,7 @@ ALLOCATORS_VARIABLE = "TRACES_ALLOCATORS"  # what --allocators does, as a variab
 TREES = {SMOKE: "/usr/share/doc/coreutils", QUICK: "/usr/share/doc", FULL: "/usr/share"}
 FIDELITY = "fragmentation"
 REDIS_FIDELITY = "redis-lru"  # the Redis LRU server of `bench redis-lru`
+REDIS_FIDELITY_RATE = 70_000  # keys per second: 12.4 s for the 870,000 keys, recorded or not
 FIDELITY_TOLERANCE = 0.10  # the issue's ±10 %
 # The thesis's findings for the allocators it shares with us (dlmalloc is glibc's ancestor):
 # Table 9.2 ranks memory dlmalloc 1st, tcmalloc 5th, jemalloc 6th (last); Table 9.1 ranks speed
@@ -117,10 +118,19 @@ def own_bytes(replayed: trace_replay.Replay, allocator: str) -> float:
     return statistics.median(values) if values else 0.0
 
 
+def ordered_pairs(stats: Dict[str, Optional[Stat]]) -> List[Tuple[str, str]]:
+    """The pairs (lower, higher) whose ranges over the repetitions do not overlap: the only
+    orders the live runs establish. Two allocators whose runs interleave (mimalloc and tcmalloc
+    0.2 % apart on the fragmentation workload's mean) are tied, and either order is theirs."""
+    present = sorted((stat.median, name, stat) for name, stat in stats.items() if stat)
+    return [(a, b) for i, (_, a, low) in enumerate(present) for _, b, high in present[i + 1:] if low.high < high.low]
+
+
 def judge(fidelities: Sequence[Fidelity], allocators, repetitions: int) -> Tuple[List[Claim], str]:
     """The table of live against replayed PSS, and two claims per workload: every figure within
     ±10 % once the replayer's own tables are taken out of the replay (both columns shown), and
-    the same ranking. A missing figure leaves a claim unjudged."""
+    the same ranking wherever the live runs establish one (ordered_pairs). A missing figure
+    leaves a claim unjudged."""
     rows, claims = [], []
     for fidelity in fidelities:
         replay_rows = {row.allocator: row for row in fidelity.replayed.comparison.rows}
@@ -148,19 +158,28 @@ def judge(fidelities: Sequence[Fidelity], allocators, repetitions: int) -> Tuple
         def order(stats: Dict[str, Optional[Stat]]) -> List[str]:
             return [name for _, name in sorted((stat.median, name) for name, stat in stats.items() if stat)]
 
-        same = True
+        kept = separated = tied = 0
         for index, metric in enumerate(("mean_pss", "peak_pss")):
-            live_order = order({name: pair[index] for name, pair in fidelity.live.items()})
-            replay_order = order({name: getattr(row, metric) for name, row in replay_rows.items()})
-            same = same and live_order == replay_order
+            live_stats = {name: pair[index] for name, pair in fidelity.live.items()}
+            replay_stats = {name: getattr(row, metric) for name, row in replay_rows.items()}
+            pairs = ordered_pairs(live_stats)
+            kept += sum(1 for low, high in pairs if replay_stats.get(low) and replay_stats.get(high)
+                        and replay_stats[low].median < replay_stats[high].median)
+            separated += len(pairs)
+            measured = sum(1 for stat in live_stats.values() if stat)
+            tied += measured * (measured - 1) // 2 - len(pairs)
             if metric == "mean_pss":
-                ranking = "live " + " < ".join(live_order) + "; replay " + " < ".join(replay_order)
+                ranking = ("live " + " < ".join(order(live_stats)) + "; replay " + " < ".join(order(replay_stats)))
+        ranking += (f"; {kept} of the {separated} pairs the live runs order (mean and peak) keep their order, "
+                    f"{tied} pairs are within the live runs' spread")
+        same = kept == separated
         claims.append(Claim(f"replay of {fidelity.workload} (recorded pace): mean and peak PSS of every allocator "
                             "vs live, without the replayer's own tables", "within ±10 % (issue 26)",
                             f"worst {worst * 100:.1f} % off ({worst_raw * 100:.1f} % with them; "
                             f"{repetitions} runs each)", worst <= FIDELITY_TOLERANCE if complete else None))
-        claims.append(Claim(f"replay of {fidelity.workload}: allocators ranked the same as live (mean and peak PSS)",
-                            "same ranking (issue 26)", ranking, same if complete else None))
+        claims.append(Claim(f"replay of {fidelity.workload}: allocators ranked the same as live (mean and peak PSS), "
+                            "wherever the live runs rank them", "same ranking (issue 26)", ranking,
+                            same if complete else None))
     table = markdown_table(["workload", "allocator", "live mean PSS MiB", "replay mean PSS MiB", "mean Δ",
                             "mean Δ without own", "live peak PSS MiB", "replay peak PSS MiB", "peak Δ",
                             "peak Δ without own", "replayer's own MiB"], rows, left=2)
@@ -206,7 +225,10 @@ def redis_fidelity(context: Context, allocators, repetitions: int) -> Tuple[Opti
         return None, [f"{REDIS_FIDELITY}: no Redis build ({error})"]
     if install.libc_server is None:
         return None, [f"{REDIS_FIDELITY}: needs the MALLOC=libc build ({redis_support.BUILD_SCRIPT})"]
-    load = redis_lru.workload(context)
+    # Paced: unpaced, the insertion runs at the server's speed, which the recorder slows (12.3 s
+    # recorded against 5.5-7.6 s live, on a loaded machine), and a replay at the recorded pace
+    # then spends longer inserting and less time at the plateau than any live run.
+    load = replace(redis_lru.workload(context), rate=REDIS_FIDELITY_RATE)
     out = context.out / REDIS_FIDELITY
     trace = out / "redis.trace"
     trace.parent.mkdir(parents=True, exist_ok=True)
@@ -231,7 +253,9 @@ def redis_fidelity(context: Context, allocators, repetitions: int) -> Tuple[Opti
 
     runs = [done.result for done in schedule.run(schedule.plan([load], configs, repetitions), execute, context.log,
                                                  lambda done: f"{done.result.config.name} "
-                                                 + ("ok" if _served(done.result) else "FAILED"))]
+                                                 + ("ok" if _served(done.result) else "FAILED"),
+                                                 group=lambda slot: f"{REDIS_FIDELITY} live [{slot.repetition}/"
+                                                 f"{repetitions}]")]
     notes = [f"{REDIS_FIDELITY}: live {run.config.name} #{run.repetition}: " + "; ".join(run.problems)
              for run in runs if not _served(run)]
     live = {config.name: tuple(Stat.of(run.metric(metric) for run in runs if run.config is config and _served(run))
