@@ -49,7 +49,8 @@ extern "C" {
  *   "mesh.pinned_spans"           size_t    spans never meshed: they hold buffers glibc's
  *                                 internal reads fill (stdio's), or a failed mesh left them
  *   "mesh.passes", "mesh.mapping_limited_passes", "mesh.failed", "mesh.stranded",
- *   "mesh.skipped_for_io", "mesh.cpu_ns", "mesh.restore_cpu_ns", "mesh.barrier_faults",
+ *   "mesh.unprotect_copies", "mesh.skipped_for_io", "mesh.cpu_ns", "mesh.restore_cpu_ns",
+ *   "mesh.barrier_faults",
  *   "stats.reserved", "stats.segments", "stats.purged_total", "stats.thread_heaps",
  *   "stats.idle_reclaims", "stats.large.count"   size_t  see docs/api.md
  *   "opt.<name>"                  the value of an option (see docs/options.md)

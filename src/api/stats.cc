@@ -213,6 +213,7 @@ HeapStats collectStats() {
   stats.meshMappingLimitedPasses = mesh.vmaLimitedPasses;
   stats.meshFailed = mesh.failedMeshes;
   stats.meshStranded = mesh.strandedSpans;
+  stats.meshUnprotectCopies = mesh.unprotectCopies;
   stats.meshSkippedForIo = mesh.skippedForIo;
   stats.pinnedSpans = GlobalHeap::pinnedSpans();
   stats.pauseCount = mesh.pauseCount;

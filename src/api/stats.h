@@ -143,6 +143,8 @@ MemoryBreakdown collectBreakdown();
   X(meshFailed, "mesh.failed", "mesh_failed", "meshes that backed off (a system call failed)") \
   X(meshStranded, "mesh.stranded", "mesh_stranded",                                            \
     "virtual spans left on another span's pages by a failed undo (pinned for good)")           \
+  X(meshUnprotectCopies, "mesh.unprotect_copies", "mesh_unprotect_copies",                     \
+    "write protections mprotect refused to undo, replaced by a private copy (pinned)")         \
   X(meshSkippedForIo, "mesh.skipped_for_io", "mesh_skipped_for_io",                            \
     "meshes skipped: a span held a buffer of I/O in flight")                                   \
   X(pauseCount, "mesh.pauses", "mesh_pauses", "guarded operations held up by meshing")         \

@@ -1,5 +1,6 @@
 #include "mesh/mesher.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include <atomic>
@@ -171,9 +172,32 @@ bool Mesher::absorbMeshedSource(MiniHeap* destination, MiniHeap* source) {
   }
   // Writable again: on the destination's pages if the move succeeded, else on its own.
   for (uint32_t i = 0; i < protectedCount; i++)
-    os::protectReadWrite(reinterpret_cast<void*>(protectedStarts[i]), bytes);
+    restoreWritable(reinterpret_cast<void*>(protectedStarts[i]), bytes, destination, source);
   if (!ok) updateStats([](MeshStats& s) { s.failedMeshes++; });
   return ok;
+}
+
+void Mesher::restoreWritable(void* start, size_t bytes, MiniHeap* span, MiniHeap* other) {
+  // mprotect merges back the very mapping protectReadOnly split off, so the kernel has no reason
+  // to refuse; if it does all the same, the range must not stay read-only (the program's next
+  // write there would fault with no barrier up: a crash). A private copy of it is writable but
+  // shares no pages with its file any more, so neither span may be meshed again: a later mesh
+  // would copy objects into the file pages this range no longer shows.
+  if (os::protectReadWrite(start, bytes)) return;
+  for (unsigned attempt = 0; attempt < kRestoreAttempts; attempt++) {
+    if (os::replaceWithWritableCopy(start, bytes) || os::protectReadWrite(start, bytes)) {
+      GlobalHeap::pin(span);
+      if (other) GlobalHeap::pin(other);
+      updateStats([](MeshStats& s) { s.unprotectCopies++; });
+      return;
+    }
+    os::sleepNanos(kRestoreRetryNs);
+  }
+  static constexpr char kMessage[] =
+      "meshalloc: a write-protected span cannot be made writable again (mprotect and mremap "
+      "fail); aborting before a write there faults\n";
+  os::writeStderr(kMessage, sizeof(kMessage) - 1);
+  abort();
 }
 
 bool Mesher::meshGroup(MeshGroup& group, bool* merged) {
@@ -192,7 +216,7 @@ bool Mesher::meshGroup(MeshGroup& group, bool* merged) {
       return false;
     }
     if (!SpanBacking::share(destination)) {
-      os::protectReadWrite(start, bytes);
+      restoreWritable(start, bytes, destination);
       updateStats([](MeshStats& s) { s.failedMeshes++; });
       return false;
     }
@@ -223,7 +247,7 @@ bool Mesher::meshGroup(MeshGroup& group, bool* merged) {
     if (!SpanBacking::addAlias(destination, source->spanStart)) {
       // Undo: the source keeps its own pages and objects; what was copied lands in slots
       // the destination does not own, so it is never seen.
-      os::protectReadWrite(sourceStart, bytes);
+      restoreWritable(sourceStart, bytes, source);
       updateStats([](MeshStats& s) { s.failedMeshes++; });
       continue;
     }

@@ -19,6 +19,9 @@ struct MeshStats {
   // A meshed source's virtual span could be moved neither on nor back; its slots are leaked in
   // the destination instead (see Mesher::absorbMeshedSource).
   uint64_t strandedSpans;
+  // Write protections that mprotect could not undo, replaced by a private copy of the range
+  // (Mesher::restoreWritable); the spans concerned are pinned.
+  uint64_t unprotectCopies;
   uint64_t skippedForIo;      // spans left alone because a system call was writing into them
   uint64_t vmaLimitedPasses;  // passes cut short by the mapping budget
   uint64_t pauseCount;
@@ -53,6 +56,10 @@ class Mesher {
   static constexpr long kMappingMarginDivisor = 8;
   // Worst case of new mappings one mesh can add (a remap splits its neighbour in two).
   static constexpr long kMappingsPerMesh = 2;
+  // restoreWritable's retries before it gives up (1 ms apart): a refusal for lack of memory
+  // may pass once other threads free some.
+  static constexpr unsigned kRestoreAttempts = 100;
+  static constexpr uint64_t kRestoreRetryNs = 1'000'000;
 
   // One full pass over every size class, unless the detached spans hold less than
   // `minGainBytes` of free slots (then nothing is done and 0 returned). Returns the physical
@@ -79,6 +86,7 @@ class Mesher {
   // Sets the destination's bits for the source's live slots; returns how many it set.
   static uint32_t claimSourceSlots(MiniHeap* destination, MiniHeap* source);
   static bool absorbMeshedSource(MiniHeap* destination, MiniHeap* source);
+  static void restoreWritable(void* start, size_t bytes, MiniHeap* span, MiniHeap* other = nullptr);
   // With guarded operations paused: the source's live slots and virtual span go over to the
   // destination.
   static void commitSource(MiniHeap* destination, MiniHeap* source);

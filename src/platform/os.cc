@@ -55,10 +55,10 @@ constinit std::atomic<uint64_t> gFaultRandom{0x853c49e6748fea9bull};
 constexpr uint64_t kMillion = 1000000;
 
 constexpr const char* kFaultPointNames[kFaultPoints] = {
-    "reserve",   "metadata", "unmap",  "decommit", "remap", "protect",
-    "unprotect", "memfd",    "resize", "punch",    "write", "thread"};
-constexpr int kFaultErrnos[kFaultPoints] = {ENOMEM, ENOMEM, ENOMEM, ENOMEM, ENOMEM, ENOMEM,
-                                            ENOMEM, EMFILE, ENOSPC, ENOMEM, ENOSPC, EAGAIN};
+    "reserve", "metadata", "unmap", "decommit", "remap",  "protect", "unprotect",
+    "memfd",   "resize",   "punch", "write",    "thread", "copy"};
+constexpr int kFaultErrnos[kFaultPoints] = {ENOMEM, ENOMEM, ENOMEM, ENOMEM, ENOMEM, ENOMEM, ENOMEM,
+                                            EMFILE, ENOSPC, ENOMEM, ENOSPC, EAGAIN, ENOMEM};
 
 uint64_t nextFaultRandom() {
   // splitmix64 over a shared counter: the same seed gives the same sequence of draws.
@@ -363,6 +363,18 @@ bool protectReadOnly(void* addr, size_t bytes) {
 bool protectReadWrite(void* addr, size_t bytes) {
   if (injected(FaultPoint::kUnprotect)) return false;
   return mprotect(addr, bytes, PROT_READ | PROT_WRITE) == 0;
+}
+
+bool replaceWithWritableCopy(void* addr, size_t bytes) {
+  if (injected(FaultPoint::kCopy)) return false;
+  void* copy = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (copy == MAP_FAILED) return false;
+  memcpy(copy, addr, bytes);
+  if (mremap(copy, bytes, bytes, MREMAP_MAYMOVE | MREMAP_FIXED, addr) != addr) {
+    munmap(copy, bytes);
+    return false;
+  }
+  return true;
 }
 
 void closeFd(int fd) {

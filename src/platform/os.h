@@ -41,6 +41,11 @@ bool mapFileFixed(void* addr, size_t bytes, int fd, size_t offset, bool writable
 bool mapAnonymousFixed(void* addr, size_t bytes);
 bool protectReadOnly(void* addr, size_t bytes);
 bool protectReadWrite(void* addr, size_t bytes);
+// Makes a readable range writable without mprotect, for when protectReadWrite failed: a private
+// anonymous copy of its contents is moved over it in one mremap (other threads' page faults wait
+// on the mapping lock meanwhile, so none sees the range missing). Whatever was mapped there, a
+// shared file range included, is replaced: the range no longer shares pages with anything.
+bool replaceWithWritableCopy(void* addr, size_t bytes);
 void closeFd(int fd);
 
 // --- Files the api layer writes (the statistics report, the live statistics file) ---
@@ -138,6 +143,7 @@ enum class FaultPoint : uint8_t {
   kPunchHole,  // punchHole: fallocate(FALLOC_FL_PUNCH_HOLE) (ENOMEM)
   kWrite,      // writeToFile: pwrite (ENOSPC)
   kThread,     // startDetachedThread: pthread_create (EAGAIN)
+  kCopy,       // replaceWithWritableCopy: mmap + mremap (ENOMEM)
   kCount
 };
 enum class FaultMode : uint8_t {
