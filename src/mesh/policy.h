@@ -40,6 +40,8 @@ class MeshPolicy {
  private:
   static void onRefill();
   static void onThreadExit();
+  // GlobalHeap's span-freed-into hook: wakes the thread for a pass after mass frees.
+  static void onSpanFreedInto(size_t spanBytes);
   static void* backgroundMain(void*);
   static void startBackgroundThread();
   static void runPassWithinBudget();
