@@ -79,6 +79,23 @@ def test_kept_survivors_are_meshallocs_live_bytes_at_exit(workload, tmp_path):
     assert held <= live_bytes <= held * 1.25 + (1 << 20), log
 
 
+@pytest.mark.skipif(meshalloc_library() is None, reason="build/release/src/libmeshalloc.so is not built")
+def test_mass_frees_bring_the_mesh_pass_forward(workload, tmp_path):
+    """A phase that frees most of what it allocated and goes idle is meshed when the frees stop
+    (MeshPolicy::onSpanFreedInto), not at the mesh thread's next tick: with a 10 s period, the
+    timer alone would not run a pass before the program exits 1 s later (it did not, before)."""
+    stats_file = tmp_path / "stats.json"
+    env = dict(os.environ, LD_PRELOAD=str(meshalloc_library()), MESHALLOC_MESH_PERIOD_MS="10000",
+               MESHALLOC_MESH_THREAD_NICE="0", MESHALLOC_STATS="json", MESHALLOC_STATS_FILE=str(stats_file))
+    completed = subprocess.run([str(workload), "--phases", "1", "--phase-mib", "16", "--hold-ms", "0",
+                                "--final-hold-ms", "1000", "--keep"], capture_output=True, text=True, env=env,
+                               timeout=COMMAND_TIMEOUT_S)
+    assert completed.returncode == 0, completed.stderr
+    stats = json.loads(stats_file.read_text())["stats"]
+    # A pass still in progress at exit has meshed already: mesh_count, not mesh_passes.
+    assert stats["mesh_count"] > 0, stats
+
+
 @pytest.mark.parametrize("args", [["--phases", "0"], ["--free-min", "95", "--free-max", "80"], ["--bogus", "1"],
                                   ["--phase-mib"], ["--hold-ms", "-1"]])
 def test_workload_rejects_bad_options(workload, args):

@@ -52,7 +52,7 @@ struct HeapConfig {
   // The budget grows up to this while a large share of the heap is free slots in detached spans
   // (MeshPolicy::budgetPermille: the gain at stake sets the price worth paying).
   uint64_t meshBudgetMaxPermille = 100;
-  uint64_t meshProbes = 64;
+  uint64_t meshProbes = 256;
   bool meshBackgroundThread = true;
   // The background thread's nice value (0-19). At 19 it runs on CPU time the program leaves
   // idle; on a CPU the program keeps busy, the scheduler gives it about 1.5 % of that CPU, near

@@ -262,6 +262,7 @@ void GlobalHeap::freeToBitmap(MiniHeap* heap, unsigned sizeClass, size_t slot, u
     destroySpan(state, heap);
   } else if (heap->state == SpanState::kFull && live < heap->objectCount) {
     refile(state, heap);
+    if (spanFreedIntoHook_) spanFreedIntoHook_(heap->spanBytes(os::pageSize()));
   }
 }
 

@@ -113,7 +113,7 @@ class GlobalHeap {
   // the retired spans, so that a program freeing meshed memory does not make the calls itself.
   // Without a background thread, or when it falls too far behind, the freeing thread does.
   static constexpr size_t kRetiredSpansBeforeWake = 16;
-  static constexpr size_t kMaxRetiredSpans = 256;
+  static constexpr size_t kMaxRetiredSpans = 4096;
   // Restores up to `limit` retired spans, oldest first, and frees their MiniHeaps. Takes no
   // class lock.
   static void restoreRetiredSpans(size_t limit = SIZE_MAX);
@@ -121,6 +121,10 @@ class GlobalHeap {
   // `hook(wake)`: true if a background thread will restore retired spans (woken if `wake`),
   // false if the caller must. Called with a class lock held: it may only signal.
   static void setRetiredSpansHook(bool (*hook)(bool wake)) { retiredSpansHook_ = hook; }
+  // `hook(spanBytes)`: a detached full span just got its first free slot, i.e. it became a mesh
+  // candidate (MeshPolicy wakes its thread early when a program frees a lot at once). Called
+  // with the class lock held: it may only count and signal.
+  static void setSpanFreedIntoHook(void (*hook)(size_t spanBytes)) { spanFreedIntoHook_ = hook; }
 
   static void lockForFork();
   static void unlockAfterFork();
@@ -163,6 +167,7 @@ class GlobalHeap {
   static inline size_t retiredCount_ = 0;
   static inline bool restoreRequested_ = false;
   static inline bool (*retiredSpansHook_)(bool wake) = nullptr;
+  static inline void (*spanFreedIntoHook_)(size_t spanBytes) = nullptr;
 };
 
 }  // namespace meshalloc

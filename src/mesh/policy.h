@@ -4,9 +4,10 @@
 // it, sleeping longer after expensive passes so that meshing never takes more than its budget
 // of one core's time (between `mesh_budget_permille` and `mesh_budget_max_permille`, by how
 // much of the heap is free in detached spans), and backing off while passes release nothing and
-// the heap stands still; a thread exit wakes it early (its spans are candidates now), within
-// the same budget. With the thread disabled, the
-// allocation slow path runs the same policy inline. meshalloc_compact() meshes at once.
+// the heap stands still; a thread exit wakes it early (its spans are candidates now), and so
+// do mass frees (4 MiB of spans turned partial), within the same budget. With the thread
+// disabled, the allocation slow path runs the same policy inline. meshalloc_compact() meshes at
+// once.
 #pragma once
 
 #include <cstddef>
@@ -40,6 +41,8 @@ class MeshPolicy {
  private:
   static void onRefill();
   static void onThreadExit();
+  // GlobalHeap's span-freed-into hook: wakes the thread for a pass after mass frees.
+  static void onSpanFreedInto(size_t spanBytes);
   static void* backgroundMain(void*);
   static void startBackgroundThread();
   static void runPassWithinBudget();
