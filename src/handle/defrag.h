@@ -54,12 +54,17 @@ class Defragmenter {
     uintptr_t to;
     unsigned sizeClass;
   };
-  // Starts moving the object in `slot` of `source` (its class's lock held); false if it is
-  // pinned, held by another operation, or has no place to go.
-  static bool beginMoveLocked(Chunk* source, uint32_t slot, Move& move);
+  enum class Begin {
+    kBegan,
+    kBusy,      // pinned, held by another operation, or no place to go
+    kNoObject,  // taken but no live entry names it: a thread cache's, or being allocated or freed
+  };
+  // Starts moving the object in `slot` of `source` (its class's lock held).
+  static Begin beginMoveLocked(Chunk* source, uint32_t slot, Move& move);
   // Copies without the lock and publishes the copy; false if a pin cancelled the move.
   static bool copyAndPublish(const Move& move);
-  // Moves the objects of one source chunk; false if one could not move or the budget ran out.
+  // Moves the objects of one source chunk; false if one could not move (slots with no live
+  // object are skipped, and thread caches asked to give them back) or the budget ran out.
   static bool evacuate(Chunk* source, uint64_t deadlineNs, size_t maxMovedBytes,
                        PassResult& result);
 

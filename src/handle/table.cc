@@ -21,44 +21,46 @@ bool Table::init() {
   return true;
 }
 
-uint64_t Table::acquire() {
-  if (!init()) return 0;
-  uint32_t index;
+unsigned Table::acquireBatch(uint32_t* indices, unsigned count) {
+  if (!init() || count == 0) return 0;
   uint64_t head = freeHead_.load(std::memory_order_acquire);
   for (;;) {
-    index = static_cast<uint32_t>(head & kIndexMask);
-    if (index == kNoEntry) {
-      index = highWater_.load(std::memory_order_relaxed);
-      do {
-        if (index >= kCapacity) return 0;
-      } while (!highWater_.compare_exchange_weak(index, index + 1, std::memory_order_acq_rel));
-      break;
+    uint32_t index = static_cast<uint32_t>(head & kIndexMask);
+    if (index == kNoEntry) break;
+    // Walk up to `count` entries. They may be taken and reused meanwhile: then the change count
+    // in `head` is stale and the exchange fails, whatever the walk read.
+    unsigned taken = 0;
+    uint64_t next = index;
+    while (taken < count && next != kNoEntry) {
+      indices[taken++] = static_cast<uint32_t>(next);
+      next = entries_[next].object.load(std::memory_order_relaxed) & kIndexMask;
+      if (next != kNoEntry && next >= highWater_.load(std::memory_order_relaxed)) break;
     }
-    // The entry may be taken and reused meanwhile: then the count in `head` is stale and the
-    // exchange fails, whatever `next` read.
-    uint64_t next = entries_[index].object.load(std::memory_order_relaxed) & kIndexMask;
     uint64_t replacement = ((head & ~kIndexMask) + (uint64_t{1} << 32)) | next;
-    if (freeHead_.compare_exchange_weak(head, replacement, std::memory_order_acq_rel)) break;
+    if (freeHead_.compare_exchange_weak(head, replacement, std::memory_order_acq_rel)) return taken;
   }
-  Entry& entry = entries_[index];
-  // A new generation (never 0, so that no handle of a never-used entry is valid), not live yet:
-  // the caller publishes it once the object word is set.
-  uint64_t generation = (entry.state.load(std::memory_order_relaxed) & kGenerationMask) +
-                        (uint64_t{1} << kGenerationShift);
-  generation &= kGenerationMask;
-  if (generation == 0) generation = uint64_t{1} << kGenerationShift;
-  entry.object.store(0, std::memory_order_relaxed);
-  entry.state.store(generation, std::memory_order_relaxed);
-  return makeHandle(index, generation);
+  // The free list is empty: new entries.
+  uint32_t first = highWater_.load(std::memory_order_relaxed);
+  uint32_t taken;
+  do {
+    if (first >= kCapacity) return 0;
+    taken = kCapacity - first < count ? kCapacity - first : count;
+  } while (!highWater_.compare_exchange_weak(first, first + taken, std::memory_order_acq_rel));
+  for (uint32_t i = 0; i < taken; i++) indices[i] = first + i;
+  return taken;
 }
 
-void Table::release(uint32_t index) {
-  Entry& entry = entries_[index];
+void Table::releaseBatch(const uint32_t* indices, unsigned count) {
+  if (count == 0) return;
+  // Chained through their object words, the last one onto the list's head.
+  for (unsigned i = 0; i + 1 < count; i++)
+    entries_[indices[i]].object.store(indices[i + 1], std::memory_order_relaxed);
+  Entry& last = entries_[indices[count - 1]];
   uint64_t head = freeHead_.load(std::memory_order_relaxed);
   do {
-    entry.object.store(head & kIndexMask, std::memory_order_relaxed);
+    last.object.store(head & kIndexMask, std::memory_order_relaxed);
   } while (!freeHead_.compare_exchange_weak(
-      head, ((head & ~kIndexMask) + (uint64_t{1} << 32)) | index, std::memory_order_acq_rel));
+      head, ((head & ~kIndexMask) + (uint64_t{1} << 32)) | indices[0], std::memory_order_acq_rel));
 }
 
 }  // namespace meshalloc::handles

@@ -66,11 +66,25 @@ class Table {
 
   // Reserves the region; false if the address space cannot be had. Idempotent, thread-safe.
   static bool init();
-  // A free entry, given a fresh generation but not yet live, and its handle; 0 when the table
-  // is full or cannot be reserved. The caller sets the object word, then the live bit.
-  static uint64_t acquire();
-  // Puts back an entry that is not live (freed, or never published).
-  static void release(uint32_t index);
+  // Up to `count` free entries (not live) into `indices`, taken from the free list with one
+  // compare-and-swap, or else new ones past the high-water mark; how many (0 when the table is
+  // full or cannot be reserved). Thread caches take and give back entries in such batches.
+  static unsigned acquireBatch(uint32_t* indices, unsigned count);
+  // Puts back `count` entries that are not live (freed, or never published), with one
+  // compare-and-swap.
+  static void releaseBatch(const uint32_t* indices, unsigned count);
+  // Gives a free entry its next generation (not live yet) and returns its handle. The caller
+  // sets the object word, then the live bit.
+  static uint64_t renew(uint32_t index) {
+    Entry& entry = entries_[index];
+    // Never 0, so that no handle of a never-used entry is valid.
+    uint64_t generation = ((entry.state.load(std::memory_order_relaxed) & kGenerationMask) +
+                           (uint64_t{1} << kGenerationShift)) &
+                          kGenerationMask;
+    if (generation == 0) generation = uint64_t{1} << kGenerationShift;
+    entry.state.store(generation, std::memory_order_relaxed);
+    return makeHandle(index, generation);
+  }
 
   // The entry of `handle`, or nullptr if it does not name an entry ever handed out (no tag, or
   // an index past the high-water mark). Its generation is not checked here.
