@@ -27,13 +27,16 @@ void forkPrepare() {
   Defragmenter::lockForFork();
   Store::lockAll();
   ThreadCache::lockForFork();
+  Table::lockForFork();
 }
 void forkParent() {
+  Table::unlockAfterFork();
   ThreadCache::unlockAfterFork();
   Store::unlockAll();
   Defragmenter::unlockAfterFork();
 }
 void forkChild() {
+  Table::resetAfterFork();
   ThreadCache::resetAfterFork();
   Store::resetAfterFork();
   Defragmenter::resetAfterFork();

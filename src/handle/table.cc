@@ -1,5 +1,7 @@
 #include "handle/table.h"
 
+#include <string.h>
+
 #include "platform/os.h"
 #include "support/lock.h"
 
@@ -7,6 +9,7 @@ namespace meshalloc::handles {
 
 namespace {
 Mutex gInitLock;
+Mutex gFreeLock{LockRank::kHandleTable};
 }  // namespace
 
 bool Table::init() {
@@ -16,51 +19,45 @@ bool Table::init() {
   // Lazily backed zero pages: an entry costs memory only once its page is touched.
   void* region = os::reserveAligned(size_t{kCapacity} * sizeof(Entry), os::pageSize());
   if (!region) return false;
+  void* stack = os::reserveAligned(size_t{kCapacity} * sizeof(uint32_t), os::pageSize());
+  if (!stack) return false;
   entries_ = static_cast<Entry*>(region);
+  freeStack_ = static_cast<uint32_t*>(stack);
   initialized_.store(true, std::memory_order_release);
   return true;
 }
 
 unsigned Table::acquireBatch(uint32_t* indices, unsigned count) {
-  if (!init() || count == 0) return 0;
-  uint64_t head = freeHead_.load(std::memory_order_acquire);
-  for (;;) {
-    uint32_t index = static_cast<uint32_t>(head & kIndexMask);
-    if (index == kNoEntry) break;
-    // Walk up to `count` entries. They may be taken and reused meanwhile: then the change count
-    // in `head` is stale and the exchange fails, whatever the walk read.
-    unsigned taken = 0;
-    uint64_t next = index;
-    while (taken < count && next != kNoEntry) {
-      indices[taken++] = static_cast<uint32_t>(next);
-      next = entries_[next].object.load(std::memory_order_relaxed) & kIndexMask;
-      if (next != kNoEntry && next >= highWater_.load(std::memory_order_relaxed)) break;
-    }
-    uint64_t replacement = ((head & ~kIndexMask) + (uint64_t{1} << 32)) | next;
-    if (freeHead_.compare_exchange_weak(head, replacement, std::memory_order_acq_rel)) return taken;
+  if (!init()) return 0;
+  LockGuard guard(gFreeLock);
+  if (freeCount_) {
+    unsigned taken = freeCount_ < count ? freeCount_ : count;
+    freeCount_ -= taken;
+    memcpy(indices, freeStack_ + freeCount_, taken * sizeof(uint32_t));
+    return taken;
   }
-  // The free list is empty: new entries.
+  // The stack is empty: new entries.
   uint32_t first = highWater_.load(std::memory_order_relaxed);
-  uint32_t taken;
-  do {
-    if (first >= kCapacity) return 0;
-    taken = kCapacity - first < count ? kCapacity - first : count;
-  } while (!highWater_.compare_exchange_weak(first, first + taken, std::memory_order_acq_rel));
+  uint32_t taken = kCapacity - first < count ? kCapacity - first : count;
   for (uint32_t i = 0; i < taken; i++) indices[i] = first + i;
+  highWater_.store(first + taken, std::memory_order_release);
   return taken;
 }
 
 void Table::releaseBatch(const uint32_t* indices, unsigned count) {
-  if (count == 0) return;
-  // Chained through their object words, the last one onto the list's head.
-  for (unsigned i = 0; i + 1 < count; i++)
-    entries_[indices[i]].object.store(indices[i + 1], std::memory_order_relaxed);
-  Entry& last = entries_[indices[count - 1]];
-  uint64_t head = freeHead_.load(std::memory_order_relaxed);
-  do {
-    last.object.store(head & kIndexMask, std::memory_order_relaxed);
-  } while (!freeHead_.compare_exchange_weak(
-      head, ((head & ~kIndexMask) + (uint64_t{1} << 32)) | indices[0], std::memory_order_acq_rel));
+  LockGuard guard(gFreeLock);
+  memcpy(freeStack_ + freeCount_, indices, count * sizeof(uint32_t));
+  freeCount_ += count;
+}
+
+void Table::lockForFork() {
+  gFreeLock.lock();
+}
+void Table::unlockAfterFork() {
+  gFreeLock.unlock();
+}
+void Table::resetAfterFork() {
+  gFreeLock.resetAfterFork();
 }
 
 }  // namespace meshalloc::handles

@@ -13,7 +13,7 @@ namespace meshalloc::handles {
 namespace {
 
 // A class's cache holds at most this many bytes of slots (and between 4 and kMaxSlots slots).
-constexpr size_t kCacheBytesPerClass = 32 << 10;
+constexpr size_t kCacheBytesPerClass = 64 << 10;
 constexpr uint32_t kMinSlots = 4;
 
 Mutex gRegistryLock{LockRank::kHandleCaches};
@@ -49,7 +49,9 @@ ThreadCache* ThreadCache::currentSlow() {
   if (!cache) {
     void* storage = InternalHeap::allocate(sizeof(ThreadCache));
     if (!storage) return nullptr;
-    cache = new (storage) ThreadCache();
+    // Default-initialised: the zero-filled memory is an empty cache, left untouched.
+    cache = new (storage) ThreadCache;
+    cache->inUse_ = true;
     LockGuard guard(gRegistryLock);
     cache->next_ = gRegistry;
     gRegistry = cache;
@@ -73,21 +75,21 @@ void ThreadCache::flushEntries(unsigned count) {
 
 void ThreadCache::returnSlots(unsigned sizeClass, unsigned count) {
   Magazine& m = magazines_[sizeClass];
-  uint32_t held = m.count.load(std::memory_order_relaxed);
+  uint32_t held = m.count;
   Store::returnSlots(sizeClass, m.slots, count);
   for (unsigned i = count; i < held; i++) m.slots[i - count] = m.slots[i];
-  m.count.store(held - count, std::memory_order_relaxed);
+  m.setCount(held - count);
 }
 
 uintptr_t ThreadCache::refillSlots(unsigned sizeClass) {
   Magazine& m = magazines_[sizeClass];
   uint32_t requests = returnRequests_[sizeClass].load(std::memory_order_relaxed);
   // Asked to give the class back: whatever is held may keep a sparse chunk alive.
-  if (m.seenRequests != requests) returnSlots(sizeClass, m.count.load(std::memory_order_relaxed));
+  if (m.seenRequests != requests) returnSlots(sizeClass, m.count);
   m.seenRequests = requests;
   uint32_t taken = Store::takeSlots(sizeClass, m.slots, capacity_[sizeClass] / 2);
   if (taken == 0) return 0;
-  m.count.store(taken - 1, std::memory_order_relaxed);
+  m.setCount(taken - 1);
   return m.slots[taken - 1];
 }
 
@@ -95,20 +97,19 @@ void ThreadCache::giveSlotSlow(unsigned sizeClass, uintptr_t slot) {
   Magazine& m = magazines_[sizeClass];
   uint32_t requests = returnRequests_[sizeClass].load(std::memory_order_relaxed);
   if (m.seenRequests != requests) {
-    returnSlots(sizeClass, m.count.load(std::memory_order_relaxed));
+    returnSlots(sizeClass, m.count);
     m.seenRequests = requests;
   } else {
     returnSlots(sizeClass, capacity_[sizeClass] / 2);
   }
-  uint32_t count = m.count.load(std::memory_order_relaxed);
+  uint32_t count = m.count;
   m.slots[count] = slot;
-  m.count.store(count + 1, std::memory_order_relaxed);
+  m.setCount(count + 1);
 }
 
 void ThreadCache::flushAll() {
   flushEntries(entryCount_);
-  for (unsigned c = 0; c < kNumSizeClasses; c++)
-    returnSlots(c, magazines_[c].count.load(std::memory_order_relaxed));
+  for (unsigned c = 0; c < kNumSizeClasses; c++) returnSlots(c, magazines_[c].count);
 }
 
 void ThreadCache::flushCurrent() {
@@ -131,7 +132,7 @@ size_t ThreadCache::cachedSlots(unsigned sizeClass) {
   size_t total = 0;
   LockGuard guard(gRegistryLock);
   for (ThreadCache* c = gRegistry; c; c = c->next_)
-    total += c->magazines_[sizeClass].count.load(std::memory_order_relaxed);
+    total += c->magazines_[sizeClass].countFromAnotherThread();
   return total;
 }
 

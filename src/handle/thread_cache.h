@@ -1,7 +1,7 @@
 // Per-thread caches of handle entries and of free slots, so that mh_alloc and mh_free take no
 // lock and make no atomic read-modify-write of shared data on their common path (mh_free keeps
 // the one on the entry's state word that orders it against a move). Entries come from and go
-// back to the table's free list in batches (one compare-and-swap each); slots are taken from
+// back to the table's free stack in batches (one lock each); slots are taken from
 // the fullest chunks of their class in batches under the class's lock, and given back in
 // batches. A slot a cache holds stays taken in its chunk, with no owner: a move never chooses
 // it as a destination (it is not free) and never moves out of it (no live entry names it), and
@@ -23,11 +23,11 @@ namespace meshalloc::handles {
 class ThreadCache {
  public:
   // Capacities: a thread allocating or freeing a few hundred small objects in a row does not
-  // go to the shared structures (2 KiB of entry indices, and up to 32 KiB of free slots per
-  // class: 128 slots of up to 256 bytes, 4 of 16 KiB).
+  // go to the shared structures (2 KiB of entry indices, and up to 64 KiB of free slots per
+  // class: 256 slots of up to 256 bytes, 4 of 16 KiB; malloc's shuffle vectors hold up to 512).
   static constexpr unsigned kEntryCapacity = 512;
   static constexpr unsigned kEntryBatch = kEntryCapacity / 2;
-  static constexpr unsigned kMaxSlots = 128;  // per class; fewer for large classes (capacity_)
+  static constexpr unsigned kMaxSlots = 256;  // per class; fewer for large classes (capacity_)
   static constexpr uint32_t kNoEntry = ~uint32_t{0};
 
   // Plans the per-class capacities (after Store::init) and registers the thread-exit hook.
@@ -55,18 +55,18 @@ class ThreadCache {
   // A slot of the class, taken in its chunk; 0 if memory is exhausted.
   uintptr_t takeSlot(unsigned sizeClass) {
     Magazine& m = magazines_[sizeClass];
-    uint32_t count = m.count.load(std::memory_order_relaxed);
+    uint32_t count = m.count;
     if (__builtin_expect(count == 0 || m.seenRequests != returnRequests_[sizeClass].load(
                                                              std::memory_order_relaxed),
                          0))
       return refillSlots(sizeClass);
-    m.count.store(count - 1, std::memory_order_relaxed);
+    m.setCount(count - 1);
     return m.slots[count - 1];
   }
   // A slot whose object was freed (its entry is no longer live).
   void giveSlot(unsigned sizeClass, uintptr_t slot) {
     Magazine& m = magazines_[sizeClass];
-    uint32_t count = m.count.load(std::memory_order_relaxed);
+    uint32_t count = m.count;
     if (__builtin_expect(
             count == capacity_[sizeClass] ||
                 m.seenRequests != returnRequests_[sizeClass].load(std::memory_order_relaxed),
@@ -75,7 +75,7 @@ class ThreadCache {
       return;
     }
     m.slots[count] = slot;
-    m.count.store(count + 1, std::memory_order_relaxed);
+    m.setCount(count + 1);
   }
 
   // The calling thread gives back every entry and slot it holds (mh_compact).
@@ -95,10 +95,19 @@ class ThreadCache {
   static void resetAfterFork();
 
  private:
+  // No initialisers: a new cache is zero-filled memory, and only the magazines a thread uses
+  // get touched.
   struct Magazine {
-    std::atomic<uint32_t> count{0};  // read by cachedSlots from other threads
-    uint32_t seenRequests = 0;       // returnRequests_ when the magazine was last refilled
+    uint32_t count;         // written by the owner only, read by cachedSlots (atomic_ref)
+    uint32_t seenRequests;  // returnRequests_ when the magazine was last refilled
     uintptr_t slots[kMaxSlots];
+    void setCount(uint32_t value) {
+      std::atomic_ref<uint32_t>(count).store(value, std::memory_order_relaxed);
+    }
+    uint32_t countFromAnotherThread() const {
+      return std::atomic_ref<uint32_t>(const_cast<uint32_t&>(count))
+          .load(std::memory_order_relaxed);
+    }
   };
 
   static constexpr uintptr_t kExited = 1;  // tls_ of a thread whose cache was retired
@@ -112,9 +121,9 @@ class ThreadCache {
   void returnSlots(unsigned sizeClass, unsigned count);
   void flushAll();
 
-  ThreadCache* next_ = nullptr;  // every cache ever made (the registry), in use or not
-  bool inUse_ = true;
-  uint32_t entryCount_ = 0;
+  ThreadCache* next_;  // every cache ever made (the registry), in use or not
+  bool inUse_;
+  uint32_t entryCount_;
   uint32_t entries_[kEntryCapacity];
   Magazine magazines_[kNumSizeClasses];
 
