@@ -24,6 +24,7 @@ ThreadCache* gRegistry = nullptr;  // guarded by gRegistryLock
 void ThreadCache::init() {
   for (unsigned c = 0; c < kNumSizeClasses; c++) {
     size_t slots = kCacheBytesPerClass / Store::layout(c).slotSize;
+    chunkMask_[c] = ~(Store::layout(c).chunkBytes - 1);
     capacity_[c] = static_cast<uint32_t>(slots < kMinSlots   ? kMinSlots
                                          : slots > kMaxSlots ? kMaxSlots
                                                              : slots);
@@ -81,27 +82,44 @@ void ThreadCache::returnSlots(unsigned sizeClass, unsigned count) {
   m.setCount(held - count);
 }
 
+// Gives back every slot of the class and forgets its run chunks: the defragmenter asked, and
+// any of them may be a chunk it is emptying.
+void ThreadCache::answerReturnRequest(unsigned sizeClass, uint32_t requests) {
+  Magazine& m = magazines_[sizeClass];
+  returnSlots(sizeClass, m.count);
+  for (uintptr_t& chunk : m.runChunks) chunk = 0;
+  m.seenRequests = requests;
+}
+
 uintptr_t ThreadCache::refillSlots(unsigned sizeClass) {
   Magazine& m = magazines_[sizeClass];
   uint32_t requests = returnRequests_[sizeClass].load(std::memory_order_relaxed);
-  // Asked to give the class back: whatever is held may keep a sparse chunk alive.
-  if (m.seenRequests != requests) returnSlots(sizeClass, m.count);
-  m.seenRequests = requests;
+  if (m.seenRequests != requests) answerReturnRequest(sizeClass, requests);
   uint32_t taken = Store::takeSlots(sizeClass, m.slots, capacity_[sizeClass] / 2);
   if (taken == 0) return 0;
+  // Their chunks become the run chunks whose freed slots this cache keeps.
+  for (uint32_t i = 0; i < taken; i++) {
+    uintptr_t chunk = m.slots[i] & chunkMask_[sizeClass];
+    bool known = false;
+    for (uintptr_t run : m.runChunks) known |= run == chunk;
+    if (!known) m.runChunks[m.nextRunChunk++ % kRunChunks] = chunk;
+  }
   m.setCount(taken - 1);
   return m.slots[taken - 1];
 }
 
-void ThreadCache::giveSlotSlow(unsigned sizeClass, uintptr_t slot) {
+void ThreadCache::giveSlotSlow(unsigned sizeClass, uintptr_t slot, bool inRun) {
   Magazine& m = magazines_[sizeClass];
   uint32_t requests = returnRequests_[sizeClass].load(std::memory_order_relaxed);
   if (m.seenRequests != requests) {
-    returnSlots(sizeClass, m.count);
-    m.seenRequests = requests;
-  } else {
-    returnSlots(sizeClass, capacity_[sizeClass] / 2);
+    answerReturnRequest(sizeClass, requests);
+    inRun = false;
   }
+  if (!inRun) {
+    Store::returnSlots(sizeClass, &slot, 1);
+    return;
+  }
+  if (m.count == capacity_[sizeClass]) returnSlots(sizeClass, capacity_[sizeClass] / 2);
   uint32_t count = m.count;
   m.slots[count] = slot;
   m.setCount(count + 1);
@@ -109,7 +127,10 @@ void ThreadCache::giveSlotSlow(unsigned sizeClass, uintptr_t slot) {
 
 void ThreadCache::flushAll() {
   flushEntries(entryCount_);
-  for (unsigned c = 0; c < kNumSizeClasses; c++) returnSlots(c, magazines_[c].count);
+  for (unsigned c = 0; c < kNumSizeClasses; c++) {
+    returnSlots(c, magazines_[c].count);
+    for (uintptr_t& chunk : magazines_[c].runChunks) chunk = 0;
+  }
 }
 
 void ThreadCache::flushCurrent() {

@@ -29,6 +29,7 @@ class ThreadCache {
   static constexpr unsigned kEntryBatch = kEntryCapacity / 2;
   static constexpr unsigned kMaxSlots = 256;  // per class; fewer for large classes (capacity_)
   static constexpr uint32_t kNoEntry = ~uint32_t{0};
+  static constexpr unsigned kRunChunks = 4;
 
   // Plans the per-class capacities (after Store::init) and registers the thread-exit hook.
   static void init();
@@ -63,15 +64,20 @@ class ThreadCache {
     m.setCount(count - 1);
     return m.slots[count - 1];
   }
-  // A slot whose object was freed (its entry is no longer live).
+  // A slot whose object was freed (its entry is no longer live). Kept only if it is in one of
+  // the chunks the last refills took slots from (dense ones, the fullest when taken); any other
+  // goes back to its chunk at once, so that a cache never keeps sparse chunks alive.
   void giveSlot(unsigned sizeClass, uintptr_t slot) {
     Magazine& m = magazines_[sizeClass];
     uint32_t count = m.count;
+    uintptr_t chunk = slot & chunkMask_[sizeClass];
+    bool inRun = m.runChunks[0] == chunk || m.runChunks[1] == chunk || m.runChunks[2] == chunk ||
+                 m.runChunks[3] == chunk;
     if (__builtin_expect(
-            count == capacity_[sizeClass] ||
+            !inRun || count == capacity_[sizeClass] ||
                 m.seenRequests != returnRequests_[sizeClass].load(std::memory_order_relaxed),
             0)) {
-      giveSlotSlow(sizeClass, slot);
+      giveSlotSlow(sizeClass, slot, inRun);
       return;
     }
     m.slots[count] = slot;
@@ -100,6 +106,9 @@ class ThreadCache {
   struct Magazine {
     uint32_t count;         // written by the owner only, read by cachedSlots (atomic_ref)
     uint32_t seenRequests;  // returnRequests_ when the magazine was last refilled
+    uint32_t nextRunChunk;  // the next runChunks entry to replace
+    // The chunks the last refills took slots from (0: none).
+    uintptr_t runChunks[kRunChunks];
     uintptr_t slots[kMaxSlots];
     void setCount(uint32_t value) {
       std::atomic_ref<uint32_t>(count).store(value, std::memory_order_relaxed);
@@ -117,7 +126,8 @@ class ThreadCache {
   uint32_t refillEntries();
   void flushEntries(unsigned count);
   uintptr_t refillSlots(unsigned sizeClass);
-  void giveSlotSlow(unsigned sizeClass, uintptr_t slot);
+  void giveSlotSlow(unsigned sizeClass, uintptr_t slot, bool inRun);
+  void answerReturnRequest(unsigned sizeClass, uint32_t requests);
   void returnSlots(unsigned sizeClass, unsigned count);
   void flushAll();
 
@@ -130,6 +140,7 @@ class ThreadCache {
   static inline constinit thread_local ThreadCache* tls_
       __attribute__((tls_model("initial-exec"))) = nullptr;
   static inline uint32_t capacity_[kNumSizeClasses] = {};
+  static inline uintptr_t chunkMask_[kNumSizeClasses] = {};  // a slot's chunk: slot & mask
   // Bumped by requestReturn, read by every cached allocation and free: on lines of their own,
   // away from data written often.
   struct alignas(64) Requests {

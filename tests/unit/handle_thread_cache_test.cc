@@ -49,14 +49,15 @@ TEST_F(HandleThreadCacheTest, ACachedSlotIsNeverHandedOutTwiceNorMovedInto) {
     ASSERT_NE(h, 0u);
     fill(h, kSize);
   }
-  // This thread frees a few objects of the first chunk: their slots go to its cache, and that
-  // chunk stays the fullest, where moves go.
-  Chunk* first = Store::chunkOf(addressOfHandle(all[0]), c);
+  // This thread frees a few objects of a chunk it allocated from lately (one its cache keeps
+  // freed slots of): their slots go to its cache, and that chunk stays the fullest, where moves
+  // go.
+  Chunk* target = Store::chunkOf(addressOfHandle(all[all.size() - 100]), c);
   std::vector<uint64_t> live;
   std::vector<uintptr_t> cached;
   for (uint64_t h : all) {
     uintptr_t address = addressOfHandle(h);
-    if (cached.size() < kCached && Store::chunkOf(address, c) == first) {
+    if (cached.size() < kCached && Store::chunkOf(address, c) == target) {
       free(h);
       cached.push_back(address);
     } else {
@@ -64,15 +65,15 @@ TEST_F(HandleThreadCacheTest, ACachedSlotIsNeverHandedOutTwiceNorMovedInto) {
     }
   }
   ASSERT_EQ(cached.size(), kCached);
-  // Another thread frees one in sixteen of the first chunk's other objects and seven in eight
-  // of the rest, and exits (its cache goes back to the store): the first chunk is the fullest
-  // with free slots besides the cached ones, the others go sparse, and a pass moves their
-  // objects into the free slots of the first.
+  ASSERT_GE(ThreadCache::cachedSlots(c), kCached);
+  // Another thread frees one in sixteen of that chunk's other objects and seven in eight of the
+  // rest, and exits: that chunk is the fullest with free slots besides the cached ones, the
+  // others go sparse, and a pass moves their objects into the free slots of that one.
   std::vector<uint64_t> kept;
   std::thread freer([&] {
     for (size_t i = 0; i < live.size(); i++) {
-      bool inFirst = Store::chunkOf(addressOfHandle(live[i]), c) == first;
-      if (inFirst ? i % 16 == 1 : i % 8 != 0) {
+      bool inTarget = Store::chunkOf(addressOfHandle(live[i]), c) == target;
+      if (inTarget ? i % 16 == 1 : i % 8 != 0) {
         free(live[i]);
       } else {
         kept.push_back(live[i]);
@@ -106,6 +107,27 @@ TEST_F(HandleThreadCacheTest, ACachedSlotIsNeverHandedOutTwiceNorMovedInto) {
       << "two live objects share a slot";
   EXPECT_EQ(wrong, 0u);
   for (uint64_t h : kept) free(h);
+}
+
+TEST_F(HandleThreadCacheTest, SlotsFreedInOlderChunksGoBackAtOnce) {
+  constexpr size_t kSize = 96;
+  unsigned c = SizeClasses::classOf(kSize);
+  std::vector<uint64_t> all(Store::layout(c).slotCount * 6);
+  for (uint64_t& h : all) h = allocate(kSize);
+  // The first chunk is no longer one the cache refills from: a cache keeping its freed slots
+  // would keep a sparse chunk alive that no pass could empty.
+  size_t cachedBefore = ThreadCache::cachedSlots(c);
+  Chunk* oldest = Store::chunkOf(addressOfHandle(all[0]), c);
+  std::vector<uint64_t> rest;
+  for (uint64_t h : all) {
+    if (Store::chunkOf(addressOfHandle(h), c) == oldest) {
+      free(h);
+    } else {
+      rest.push_back(h);
+    }
+  }
+  EXPECT_EQ(ThreadCache::cachedSlots(c), cachedBefore);
+  for (uint64_t h : rest) free(h);
 }
 
 TEST_F(HandleThreadCacheTest, CachedSlotsCountAsFree) {
