@@ -44,6 +44,16 @@ __attribute__((no_sanitize("thread"))) void copyObject(uintptr_t to, uintptr_t f
   for (size_t i = 0; i < bytes / sizeof(uint64_t); i++) destination[i] = source[i];
 }
 
+// Ends a hold that did not commit: clears the held bits, unless the entry was freed meanwhile
+// (a free does not wait for a copy) and possibly reused, when the bits, if any, are another
+// operation's.
+void releaseHeld(Entry& entry, uint64_t heldState) {
+  uint64_t state = entry.state.load(std::memory_order_relaxed);
+  while (!((state ^ heldState) & kGenerationMask) && (state & kLiveBit) && (state & kHeldBits) &&
+         !entry.state.compare_exchange_weak(state, state & ~kHeldBits, std::memory_order_release)) {
+  }
+}
+
 }  // namespace
 
 Defragmenter::Begin Defragmenter::beginMoveLocked(Chunk* source, uint32_t slot, Move& move) {
@@ -61,12 +71,12 @@ Defragmenter::Begin Defragmenter::beginMoveLocked(Chunk* source, uint32_t slot, 
   // names another object, which this slot no longer is.
   unsigned sizeClass = source->sizeClass;
   if (addressOf(object) != from || classOfObject(object) != sizeClass) {
-    entry.state.fetch_and(~kHeldBits, std::memory_order_release);
+    releaseHeld(entry, state);
     return Begin::kNoObject;
   }
   uintptr_t to = Store::takeSlotInUsedChunkLocked(sizeClass, index);
   if (!to) {
-    entry.state.fetch_and(~kHeldBits, std::memory_order_release);
+    releaseHeld(entry, state);
     return Begin::kBusy;
   }
   move = {&entry, state, from, to, sizeClass};
@@ -82,13 +92,15 @@ bool Defragmenter::copyAndPublish(const Move& move) {
   }
   Entry& entry = *move.entry;
   uint64_t held = move.state | kMovingBit;
-  // Commit only if no pin arrived (a pin holds the count up, a cancelled one left its bit).
+  // Commit only if no pin arrived (a pin holds the count up, a cancelled one left its bit) and
+  // no free took the entry (then it is not live).
   if (entry.state.compare_exchange_strong(held, held | kCommitBit, std::memory_order_acq_rel)) {
     entry.object.store(makeObject(move.to, move.sizeClass), std::memory_order_relaxed);
     entry.state.fetch_and(~kHeldBits, std::memory_order_release);
     return true;
   }
-  entry.state.fetch_and(~kHeldBits, std::memory_order_release);
+  // A pin came (it holds the count up, or left the cancel bit), or a free took the entry.
+  releaseHeld(entry, move.state);
   return false;
 }
 

@@ -3,9 +3,10 @@
 // the program: it takes the object's entry with the moving bit only while no pin is held,
 // copies, and commits with one compare-and-swap that fails if a pin arrived meanwhile: such a
 // pin does not wait for the copy, it cancels the move and uses the object where it is (the
-// copy is dropped). Only a pin that arrives in the few instructions between the commit and
-// the new address's publication waits, for that entry. Pinned objects are never moved. The
-// class's lock is held to choose the slots and to free one, never during a copy.
+// copy is dropped). A free does not wait either: it takes the entry, and the commit fails.
+// Only a pin or free that arrives in the few instructions between the commit and the new
+// address's publication waits, for that entry. Pinned objects are never moved. The class's
+// lock is held to choose the slots and to free one, never during a copy.
 #pragma once
 
 #include <atomic>

@@ -214,9 +214,12 @@ uint64_t reallocate(uint64_t handle, size_t size) {
 void free(uint64_t handle) {
   if (handle == 0) return;
   Entry& entry = entryOf(handle, "mh_free");
-  uint64_t state;
+  uint64_t state = entry.state.load(std::memory_order_acquire);
   for (;;) {
-    state = waitWhileMoving(entry);
+    // A move that has committed is publishing its copy (or a resize holds the entry): wait.
+    // A move still copying is not waited for: the free takes the entry from under it, its
+    // commit then fails, and it frees its copy (Defragmenter::copyAndPublish).
+    if (state & kCommitBit) state = waitWhileMoving(entry);
     if (!Table::matches(state, handle))
       reportHeapError(HeapError::kStaleHandle, "mh_free", reinterpret_cast<void*>(handle));
     if (state & kPinMask)
