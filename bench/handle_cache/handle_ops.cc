@@ -13,7 +13,10 @@
 // malloc and pointer rows run, so the same program shows glibc's or jemalloc's malloc.
 //
 // Output: one line per repetition and operation, "rep=R op=NAME ns=X", then "handles=yes|no".
-// Usage: handle_ops [--reps R] [--batch N] [--size BYTES] [--objects M] [--ops K]
+// Usage: handle_ops [--reps R] [--batch N] [--size BYTES] [--max-size BYTES] [--objects M]
+//                   [--ops K]
+// With --max-size, the allocation rows draw each position of the batch a size between --size
+// and --max-size (the same sizes every round), so that the pairs spread over size classes.
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,6 +38,7 @@ struct Parameters {
   long reps = 11;
   long batch = 1024;
   long size = 64;
+  long maxSize = 0;  // 0: every allocation of `size` bytes
   long objects = 1 << 18;
   long ops = 1 << 22;
 };
@@ -51,13 +55,13 @@ uint64_t nextRandom(uint64_t& state) {
   return handle_cache::mix64(state += 0x9e3779b97f4a7c15ULL);
 }
 
-// ns per allocation+free pair: `ops` pairs in batches of `batch`.
+// ns per allocation+free pair: `ops` pairs in batches of `batch`, of sizes[i] bytes.
 template <typename Storage>
-double allocFree(const Parameters& p, Ref* refs) {
+double allocFree(const Parameters& p, Ref* refs, const size_t* sizes) {
   long rounds = p.ops / p.batch;
   double start = nowNs();
   for (long r = 0; r < rounds; r++) {
-    for (long i = 0; i < p.batch; i++) refs[i] = Storage::allocate(static_cast<size_t>(p.size));
+    for (long i = 0; i < p.batch; i++) refs[i] = Storage::allocate(sizes[i]);
     for (long i = 0; i < p.batch; i++) Storage::release(refs[i]);
   }
   return (nowNs() - start) / static_cast<double>(rounds * p.batch);
@@ -116,6 +120,8 @@ Parameters parse(int argc, char** argv) {
       p.batch = parseOption(argv[i], argv[i + 1], 1, 1 << 20);
     } else if (name == "--size") {
       p.size = parseOption(argv[i], argv[i + 1], 1, 1 << 20);
+    } else if (name == "--max-size") {
+      p.maxSize = parseOption(argv[i], argv[i + 1], 1, 1 << 20);
     } else if (name == "--objects") {
       p.objects = parseOption(argv[i], argv[i + 1], 1, 1 << 26);
     } else if (name == "--ops") {
@@ -126,6 +132,10 @@ Parameters parse(int argc, char** argv) {
     }
   }
   if (p.ops < p.batch) p.ops = p.batch;
+  if (p.maxSize != 0 && p.maxSize < p.size) {
+    fprintf(stderr, "handle_ops: --max-size %ld is below --size %ld\n", p.maxSize, p.size);
+    exit(1);
+  }
   return p;
 }
 
@@ -171,6 +181,16 @@ int main(int argc, char** argv) {
                                           {"pointer_random", false}, {"translate", true}};
   constexpr long kCount = sizeof kOperations / sizeof kOperations[0];
   Ref* scratch = static_cast<Ref*>(calloc(static_cast<size_t>(p.batch), sizeof(Ref)));
+  size_t* sizes = static_cast<size_t*>(calloc(static_cast<size_t>(p.batch), sizeof(size_t)));
+  if (scratch == nullptr || sizes == nullptr) {
+    fprintf(stderr, "handle_ops: out of memory\n");
+    return 1;
+  }
+  for (long i = 0; i < p.batch; i++) {
+    long span = p.maxSize ? p.maxSize - p.size + 1 : 1;
+    sizes[i] = static_cast<size_t>(
+        p.size + static_cast<long>(nextRandom(state) % static_cast<uint64_t>(span)));
+  }
   for (long rep = 1; rep <= p.reps; rep++) {
     // Each repetition starts at another operation, so none always runs first (a cold cache)
     // or right after the same neighbour.
@@ -179,8 +199,8 @@ int main(int argc, char** argv) {
       if (op.needsHandles && !handles) continue;
       std::string_view name = op.name;
       double ns = 0;
-      if (name == "malloc_free") ns = allocFree<MallocStorage>(p, scratch);
-      if (name == "mh_alloc_free") ns = allocFree<HandleStorage>(p, scratch);
+      if (name == "malloc_free") ns = allocFree<MallocStorage>(p, scratch, sizes);
+      if (name == "mh_alloc_free") ns = allocFree<HandleStorage>(p, scratch, sizes);
       if (name == "pointer_read") ns = pinOne<MallocStorage>(p, pointers[0]);
       if (name == "pin_unpin") ns = pinOne<HandleStorage>(p, handleRefs[0]);
       if (name == "pointer_random") ns = pinRandom<MallocStorage>(p, pointers, order);
@@ -188,7 +208,7 @@ int main(int argc, char** argv) {
       printf("rep=%ld op=%s ns=%.3f\n", rep, op.name, ns);
     }
   }
-  printf("handles=%s size=%ld batch=%ld objects=%ld ops=%ld\n", handles ? "yes" : "no", p.size,
-         p.batch, p.objects, p.ops);
+  printf("handles=%s size=%ld max_size=%ld batch=%ld objects=%ld ops=%ld\n", handles ? "yes" : "no",
+         p.size, p.maxSize, p.batch, p.objects, p.ops);
   return 0;
 }

@@ -7,7 +7,6 @@
 
 #include "api/entry_points.h"
 #include "api/stats.h"
-#include "handle/defrag.h"
 #include "handle/handles.h"
 #include "heap/arena.h"
 #include "heap/config.h"
@@ -178,7 +177,7 @@ int control(const char* name, void* oldp, size_t* oldlenp, void* newp, size_t ne
   }
   if (!strcmp(name, "handles.compact")) {
     if (!handles::ensureInitialized()) return EAGAIN;
-    size_t released = handles::Defragmenter::pass(0, 0).releasedBytes;
+    size_t released = handles::compact(0);
     return oldp ? readValue<size_t>(oldp, oldlenp, released) : 0;
   }
   if (startsWith(cursor, "handles.")) {

@@ -1,5 +1,4 @@
 // The exported handle API (include/meshalloc_handle.h), over handle/.
-#include "handle/defrag.h"
 #include "handle/handles.h"
 #include "meshalloc_handle.h"
 #include "platform/os.h"
@@ -30,7 +29,5 @@ MESHALLOC_EXPORT void mh_unpin(mh_t handle) {
   handles::unpin(handle);
 }
 MESHALLOC_EXPORT size_t mh_compact(uint64_t budget_ns) {
-  if (!handles::ensureInitialized()) return 0;
-  uint64_t deadline = budget_ns ? os::monotonicNanos() + budget_ns : 0;
-  return handles::Defragmenter::pass(deadline, 0).releasedBytes;
+  return handles::compact(budget_ns ? os::monotonicNanos() + budget_ns : 0);
 }

@@ -50,7 +50,7 @@ namespace meshalloc::api {
   X(handlesFree, "handles_free", "handles", 1, "counted",                                   \
     "the handle store beyond its live objects: free slots, bookkeeping, spare chunks")      \
   X(handlesTable, "handles_table", "handles", 1, "counted",                                 \
-    "the handle table's entries, 16 bytes per handle at the high-water mark")               \
+    "the handle table, 16 + 4 bytes per handle at the high-water mark")                     \
   X(pageMaps, "page_maps", "metadata", 1, "resident",                                       \
     "page maps, compact class maps and their top-level tables")                             \
   X(miniHeaps, "miniheaps", "metadata", 1, "counted",                                       \

@@ -5,6 +5,7 @@
 #include "handle/handles.h"
 #include "handle/store.h"
 #include "handle/table.h"
+#include "handle/thread_cache.h"
 #include "platform/os.h"
 
 namespace meshalloc::handles {
@@ -43,30 +44,43 @@ __attribute__((no_sanitize("thread"))) void copyObject(uintptr_t to, uintptr_t f
   for (size_t i = 0; i < bytes / sizeof(uint64_t); i++) destination[i] = source[i];
 }
 
+// Ends a hold that did not commit: clears the held bits, unless the entry was freed meanwhile
+// (a free does not wait for a copy) and possibly reused, when the bits, if any, are another
+// operation's.
+void releaseHeld(Entry& entry, uint64_t heldState) {
+  uint64_t state = entry.state.load(std::memory_order_relaxed);
+  while (!((state ^ heldState) & kGenerationMask) && (state & kLiveBit) && (state & kHeldBits) &&
+         !entry.state.compare_exchange_weak(state, state & ~kHeldBits, std::memory_order_release)) {
+  }
+}
+
 }  // namespace
 
-bool Defragmenter::beginMoveLocked(Chunk* source, uint32_t slot, Move& move) {
-  uint32_t index = Store::owners(source)[slot];
-  if (index >= Table::highWater()) return false;
+Defragmenter::Begin Defragmenter::beginMoveLocked(Chunk* source, uint32_t slot, Move& move) {
+  uint32_t index = Store::ownerOf(source, slot);
+  if (index >= Table::highWater()) return Begin::kNoObject;
   Entry& entry = Table::at(index);
   uint64_t state = entry.state.load(std::memory_order_acquire);
-  if (!(state & kLiveBit) || (state & (kPinMask | kHeldBits))) return false;
+  if (!(state & kLiveBit)) return Begin::kNoObject;
+  if (state & (kPinMask | kHeldBits)) return Begin::kBusy;
   if (!entry.state.compare_exchange_strong(state, state | kMovingBit, std::memory_order_acquire))
-    return false;
+    return Begin::kBusy;
   uintptr_t from = Store::slotAddress(source, slot);
   uint64_t object = entry.object.load(std::memory_order_relaxed);
   // The entry may have been freed and reused, or resized, since the owner was read: then it
   // names another object, which this slot no longer is.
   unsigned sizeClass = source->sizeClass;
-  uintptr_t to = 0;
-  if (addressOf(object) == from && classOfObject(object) == sizeClass)
-    to = Store::takeSlotInUsedChunkLocked(sizeClass, index);
+  if (addressOf(object) != from || classOfObject(object) != sizeClass) {
+    releaseHeld(entry, state);
+    return Begin::kNoObject;
+  }
+  uintptr_t to = Store::takeSlotInUsedChunkLocked(sizeClass, index);
   if (!to) {
-    entry.state.fetch_and(~kHeldBits, std::memory_order_release);
-    return false;
+    releaseHeld(entry, state);
+    return Begin::kBusy;
   }
   move = {&entry, state, from, to, sizeClass};
-  return true;
+  return Begin::kBegan;
 }
 
 bool Defragmenter::copyAndPublish(const Move& move) {
@@ -78,13 +92,15 @@ bool Defragmenter::copyAndPublish(const Move& move) {
   }
   Entry& entry = *move.entry;
   uint64_t held = move.state | kMovingBit;
-  // Commit only if no pin arrived (a pin holds the count up, a cancelled one left its bit).
+  // Commit only if no pin arrived (a pin holds the count up, a cancelled one left its bit) and
+  // no free took the entry (then it is not live).
   if (entry.state.compare_exchange_strong(held, held | kCommitBit, std::memory_order_acq_rel)) {
     entry.object.store(makeObject(move.to, move.sizeClass), std::memory_order_relaxed);
     entry.state.fetch_and(~kHeldBits, std::memory_order_release);
     return true;
   }
-  entry.state.fetch_and(~kHeldBits, std::memory_order_release);
+  // A pin came (it holds the count up, or left the cancel bit), or a free took the entry.
+  releaseHeld(entry, move.state);
   return false;
 }
 
@@ -92,8 +108,9 @@ bool Defragmenter::evacuate(Chunk* source, uint64_t deadlineNs, size_t maxMovedB
                             PassResult& result) {
   unsigned sizeClass = source->sizeClass;
   size_t slotSize = Store::layout(sizeClass).slotSize;
-  uint32_t slot = 0;
-  for (;;) {
+  uint32_t slotCount = Store::layout(sizeClass).slotCount;
+  bool skipped = false;
+  for (uint32_t slot = 0;; slot++) {
     if (outOfBudget(result, deadlineNs, maxMovedBytes)) {
       result.budgetExhausted = true;
       return false;
@@ -104,10 +121,18 @@ bool Defragmenter::evacuate(Chunk* source, uint64_t deadlineNs, size_t maxMovedB
     lock.lock();
     uint64_t start = os::monotonicNanos();
     slot = nextUsedSlot(source, slot);
-    bool began = slot < Store::layout(sizeClass).slotCount && beginMoveLocked(source, slot, move);
+    Begin began = slot < slotCount ? beginMoveLocked(source, slot, move) : Begin::kBusy;
     raiseMaximum(gCounters.moveHoldMaxNs, os::monotonicNanos() - start);
     lock.unlock();
-    if (!began) return slot == Store::layout(sizeClass).slotCount;
+    if (slot == slotCount) return !skipped;
+    if (began == Begin::kBusy) return false;
+    if (began == Begin::kNoObject) {
+      // Most likely a thread cache's slot: ask for it back (the chunk empties once it comes
+      // back, if the rest has moved) and go on with the other objects.
+      if (!skipped) ThreadCache::requestReturn(sizeClass);
+      skipped = true;
+      continue;
+    }
     bool published = copyAndPublish(move);
     LockGuard guard(lock);
     start = os::monotonicNanos();
@@ -123,7 +148,6 @@ bool Defragmenter::evacuate(Chunk* source, uint64_t deadlineNs, size_t maxMovedB
     gCounters.movedObjects.fetch_add(1, std::memory_order_relaxed);
     gCounters.movedBytes.fetch_add(slotSize, std::memory_order_relaxed);
     result.movedBytes += slotSize;
-    slot++;
   }
 }
 

@@ -3,9 +3,10 @@
 // the program: it takes the object's entry with the moving bit only while no pin is held,
 // copies, and commits with one compare-and-swap that fails if a pin arrived meanwhile: such a
 // pin does not wait for the copy, it cancels the move and uses the object where it is (the
-// copy is dropped). Only a pin that arrives in the few instructions between the commit and
-// the new address's publication waits, for that entry. Pinned objects are never moved. The
-// class's lock is held to choose the slots and to free one, never during a copy.
+// copy is dropped). A free does not wait either: it takes the entry, and the commit fails.
+// Only a pin or free that arrives in the few instructions between the commit and the new
+// address's publication waits, for that entry. Pinned objects are never moved. The class's
+// lock is held to choose the slots and to free one, never during a copy.
 #pragma once
 
 #include <atomic>
@@ -54,12 +55,17 @@ class Defragmenter {
     uintptr_t to;
     unsigned sizeClass;
   };
-  // Starts moving the object in `slot` of `source` (its class's lock held); false if it is
-  // pinned, held by another operation, or has no place to go.
-  static bool beginMoveLocked(Chunk* source, uint32_t slot, Move& move);
+  enum class Begin {
+    kBegan,
+    kBusy,      // pinned, held by another operation, or no place to go
+    kNoObject,  // taken but no live entry names it: a thread cache's, or being allocated or freed
+  };
+  // Starts moving the object in `slot` of `source` (its class's lock held).
+  static Begin beginMoveLocked(Chunk* source, uint32_t slot, Move& move);
   // Copies without the lock and publishes the copy; false if a pin cancelled the move.
   static bool copyAndPublish(const Move& move);
-  // Moves the objects of one source chunk; false if one could not move or the budget ran out.
+  // Moves the objects of one source chunk; false if one could not move (slots with no live
+  // object are skipped, and thread caches asked to give them back) or the budget ran out.
   static bool evacuate(Chunk* source, uint64_t deadlineNs, size_t maxMovedBytes,
                        PassResult& result);
 

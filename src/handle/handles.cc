@@ -6,6 +6,7 @@
 #include "handle/controller.h"
 #include "handle/defrag.h"
 #include "handle/store.h"
+#include "handle/thread_cache.h"
 #include "heap/errors.h"
 #include "heap/fork.h"
 #include "heap/heap.h"
@@ -22,17 +23,21 @@ namespace {
 constexpr int kSpinsBeforeSleeping = 2000;
 constexpr uint64_t kWaitSleepNs = 20000;
 
-std::atomic<bool> gInitialized{false};
-
 void forkPrepare() {
   Defragmenter::lockForFork();
   Store::lockAll();
+  ThreadCache::lockForFork();
+  Table::lockForFork();
 }
 void forkParent() {
+  Table::unlockAfterFork();
+  ThreadCache::unlockAfterFork();
   Store::unlockAll();
   Defragmenter::unlockAfterFork();
 }
 void forkChild() {
+  Table::resetAfterFork();
+  ThreadCache::resetAfterFork();
   Store::resetAfterFork();
   Defragmenter::resetAfterFork();
   Controller::forgetAfterFork();
@@ -51,9 +56,8 @@ void recordWait(uint64_t startNs) {
 }
 
 // Returns the state once the moving bit is clear (acquire: the object word is then current).
-uint64_t waitWhileMoving(Entry& entry) {
-  uint64_t state = entry.state.load(std::memory_order_acquire);
-  if (!(state & kMovingBit)) return state;
+__attribute__((noinline)) uint64_t waitForMove(Entry& entry) {
+  uint64_t state;
   uint64_t start = os::monotonicNanos();
   for (int spins = 0; (state = entry.state.load(std::memory_order_acquire)) & kMovingBit; spins++) {
     if (spins < kSpinsBeforeSleeping) {
@@ -64,6 +68,11 @@ uint64_t waitWhileMoving(Entry& entry) {
   }
   recordWait(start);
   return state;
+}
+inline uint64_t waitWhileMoving(Entry& entry) {
+  uint64_t state = entry.state.load(std::memory_order_acquire);
+  if (__builtin_expect(!(state & kMovingBit), 1)) return state;
+  return waitForMove(entry);
 }
 
 Entry& entryOf(uint64_t handle, const char* operation) {
@@ -88,21 +97,45 @@ uint64_t takeExclusive(Entry& entry, uint64_t handle, const char* operation) {
 }
 
 // A new handle and object; the entry is published live only once its object word is set, so
-// that a defragmenter pass finding the slot's owner meanwhile leaves it alone.
+// that a defragmenter pass finding the slot's owner meanwhile leaves it alone. With a thread
+// cache, a small object takes no lock and no atomic read-modify-write.
 uint64_t allocateBytes(size_t size, bool zero) {
   if (size > heap::kMaxRequest || !ensureInitialized()) {
     errno = ENOMEM;
     return 0;
   }
-  uint64_t handle = Table::acquire();
-  if (!handle) {
+  ThreadCache* cache = ThreadCache::current();
+  uint32_t index = ThreadCache::kNoEntry;
+  if (cache) {
+    index = cache->takeEntry();
+  } else if (!Table::acquireBatch(&index, 1)) {
+    index = ThreadCache::kNoEntry;
+  }
+  if (index == ThreadCache::kNoEntry) {
     errno = ENOMEM;
     return 0;
   }
-  uint32_t index = indexOf(handle);
-  uint64_t object = Store::allocate(size, index, zero);
+  uint64_t handle = Table::renew(index);
+  uint64_t object;
+  if (cache && size <= kMaxSmallSize) {
+    unsigned sizeClass = SizeClasses::classOf(size);
+    uintptr_t address = cache->takeSlot(sizeClass);
+    if (address) {
+      Store::setOwner(address, sizeClass, index);
+      if (zero) memset(reinterpret_cast<void*>(address), 0, Store::layout(sizeClass).slotSize);
+    } else {
+      errno = ENOMEM;
+    }
+    object = address ? makeObject(address, sizeClass) : 0;
+  } else {
+    object = Store::allocate(size, index, zero);
+  }
   if (!object) {
-    Table::release(index);
+    if (cache) {
+      cache->giveEntry(index);
+    } else {
+      Table::releaseBatch(&index, 1);
+    }
     return 0;
   }
   Entry& entry = Table::at(index);
@@ -114,11 +147,16 @@ uint64_t allocateBytes(size_t size, bool zero) {
 
 }  // namespace
 
-bool ensureInitialized() {
-  if (gInitialized.load(std::memory_order_acquire)) return true;
+bool initialize() {
   if (!heap::ensureInitialized()) return false;
+  // Published only once everything is planned: other threads then skip this.
+  static constinit Mutex initLock;
+  LockGuard guard(initLock);
+  if (gInitialized.load(std::memory_order_relaxed)) return true;
   Store::init();
-  if (!gInitialized.exchange(true)) heap::forkParticipants().add(kForkHandles);
+  ThreadCache::init();
+  heap::forkParticipants().add(kForkHandles);
+  gInitialized.store(true, std::memory_order_release);
   return true;
 }
 
@@ -176,9 +214,12 @@ uint64_t reallocate(uint64_t handle, size_t size) {
 void free(uint64_t handle) {
   if (handle == 0) return;
   Entry& entry = entryOf(handle, "mh_free");
-  uint64_t state;
+  uint64_t state = entry.state.load(std::memory_order_acquire);
   for (;;) {
-    state = waitWhileMoving(entry);
+    // A move that has committed is publishing its copy (or a resize holds the entry): wait.
+    // A move still copying is not waited for: the free takes the entry from under it, its
+    // commit then fails, and it frees its copy (Defragmenter::copyAndPublish).
+    if (state & kCommitBit) state = waitWhileMoving(entry);
     if (!Table::matches(state, handle))
       reportHeapError(HeapError::kStaleHandle, "mh_free", reinterpret_cast<void*>(handle));
     if (state & kPinMask)
@@ -188,8 +229,27 @@ void free(uint64_t handle) {
                                           std::memory_order_acquire))
       break;
   }
-  Store::free(entry.object.load(std::memory_order_relaxed));
-  Table::release(indexOf(handle));
+  uint64_t object = entry.object.load(std::memory_order_relaxed);
+  unsigned storeClass = classOfObject(object);
+  ThreadCache* cache = ThreadCache::current();
+  if (cache && storeClass != kLargeStoreClass) {
+    cache->giveSlot(storeClass, addressOf(object));
+  } else {
+    Store::free(object);
+  }
+  uint32_t index = indexOf(handle);
+  if (cache) {
+    cache->giveEntry(index);
+  } else {
+    Table::releaseBatch(&index, 1);
+  }
+}
+
+size_t compact(uint64_t deadlineNs) {
+  if (!ensureInitialized()) return 0;
+  // What this thread holds would keep chunks from emptying.
+  ThreadCache::flushCurrent();
+  return Defragmenter::pass(deadlineNs, 0).releasedBytes;
 }
 
 size_t usableSize(uint64_t handle) {

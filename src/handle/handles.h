@@ -38,7 +38,12 @@ inline Counters gCounters;
 
 // Registers the fork participant and plans the store; idempotent. False if the heap could not
 // be initialised.
-bool ensureInitialized();
+bool initialize();
+inline std::atomic<bool> gInitialized{false};
+inline bool ensureInitialized() {
+  if (__builtin_expect(gInitialized.load(std::memory_order_acquire), 1)) return true;
+  return initialize();
+}
 
 // MH_NULL (0) with errno ENOMEM on failure.
 uint64_t allocate(size_t size);
@@ -46,6 +51,9 @@ uint64_t allocateZeroed(size_t count, size_t size);
 uint64_t reallocate(uint64_t handle, size_t size);
 void free(uint64_t handle);
 size_t usableSize(uint64_t handle);
+// One defragmentation pass until `deadlineNs` (monotonic; 0: until done), after the calling
+// thread gave back what its cache holds (mh_compact, handles.compact): the bytes given back.
+size_t compact(uint64_t deadlineNs);
 // Handles whose objects are pinned now (a walk of the table).
 size_t pinnedCount();
 

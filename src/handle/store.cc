@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <string.h>
 
+#include "handle/thread_cache.h"
 #include "heap/arena.h"
 #include "support/assert.h"
 
@@ -140,7 +141,7 @@ uintptr_t Store::takeSlot(Chunk* chunk, uint32_t owner) {
     chunk->freeBits[w] = bits & (bits - 1);
     chunk->hintWord = w;
     chunk->liveCount++;
-    owners(chunk)[slot] = owner;
+    __atomic_store_n(&owners(chunk)[slot], owner, __ATOMIC_RELAXED);
     return slotAddress(chunk, slot);
   }
   MESHALLOC_ASSERT(false);
@@ -154,11 +155,18 @@ uintptr_t Store::takeSlotInUsedChunkLocked(unsigned sizeClass, uint32_t owner) {
     if (!chunk) continue;
     uintptr_t address = takeSlot(chunk, owner);
     c.freeSlots--;
-    c.liveSlots.fetch_add(1, std::memory_order_relaxed);
+    c.takenSlots.fetch_add(1, std::memory_order_relaxed);
     rebin(c, chunk);
     return address;
   }
   return 0;
+}
+
+// A slot in the fullest chunk with room, in a new chunk if none has; 0 if memory is exhausted.
+uintptr_t Store::takeSlotLocked(ClassStore& c, unsigned sizeClass, uint32_t owner) {
+  uintptr_t address = takeSlotInUsedChunkLocked(sizeClass, owner);
+  if (address || !newChunkLocked(c, sizeClass)) return address;
+  return takeSlotInUsedChunkLocked(sizeClass, owner);
 }
 
 uint64_t Store::allocate(size_t size, uint32_t owner, bool zero) {
@@ -168,17 +176,31 @@ uint64_t Store::allocate(size_t size, uint32_t owner, bool zero) {
   uintptr_t address;
   {
     LockGuard guard(c.lock);
-    address = takeSlotInUsedChunkLocked(sizeClass, owner);
-    if (!address) {
-      if (!newChunkLocked(c, sizeClass)) {
-        errno = ENOMEM;
-        return 0;
-      }
-      address = takeSlotInUsedChunkLocked(sizeClass, owner);
-    }
+    address = takeSlotLocked(c, sizeClass, owner);
+  }
+  if (!address) {
+    errno = ENOMEM;
+    return 0;
   }
   if (zero) memset(reinterpret_cast<void*>(address), 0, layouts_[sizeClass].slotSize);
   return makeObject(address, sizeClass);
+}
+
+unsigned Store::takeSlots(unsigned sizeClass, uintptr_t* slots, unsigned count) {
+  ClassStore& c = classes_[sizeClass];
+  LockGuard guard(c.lock);
+  unsigned taken = 0;
+  while (taken < count && (slots[taken] = takeSlotLocked(c, sizeClass, kNoOwner))) taken++;
+  return taken;
+}
+
+void Store::returnSlots(unsigned sizeClass, const uintptr_t* slots, unsigned count) {
+  if (count == 0) return;
+  LockGuard guard(classes_[sizeClass].lock);
+  for (unsigned i = 0; i < count; i++) {
+    Chunk* chunk = chunkOf(slots[i], sizeClass);
+    freeSlotLocked(chunk, slotOf(chunk, slots[i]));
+  }
 }
 
 uint64_t Store::allocateLarge(size_t size, uint32_t owner, bool zero) {
@@ -211,7 +233,7 @@ void Store::freeSlotLocked(Chunk* chunk, uint32_t slot) {
   chunk->freeBits[slot / 64] |= uint64_t{1} << (slot % 64);
   if (slot / 64 < chunk->hintWord) chunk->hintWord = slot / 64;
   chunk->liveCount--;
-  c.liveSlots.fetch_sub(1, std::memory_order_relaxed);
+  c.takenSlots.fetch_sub(1, std::memory_order_relaxed);
   if (chunk->bin == kEvacuating) return;  // its evacuation releases it
   c.freeSlots++;
   if (chunk->liveCount == 0) {
@@ -294,9 +316,15 @@ size_t Store::classCommittedBytes(unsigned sizeClass) {
          layouts_[sizeClass].chunkBytes;
 }
 
+size_t Store::classLiveSlots(unsigned sizeClass) {
+  size_t taken = classes_[sizeClass].takenSlots.load(std::memory_order_relaxed);
+  size_t cached = ThreadCache::cachedSlots(sizeClass);
+  // The two are read at different moments: a cache refilled in between may make them cross.
+  return taken > cached ? taken - cached : 0;
+}
+
 size_t Store::classLiveBytes(unsigned sizeClass) {
-  return classes_[sizeClass].liveSlots.load(std::memory_order_relaxed) *
-         layouts_[sizeClass].slotSize;
+  return classLiveSlots(sizeClass) * layouts_[sizeClass].slotSize;
 }
 
 size_t Store::committedBytes() {
@@ -313,7 +341,7 @@ size_t Store::liveBytes() {
 
 size_t Store::liveObjects() {
   size_t total = largeObjects_.load(std::memory_order_relaxed);
-  for (const ClassStore& c : classes_) total += c.liveSlots.load(std::memory_order_relaxed);
+  for (unsigned c = 0; c < kNumSizeClasses; c++) total += classLiveSlots(c);
   return total;
 }
 

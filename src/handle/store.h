@@ -63,10 +63,13 @@ class Store {
     return reinterpret_cast<Chunk*>(address & ~(layouts_[sizeClass].chunkBytes - 1));
   }
   static uint32_t slotOf(const Chunk* chunk, uintptr_t address) {
-    const ClassLayout& l = layouts_[chunk->sizeClass];
-    uint64_t delta = address - reinterpret_cast<uintptr_t>(chunk) - l.firstSlot;
+    return slotOf(chunk, address, chunk->sizeClass);
+  }
+  // The same without reading the chunk's header (a cache miss on the allocation path).
+  static uint32_t slotOf(const Chunk* chunk, uintptr_t address, unsigned sizeClass) {
+    uint64_t delta = address - reinterpret_cast<uintptr_t>(chunk) - layouts_[sizeClass].firstSlot;
     // A multiply by the class's reciprocal, exact for multiples of the size (SpanPlan).
-    return static_cast<uint32_t>((delta * SizeClasses::plan(chunk->sizeClass).reciprocal) >> 32);
+    return static_cast<uint32_t>((delta * SizeClasses::plan(sizeClass).reciprocal) >> 32);
   }
   static uintptr_t slotAddress(const Chunk* chunk, uint32_t slot) {
     const ClassLayout& l = layouts_[chunk->sizeClass];
@@ -78,6 +81,28 @@ class Store {
   }
   static bool slotIsFree(const Chunk* chunk, uint32_t slot) {
     return (chunk->freeBits[slot / 64] >> (slot % 64)) & 1;
+  }
+
+  // --- For the thread caches (handle/thread_cache.h) ---
+  // Takes up to `count` slots for a thread cache, from the fullest chunks with room (a new chunk
+  // if none has), with no owner: they stay taken (never a move's destination, never freed) until
+  // returnSlots. How many were taken (fewer only when memory is exhausted).
+  static unsigned takeSlots(unsigned sizeClass, uintptr_t* slots, unsigned count);
+  // Frees slots a thread cache held, under one lock.
+  static void returnSlots(unsigned sizeClass, const uintptr_t* slots, unsigned count);
+  // Owner of a slot that a thread cache holds: past every index, so no move starts from it.
+  static constexpr uint32_t kNoOwner = ~uint32_t{0};
+  // Records the owner of a slot just handed out from a thread cache. Atomic: a move may read it
+  // meanwhile (under the class lock, which the cache does not take); the move then validates
+  // the owner against its entry (Defragmenter::beginMoveLocked).
+  static void setOwner(uintptr_t address, unsigned sizeClass, uint32_t owner) {
+    Chunk* chunk = chunkOf(address, sizeClass);
+    uint32_t* owners = reinterpret_cast<uint32_t*>(reinterpret_cast<char*>(chunk) +
+                                                   layouts_[sizeClass].ownersOffset);
+    __atomic_store_n(&owners[slotOf(chunk, address, sizeClass)], owner, __ATOMIC_RELAXED);
+  }
+  static uint32_t ownerOf(Chunk* chunk, uint32_t slot) {
+    return __atomic_load_n(&owners(chunk)[slot], __ATOMIC_RELAXED);
   }
 
   // --- For the defragmenter, with the class's lock held ---
@@ -102,7 +127,8 @@ class Store {
   // --- Measurement ---
   // Bytes the store holds in the arena (chunks, including their bookkeeping, and large runs).
   static size_t committedBytes();
-  // Bytes of live objects (slot sizes, or the usable part of large runs).
+  // Bytes of live objects (slot sizes, or the usable part of large runs): slots taken less
+  // those thread caches hold.
   static size_t liveBytes();
   static size_t liveObjects();
   static size_t classLiveBytes(unsigned sizeClass);
@@ -122,7 +148,8 @@ class Store {
     Chunk* spare = nullptr;      // one empty chunk kept, so that 0 -> 1 -> 0 makes no syscalls
     Chunk* agedSpare = nullptr;  // the spare at the last releaseSpares
     std::atomic<size_t> chunks{0};
-    std::atomic<size_t> liveSlots{0};
+    // Slots taken from the chunks: live objects and slots thread caches hold.
+    std::atomic<size_t> takenSlots{0};
     size_t freeSlots = 0;  // in chunks on the lists (not evacuating, not the spare)
   };
   struct LargeHeader {
@@ -139,6 +166,8 @@ class Store {
   static Chunk* newChunkLocked(ClassStore& c, unsigned sizeClass);
   static void releaseChunkLocked(ClassStore& c, Chunk* chunk, bool keepAsSpare);
   static uintptr_t takeSlot(Chunk* chunk, uint32_t owner);
+  static uintptr_t takeSlotLocked(ClassStore& c, unsigned sizeClass, uint32_t owner);
+  static size_t classLiveSlots(unsigned sizeClass);
   static uint64_t allocateLarge(size_t size, uint32_t owner, bool zero);
 
   static inline constinit ClassLayout layouts_[kNumSizeClasses] = {};

@@ -66,11 +66,24 @@ class Table {
 
   // Reserves the region; false if the address space cannot be had. Idempotent, thread-safe.
   static bool init();
-  // A free entry, given a fresh generation but not yet live, and its handle; 0 when the table
-  // is full or cannot be reserved. The caller sets the object word, then the live bit.
-  static uint64_t acquire();
-  // Puts back an entry that is not live (freed, or never published).
-  static void release(uint32_t index);
+  // Up to `count` free entries (not live) into `indices`: from the free stack, or else new ones
+  // past the high-water mark; how many (0 when the table is full or cannot be reserved).
+  // Thread caches take and give back entries in batches, one lock for the whole batch.
+  static unsigned acquireBatch(uint32_t* indices, unsigned count);
+  // Puts back `count` entries that are not live (freed, or never published).
+  static void releaseBatch(const uint32_t* indices, unsigned count);
+  // Gives a free entry its next generation (not live yet) and returns its handle. The caller
+  // sets the object word, then the live bit.
+  static uint64_t renew(uint32_t index) {
+    Entry& entry = entries_[index];
+    // Never 0, so that no handle of a never-used entry is valid.
+    uint64_t generation = ((entry.state.load(std::memory_order_relaxed) & kGenerationMask) +
+                           (uint64_t{1} << kGenerationShift)) &
+                          kGenerationMask;
+    if (generation == 0) generation = uint64_t{1} << kGenerationShift;
+    entry.state.store(generation, std::memory_order_relaxed);
+    return makeHandle(index, generation);
+  }
 
   // The entry of `handle`, or nullptr if it does not name an entry ever handed out (no tag, or
   // an index past the high-water mark). Its generation is not checked here.
@@ -84,7 +97,13 @@ class Table {
   static Entry& at(uint32_t index) { return entries_[index]; }
   // Entries ever handed out: live ones, free ones, never more than kCapacity.
   static uint32_t highWater() { return highWater_.load(std::memory_order_acquire); }
-  static size_t touchedBytes() { return size_t{highWater()} * sizeof(Entry); }
+  // The entries ever used and at most as many places on the free stack.
+  static size_t touchedBytes() { return size_t{highWater()} * (sizeof(Entry) + sizeof(uint32_t)); }
+
+  // Fork: the free stack is not half updated while the process is copied.
+  static void lockForFork();
+  static void unlockAfterFork();
+  static void resetAfterFork();
 
   // True if the state word of `entry` names the live object of `handle`.
   static bool matches(uint64_t state, uint64_t handle) {
@@ -92,12 +111,13 @@ class Table {
   }
 
  private:
-  static constexpr uint64_t kNoEntry = kIndexMask;  // end of the free list
   static inline Entry* entries_ = nullptr;
   static inline std::atomic<uint32_t> highWater_{0};
-  // The free list: an index in the low 32 bits, a change count in the high ones (a pop that
-  // read a head since popped and pushed again fails its compare-and-swap).
-  static inline std::atomic<uint64_t> freeHead_{kNoEntry};
+  // The indices of free entries, a stack in a region reserved beside the table (4 bytes per
+  // entry, touched only as deep as it has been), under its lock (in table.cc). An array rather
+  // than a list through the entries: a batch is one copy, not a walk of cache misses.
+  static inline uint32_t* freeStack_ = nullptr;
+  static inline uint32_t freeCount_ = 0;
   static inline std::atomic<bool> initialized_{false};
 };
 

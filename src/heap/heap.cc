@@ -28,7 +28,9 @@ std::atomic<int> gInitState{kUninitialized};
 pthread_key_t gThreadExitKey;
 
 void (*gRefillHook)() = nullptr;
-void (*gThreadExitHook)() = nullptr;
+// Meshing's and the handle layer's.
+constexpr unsigned kMaxThreadExitHooks = 4;
+std::atomic<void (*)()> gThreadExitHooks[kMaxThreadExitHooks] = {};
 
 void onThreadExit(void* value) {
   ThreadHeap* heap = static_cast<ThreadHeap*>(value);
@@ -39,7 +41,9 @@ void onThreadExit(void* value) {
     tlsThreadHeap = nullptr;
   }
   heap->retire();
-  if (gThreadExitHook) gThreadExitHook();
+  for (auto& hook : gThreadExitHooks) {
+    if (void (*call)() = hook.load(std::memory_order_acquire)) call();
+  }
 }
 
 // The fork protocol is the list of participants in heap/fork.h.
@@ -104,8 +108,14 @@ ThreadHeap* currentThreadHeap() {
 void setRefillHook(void (*hook)()) {
   gRefillHook = hook;
 }
-void setThreadExitHook(void (*hook)()) {
-  gThreadExitHook = hook;
+bool addThreadExitHook(void (*hook)()) {
+  for (auto& slot : gThreadExitHooks) {
+    void (*expected)() = nullptr;
+    if (slot.load(std::memory_order_relaxed) == hook ||
+        slot.compare_exchange_strong(expected, hook, std::memory_order_acq_rel))
+      return true;
+  }
+  return false;
 }
 
 bool ensureInitialized() {

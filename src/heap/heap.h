@@ -27,8 +27,9 @@ ThreadHeap* currentThreadHeap();
 // Called (with no lock held) after a refill had to go to the global heap: the heap grew or
 // churned, a moment for the meshing policy to look at it.
 void setRefillHook(void (*hook)());
-// Called (with no lock held) after an exiting thread handed its spans back to the global heap.
-void setThreadExitHook(void (*hook)());
+// Adds a function called (with no lock held, in the order added) after an exiting thread handed
+// its spans back to the global heap. At start-up only; false if the list (a few) is full.
+bool addThreadExitHook(void (*hook)());
 void* allocateSlow(size_t size);
 
 inline void* allocate(size_t size) {

@@ -151,7 +151,7 @@ void MeshPolicy::init() {
   heap::forkParticipants().add(kForkMesher);
   heap::forkParticipants().add(kForkSnapshot);
   heap::setRefillHook(onRefill);
-  heap::setThreadExitHook(onThreadExit);
+  heap::addThreadExitHook(onThreadExit);
   GlobalHeap::setRetiredSpansHook(onRetiredSpans);
   GlobalHeap::setSpanFreedIntoHook(onSpanFreedInto);
 }

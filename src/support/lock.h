@@ -33,6 +33,8 @@ enum class LockRank : uint8_t {
   kHandlePass,      // handle/defrag.h: one defragmentation pass at a time
   kHandleStep,      // handle/defrag.h: one class evacuated at a time
   kHandleClass,     // handle/store.h: one size class of the handle store (arena inside it)
+  kHandleCaches,    // handle/thread_cache.cc: the list of handle thread caches
+  kHandleTable,     // handle/table.cc: the stack of free handle entries
   kWriteBarrier,    // mesh/write_barrier.cc: installing the fault handler
   kIdleReclaim,     // heap/thread_heap.cc: one idle-heap reclaim at a time
   kThreadRegistry,  // heap/thread_heap.cc: the list of thread heaps

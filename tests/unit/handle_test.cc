@@ -13,30 +13,14 @@
 #include "handle/controller.h"
 #include "handle/defrag.h"
 #include "handle/store.h"
+#include "handle_patterns.h"
 #include "heap/config.h"
 
 namespace meshalloc::handles {
 namespace {
 
-uint8_t patternByte(uint64_t handle, size_t i) {
-  uint64_t x = (handle ^ (i / 8)) * 0x9E3779B97F4A7C15ull;
-  return static_cast<uint8_t>(x >> (8 * (i % 8)));
-}
-
-void fill(uint64_t handle, size_t size) {
-  auto* p = static_cast<uint8_t*>(pin(handle));
-  for (size_t i = 0; i < size; i++) p[i] = patternByte(handle, i);
-  unpin(handle);
-}
-
-// The number of bytes that differ from the pattern.
-size_t mismatches(uint64_t handle, size_t size) {
-  auto* p = static_cast<const uint8_t*>(pin(handle));
-  size_t wrong = 0;
-  for (size_t i = 0; i < size; i++) wrong += p[i] != patternByte(handle, i);
-  unpin(handle);
-  return wrong;
-}
+using patterns::fill;
+using patterns::mismatches;
 
 class HandleTest : public ::testing::Test {
  protected:

@@ -1,7 +1,6 @@
-// The handle API's costs, measured side by side in one process linked with libmeshalloc
-// (docs/handles.md, "Measurements"):
-//   speed    mh_alloc+mh_free against malloc+free (batches of 1000 objects of 16-256 bytes, the
-//            two interleaved round by round), and mh_pin+mh_unpin
+// The defragmenter's costs and gains, in one process linked with libmeshalloc (docs/handles.md,
+// "Measurements"). The per-operation costs (mh_alloc+mh_free against malloc+free, pins) are
+// bench/handle_cache/handle_ops's.
 //   defrag   mutator threads pinning and writing, and replacing most of their objects by ones
 //            of another size range every few milliseconds, under the default controller: its
 //            CPU share of wall time, the longest wait of a mutator for a move, and the longest
@@ -10,13 +9,12 @@
 //   compact  a heap of handles of 16-512 bytes fragmented ten to one, then one full
 //            mh_compact: committed against live bytes (run it with MESHALLOC_HANDLES_DEFRAG=0,
 //            or the controller compacts while the heap is being fragmented)
-// Usage: handle_ops speed|defrag|compact [rounds | seconds | objects]
+// Usage: handle_defrag defrag|compact [seconds | objects]
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <random>
@@ -38,80 +36,10 @@ uint64_t stat(const char* name) {
   uint64_t value = 0;
   size_t length = sizeof(value);
   if (meshalloc_mallctl(name, &value, &length, nullptr, 0) != 0) {
-    fprintf(stderr, "handle_ops: mallctl %s failed\n", name);
+    fprintf(stderr, "handle_defrag: mallctl %s failed\n", name);
     exit(1);
   }
   return value;
-}
-
-struct Summary {
-  double median, min, max;
-};
-
-Summary summarise(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return {v[v.size() / 2], v.front(), v.back()};
-}
-
-constexpr size_t kBatch = 1000;
-constexpr size_t kBatches = 2000;
-
-double mallocRound(const std::vector<size_t>& sizes) {
-  std::vector<void*> p(kBatch);
-  uint64_t start = nowNs();
-  for (size_t b = 0; b < kBatches; b++) {
-    for (size_t i = 0; i < kBatch; i++) p[i] = malloc(sizes[i]);
-    for (size_t i = 0; i < kBatch; i++) free(p[i]);
-  }
-  return double(nowNs() - start) / (kBatch * kBatches);
-}
-
-double handleRound(const std::vector<size_t>& sizes) {
-  std::vector<mh_t> h(kBatch);
-  uint64_t start = nowNs();
-  for (size_t b = 0; b < kBatches; b++) {
-    for (size_t i = 0; i < kBatch; i++) h[i] = mh_alloc(sizes[i]);
-    for (size_t i = 0; i < kBatch; i++) mh_free(h[i]);
-  }
-  return double(nowNs() - start) / (kBatch * kBatches);
-}
-
-double pinRound(const std::vector<mh_t>& handles) {
-  constexpr size_t kRepeats = 20000;
-  uint64_t sum = 0;
-  uint64_t start = nowNs();
-  for (size_t r = 0; r < kRepeats; r++) {
-    for (mh_t h : handles) {
-      sum += *static_cast<volatile unsigned char*>(mh_pin(h));
-      mh_unpin(h);
-    }
-  }
-  double ns = double(nowNs() - start) / (kRepeats * handles.size());
-  if (sum == 1) puts("");
-  return ns;
-}
-
-int speed(int rounds) {
-  std::mt19937_64 rng(1);
-  std::vector<size_t> sizes(kBatch);
-  for (size_t& s : sizes) s = 16 + rng() % 241;
-  std::vector<mh_t> handles(kBatch);
-  for (mh_t& h : handles) h = mh_alloc(64);
-  std::vector<double> m, h, p;
-  mallocRound(sizes);  // warm both up
-  handleRound(sizes);
-  for (int r = 0; r < rounds; r++) {
-    m.push_back(mallocRound(sizes));
-    h.push_back(handleRound(sizes));
-    p.push_back(pinRound(handles));
-  }
-  Summary ms = summarise(m), hs = summarise(h), ps = summarise(p);
-  printf("malloc+free        %.1f ns (%.1f-%.1f)\n", ms.median, ms.min, ms.max);
-  printf("mh_alloc+mh_free   %.1f ns (%.1f-%.1f)  ratio %.2f\n", hs.median, hs.min, hs.max,
-         hs.median / ms.median);
-  printf("mh_pin+mh_unpin    %.1f ns (%.1f-%.1f)\n", ps.median, ps.min, ps.max);
-  for (mh_t x : handles) mh_free(x);
-  return 0;
 }
 
 struct Object {
@@ -238,13 +166,12 @@ int compact(size_t objects) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    fprintf(stderr, "usage: handle_ops speed|defrag|compact [rounds or seconds]\n");
+    fprintf(stderr, "usage: handle_defrag defrag|compact [seconds or objects]\n");
     return 2;
   }
   int n = argc > 2 ? atoi(argv[2]) : 0;
-  if (!strcmp(argv[1], "speed")) return speed(n > 0 ? n : 11);
   if (!strcmp(argv[1], "defrag")) return defrag(n > 0 ? n : 10);
   if (!strcmp(argv[1], "compact")) return compact(n > 0 ? size_t(n) : 400000);
-  fprintf(stderr, "handle_ops: unknown mode %s\n", argv[1]);
+  fprintf(stderr, "handle_defrag: unknown mode %s\n", argv[1]);
   return 2;
 }

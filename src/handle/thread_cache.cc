@@ -1,0 +1,170 @@
+#include "handle/thread_cache.h"
+
+#include <new>
+
+#include "handle/store.h"
+#include "handle/table.h"
+#include "heap/heap.h"
+#include "heap/internal_heap.h"
+#include "support/lock.h"
+
+namespace meshalloc::handles {
+
+namespace {
+
+// A class's cache holds at most this many bytes of slots (and between 4 and kMaxSlots slots).
+constexpr size_t kCacheBytesPerClass = 64 << 10;
+constexpr uint32_t kMinSlots = 4;
+
+Mutex gRegistryLock{LockRank::kHandleCaches};
+ThreadCache* gRegistry = nullptr;  // guarded by gRegistryLock
+
+}  // namespace
+
+void ThreadCache::init() {
+  for (unsigned c = 0; c < kNumSizeClasses; c++) {
+    size_t slots = kCacheBytesPerClass / Store::layout(c).slotSize;
+    chunkMask_[c] = ~(Store::layout(c).chunkBytes - 1);
+    capacity_[c] = static_cast<uint32_t>(slots < kMinSlots   ? kMinSlots
+                                         : slots > kMaxSlots ? kMaxSlots
+                                                             : slots);
+  }
+  heap::addThreadExitHook(onThreadExit);
+}
+
+ThreadCache* ThreadCache::currentSlow() {
+  if (reinterpret_cast<uintptr_t>(tls_) == kExited) return nullptr;
+  // The heap's thread-exit hook runs only for threads that have a heap.
+  if (!heap::currentThreadHeap()) return nullptr;
+  ThreadCache* cache = nullptr;
+  {
+    LockGuard guard(gRegistryLock);
+    for (ThreadCache* c = gRegistry; c; c = c->next_) {
+      if (!c->inUse_) {
+        cache = c;
+        cache->inUse_ = true;
+        break;
+      }
+    }
+  }
+  if (!cache) {
+    void* storage = InternalHeap::allocate(sizeof(ThreadCache));
+    if (!storage) return nullptr;
+    // Default-initialised: the zero-filled memory is an empty cache, left untouched.
+    cache = new (storage) ThreadCache;
+    cache->inUse_ = true;
+    LockGuard guard(gRegistryLock);
+    cache->next_ = gRegistry;
+    gRegistry = cache;
+  }
+  tls_ = cache;
+  return cache;
+}
+
+uint32_t ThreadCache::refillEntries() {
+  entryCount_ = Table::acquireBatch(entries_, kEntryBatch);
+  if (entryCount_ == 0) return kNoEntry;
+  return entries_[--entryCount_];
+}
+
+// The oldest `count` entries go back (the newest, hot in the cache, stay).
+void ThreadCache::flushEntries(unsigned count) {
+  Table::releaseBatch(entries_, count);
+  for (unsigned i = count; i < entryCount_; i++) entries_[i - count] = entries_[i];
+  entryCount_ -= count;
+}
+
+void ThreadCache::returnSlots(unsigned sizeClass, unsigned count) {
+  Magazine& m = magazines_[sizeClass];
+  uint32_t held = m.count;
+  Store::returnSlots(sizeClass, m.slots, count);
+  for (unsigned i = count; i < held; i++) m.slots[i - count] = m.slots[i];
+  m.setCount(held - count);
+}
+
+// Gives back every slot of the class and forgets its run chunks: the defragmenter asked, and
+// any of them may be a chunk it is emptying.
+void ThreadCache::answerReturnRequest(unsigned sizeClass, uint32_t requests) {
+  Magazine& m = magazines_[sizeClass];
+  returnSlots(sizeClass, m.count);
+  for (uintptr_t& chunk : m.runChunks) chunk = 0;
+  m.seenRequests = requests;
+}
+
+uintptr_t ThreadCache::refillSlots(unsigned sizeClass) {
+  Magazine& m = magazines_[sizeClass];
+  uint32_t requests = returnRequests_[sizeClass].load(std::memory_order_relaxed);
+  if (m.seenRequests != requests) answerReturnRequest(sizeClass, requests);
+  uint32_t taken = Store::takeSlots(sizeClass, m.slots, capacity_[sizeClass] / 2);
+  if (taken == 0) return 0;
+  // Their chunks become the run chunks whose freed slots this cache keeps.
+  for (uint32_t i = 0; i < taken; i++) {
+    uintptr_t chunk = m.slots[i] & chunkMask_[sizeClass];
+    bool known = false;
+    for (uintptr_t run : m.runChunks) known |= run == chunk;
+    if (!known) m.runChunks[m.nextRunChunk++ % kRunChunks] = chunk;
+  }
+  m.setCount(taken - 1);
+  return m.slots[taken - 1];
+}
+
+void ThreadCache::giveSlotSlow(unsigned sizeClass, uintptr_t slot, bool inRun) {
+  Magazine& m = magazines_[sizeClass];
+  uint32_t requests = returnRequests_[sizeClass].load(std::memory_order_relaxed);
+  if (m.seenRequests != requests) {
+    answerReturnRequest(sizeClass, requests);
+    inRun = false;
+  }
+  if (!inRun) {
+    Store::returnSlots(sizeClass, &slot, 1);
+    return;
+  }
+  if (m.count == capacity_[sizeClass]) returnSlots(sizeClass, capacity_[sizeClass] / 2);
+  uint32_t count = m.count;
+  m.slots[count] = slot;
+  m.setCount(count + 1);
+}
+
+void ThreadCache::flushAll() {
+  flushEntries(entryCount_);
+  for (unsigned c = 0; c < kNumSizeClasses; c++) {
+    returnSlots(c, magazines_[c].count);
+    for (uintptr_t& chunk : magazines_[c].runChunks) chunk = 0;
+  }
+}
+
+void ThreadCache::flushCurrent() {
+  ThreadCache* cache = tls_;
+  if (reinterpret_cast<uintptr_t>(cache) > kExited) cache->flushAll();
+}
+
+void ThreadCache::onThreadExit() {
+  ThreadCache* cache = tls_;
+  if (reinterpret_cast<uintptr_t>(cache) <= kExited) return;
+  cache->flushAll();
+  // Later handle calls of this thread (other threads' destructors) go to the table and the
+  // store directly.
+  tls_ = reinterpret_cast<ThreadCache*>(kExited);
+  LockGuard guard(gRegistryLock);
+  cache->inUse_ = false;
+}
+
+size_t ThreadCache::cachedSlots(unsigned sizeClass) {
+  size_t total = 0;
+  LockGuard guard(gRegistryLock);
+  for (ThreadCache* c = gRegistry; c; c = c->next_)
+    total += c->magazines_[sizeClass].countFromAnotherThread();
+  return total;
+}
+
+void ThreadCache::lockForFork() {
+  gRegistryLock.lock();
+}
+void ThreadCache::unlockAfterFork() {
+  gRegistryLock.unlock();
+}
+void ThreadCache::resetAfterFork() {
+  gRegistryLock.resetAfterFork();
+}
+
+}  // namespace meshalloc::handles

@@ -1,0 +1,153 @@
+// Per-thread caches of handle entries and of free slots, so that mh_alloc and mh_free take no
+// lock and make no atomic read-modify-write of shared data on their common path (mh_free keeps
+// the one on the entry's state word that orders it against a move). Entries come from and go
+// back to the table's free stack in batches (one lock each); slots are taken from
+// the fullest chunks of their class in batches under the class's lock, and given back in
+// batches. A slot a cache holds stays taken in its chunk, with no owner: a move never chooses
+// it as a destination (it is not free) and never moves out of it (no live entry names it), and
+// the statistics count it as free (Store::liveBytes subtracts what the caches hold). The
+// defragmenter asks for a class's slots back when one of them keeps a chunk from emptying
+// (requestReturn): each thread gives them back at its next allocation or free in that class.
+// Everything goes back when the thread exits (the heap's thread-exit hook) and when it calls
+// mh_compact. docs/handles.md, "Thread caches".
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "heap/size_class.h"
+
+namespace meshalloc::handles {
+
+class ThreadCache {
+ public:
+  // Capacities: a thread allocating or freeing a few hundred small objects in a row does not
+  // go to the shared structures (2 KiB of entry indices, and up to 64 KiB of free slots per
+  // class: 256 slots of up to 256 bytes, 4 of 16 KiB; malloc's shuffle vectors hold up to 512).
+  static constexpr unsigned kEntryCapacity = 512;
+  static constexpr unsigned kEntryBatch = kEntryCapacity / 2;
+  static constexpr unsigned kMaxSlots = 256;  // per class; fewer for large classes (capacity_)
+  static constexpr uint32_t kNoEntry = ~uint32_t{0};
+  static constexpr unsigned kRunChunks = 4;
+
+  // Plans the per-class capacities (after Store::init) and registers the thread-exit hook.
+  static void init();
+
+  // The calling thread's cache, made on first use; nullptr if it has none (memory exhausted,
+  // or the thread is exiting): the caller then uses the table and the store directly.
+  static ThreadCache* current() {
+    ThreadCache* cache = tls_;
+    if (__builtin_expect(reinterpret_cast<uintptr_t>(cache) > kExited, 1)) return cache;
+    return currentSlow();
+  }
+
+  // A free entry (not live), or kNoEntry when the table is full.
+  uint32_t takeEntry() {
+    if (__builtin_expect(entryCount_ == 0, 0)) return refillEntries();
+    return entries_[--entryCount_];
+  }
+  // An entry that is not live any more.
+  void giveEntry(uint32_t index) {
+    if (__builtin_expect(entryCount_ == kEntryCapacity, 0)) flushEntries(kEntryBatch);
+    entries_[entryCount_++] = index;
+  }
+
+  // A slot of the class, taken in its chunk; 0 if memory is exhausted.
+  uintptr_t takeSlot(unsigned sizeClass) {
+    Magazine& m = magazines_[sizeClass];
+    uint32_t count = m.count;
+    if (__builtin_expect(count == 0 || m.seenRequests != returnRequests_[sizeClass].load(
+                                                             std::memory_order_relaxed),
+                         0))
+      return refillSlots(sizeClass);
+    m.setCount(count - 1);
+    return m.slots[count - 1];
+  }
+  // A slot whose object was freed (its entry is no longer live). Kept only if it is in one of
+  // the chunks the last refills took slots from (dense ones, the fullest when taken); any other
+  // goes back to its chunk at once, so that a cache never keeps sparse chunks alive.
+  void giveSlot(unsigned sizeClass, uintptr_t slot) {
+    Magazine& m = magazines_[sizeClass];
+    uint32_t count = m.count;
+    uintptr_t chunk = slot & chunkMask_[sizeClass];
+    bool inRun = m.runChunks[0] == chunk || m.runChunks[1] == chunk || m.runChunks[2] == chunk ||
+                 m.runChunks[3] == chunk;
+    if (__builtin_expect(
+            !inRun || count == capacity_[sizeClass] ||
+                m.seenRequests != returnRequests_[sizeClass].load(std::memory_order_relaxed),
+            0)) {
+      giveSlotSlow(sizeClass, slot, inRun);
+      return;
+    }
+    m.slots[count] = slot;
+    m.setCount(count + 1);
+  }
+
+  // The calling thread gives back every entry and slot it holds (mh_compact).
+  static void flushCurrent();
+  // For the defragmenter: every thread gives back its slots of the class at its next
+  // allocation or free in it.
+  static void requestReturn(unsigned sizeClass) {
+    returnRequests_[sizeClass].fetch_add(1, std::memory_order_relaxed);
+  }
+  // Slots of the class that thread caches hold now (a walk of the caches).
+  static size_t cachedSlots(unsigned sizeClass);
+
+  // Fork: no cache is being made or retired while the process is copied. In the child the
+  // other threads' caches stay as they were, their slots taken (docs/handles.md, "Fork").
+  static void lockForFork();
+  static void unlockAfterFork();
+  static void resetAfterFork();
+
+ private:
+  // No initialisers: a new cache is zero-filled memory, and only the magazines a thread uses
+  // get touched.
+  struct Magazine {
+    uint32_t count;         // written by the owner only, read by cachedSlots (atomic_ref)
+    uint32_t seenRequests;  // returnRequests_ when the magazine was last refilled
+    uint32_t nextRunChunk;  // the next runChunks entry to replace
+    // The chunks the last refills took slots from (0: none).
+    uintptr_t runChunks[kRunChunks];
+    uintptr_t slots[kMaxSlots];
+    void setCount(uint32_t value) {
+      std::atomic_ref<uint32_t>(count).store(value, std::memory_order_relaxed);
+    }
+    uint32_t countFromAnotherThread() const {
+      return std::atomic_ref<uint32_t>(const_cast<uint32_t&>(count))
+          .load(std::memory_order_relaxed);
+    }
+  };
+
+  static constexpr uintptr_t kExited = 1;  // tls_ of a thread whose cache was retired
+
+  static ThreadCache* currentSlow();
+  static void onThreadExit();
+  uint32_t refillEntries();
+  void flushEntries(unsigned count);
+  uintptr_t refillSlots(unsigned sizeClass);
+  void giveSlotSlow(unsigned sizeClass, uintptr_t slot, bool inRun);
+  void answerReturnRequest(unsigned sizeClass, uint32_t requests);
+  void returnSlots(unsigned sizeClass, unsigned count);
+  void flushAll();
+
+  ThreadCache* next_;  // every cache ever made (the registry), in use or not
+  bool inUse_;
+  uint32_t entryCount_;
+  uint32_t entries_[kEntryCapacity];
+  Magazine magazines_[kNumSizeClasses];
+
+  static inline constinit thread_local ThreadCache* tls_
+      __attribute__((tls_model("initial-exec"))) = nullptr;
+  static inline uint32_t capacity_[kNumSizeClasses] = {};
+  static inline uintptr_t chunkMask_[kNumSizeClasses] = {};  // a slot's chunk: slot & mask
+  // Bumped by requestReturn, read by every cached allocation and free: on lines of their own,
+  // away from data written often.
+  struct alignas(64) Requests {
+    std::atomic<uint32_t> values[kNumSizeClasses];
+    std::atomic<uint32_t>& operator[](unsigned i) { return values[i]; }
+  };
+  static inline constinit Requests returnRequests_ = {};
+};
+
+}  // namespace meshalloc::handles
