@@ -26,22 +26,18 @@ void deallocateSlow(void* pointer);
 void deallocateOther(ThreadHeap* heap, unsigned sizeClass, int span, uintptr_t spanStart,
                      uintptr_t address);
 
-// Pushes the free of `address`, a slot of a span attached to `heap`'s thread, onto `v`, that
-// thread's vector of its class, if the free is plainly valid; false sends it to the slow path.
+// Pushes the free of `address`, a slot of a span attached to the calling thread, onto `v`, its
+// vector of the class, if the free is plainly valid; false sends it to the slow path.
 // Nothing but the block and the vector is read: the span's MiniHeap (a cache miss in a large
 // heap) is not.
-__attribute__((always_inline)) inline bool freeToVector(ThreadHeap* heap, ShuffleVector& v,
-                                                        uintptr_t address) {
+__attribute__((always_inline)) inline bool freeToVector(ShuffleVector& v, uintptr_t address) {
   // A block with a cache tag may be free already: in this vector, in some thread's recycled
   // blocks, on the span's remote-free stack or in its bitmap (heap/cache_tag.h); the slow path
   // looks. A full vector (its spans can have more slots out than it holds) sends the slot back
-  // through the bitmap instead; the span stays attached and reclaims it on refill.
-  if (__builtin_expect(isCacheTagged(address) || v.length >= v.capacity, 0)) return false;
-  if (heap->randomization() == Randomization::kOnRefillAndFree) {
-    v.pushRandomly(address, heap->rng());
-  } else {
-    v.push(address);
-  }
+  // through the bitmap instead; the span stays attached and reclaims it on refill. At
+  // Randomization::kOnRefillAndFree the limit is 0: deallocateOther shuffles the block in.
+  if (__builtin_expect(isCacheTagged(address) || v.length >= v.inlinePushLimit, 0)) return false;
+  v.push(address);
   return true;
 }
 
@@ -56,7 +52,7 @@ __attribute__((always_inline)) inline bool freeToVectorIfHeld(ThreadHeap* heap, 
   if (__builtin_expect(mini->owner.load(std::memory_order_relaxed) != heap, 0)) return false;
   unsigned span = mini->attachIndex;
   if (__builtin_expect(v.spanStarts[span] != spanStart, 0)) return false;
-  return freeToVector(heap, v, address);
+  return freeToVector(v, address);
 }
 
 inline void deallocate(void* pointer) {
@@ -79,7 +75,7 @@ inline void deallocate(void* pointer) {
       ShuffleVector& v = heap->vector(sizeClass);
       int span = v.attachedSpanAt(spanStart);
       // Attached spans are never meshed, so the span table's MiniHeap is this address's.
-      if (__builtin_expect(span >= 0 && freeToVector(heap, v, address), 1)) {
+      if (__builtin_expect(span >= 0 && freeToVector(v, address), 1)) {
         return;
       }
       // Out of line, and entered by a tail call, like every other way out: the push above then

@@ -51,8 +51,12 @@ struct ShuffleVector {
   static constexpr uintptr_t kTaggedEntry = 1;
 
   // The fast paths' fields share the first cache line.
-  uint32_t length = 0;           // free slots available, popped from the end
-  uint32_t capacity = 0;         // entries
+  uint32_t length = 0;    // free slots available, popped from the end
+  uint32_t capacity = 0;  // entries
+  // The inline local free pushes only below this: `capacity`, or 0 where every local free must
+  // be shuffled in (Randomization::kOnRefillAndFree, done out of line), so that the fast path
+  // tests one bound instead of also reading the randomisation level.
+  uint32_t inlinePushLimit = 0;
   uintptr_t* entries = nullptr;  // `capacity` entries
   uint32_t recycledCount = 0;
   uint32_t objectSize = 0;
@@ -208,6 +212,11 @@ class ThreadHeap {
   // to be released. Reports a block freed twice.
   void drainRemoteFrees(ShuffleVector& v, unsigned span, uintptr_t leaveAs);
 
+  // Makes room in the full vector `v` for local frees: its oldest half (the bottom entries) goes
+  // back to the spans' bitmaps, one atomic per bitmap word and one per span rather than two per
+  // block. The spans stay attached and reclaim those slots at the next refill. Reports a block
+  // whose bit was clear already (freed twice).
+  void spill(ShuffleVector& v);
   // Refills the (empty) vector of `sizeClass`; false when memory is exhausted. The class's
   // recycled blocks must all be handed out first (heap::allocateSlow sees to it): a refill may
   // attach the span of a block still held there, and a second free of that block would then take
