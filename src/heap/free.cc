@@ -92,9 +92,9 @@ inline void prefetchRecycledSpan(uintptr_t block) {
 }  // namespace
 
 // Case 2.
-void deallocateOther(ThreadHeap* heap, unsigned sizeClass, int span, uintptr_t spanStart,
-                     uintptr_t address) {
+void deallocateOther(ThreadHeap* heap, unsigned sizeClass, uintptr_t spanStart, uintptr_t address) {
   ShuffleVector& v = heap->vector(sizeClass);
+  int span = v.attachedSpanAt(spanStart);
   if (span >= 0) {
     // Case 2a: a tagged block may be free already (the slow path looks). Else the vector is full,
     // or (Randomization::kOnRefillAndFree, whose inline push limit is 0) the block is to be

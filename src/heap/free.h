@@ -20,11 +20,10 @@ namespace meshalloc::heap {
 // Every free the fast path below does not finish: nullptr, large blocks, misuse, glibc's
 // blocks, threads without a heap (heap/free.cc).
 void deallocateSlow(void* pointer);
-// Every free of a valid small block that freeToVector did not take: span `span` (an
-// attachedSpanAt answer) is attached but the push declined, shares a span-table cell, or is
-// not attached here (the block goes to the recycled ring).
-void deallocateOther(ThreadHeap* heap, unsigned sizeClass, int span, uintptr_t spanStart,
-                     uintptr_t address);
+// Every free of a valid small block that freeToVector did not take: its span (starting at
+// `spanStart`) is attached but the push declined, shares a span-table cell, or is not attached
+// here (the block goes to the recycled ring).
+void deallocateOther(ThreadHeap* heap, unsigned sizeClass, uintptr_t spanStart, uintptr_t address);
 
 // Pushes the free of `address`, a slot of a span attached to the calling thread, onto `v`, its
 // vector of the class, if the free is plainly valid; false sends it to the slow path.
@@ -72,15 +71,16 @@ inline void deallocate(void* pointer) {
       // such, and other threads' vectors hold only their own spans' blocks), and by
       // freeToVector's first check for one in a span attached here. (Read at the top of every
       // free, before the span table, the tag cost larson about 10 %.)
+      // The span table's cell names a span attached here, or an entry that matches no start
+      // (ShuffleVector::attachedSpanAt without its tests of the cell).
       ShuffleVector& v = heap->vector(sizeClass);
-      int span = v.attachedSpanAt(spanStart);
-      // Attached spans are never meshed, so the span table's MiniHeap is this address's.
-      if (__builtin_expect(span >= 0 && freeToVector(v, address), 1)) {
+      uint8_t cell = v.spanTable[ShuffleVector::spanCell(spanStart)];
+      if (__builtin_expect(v.spanStarts[cell] == spanStart && freeToVector(v, address), 1)) {
         return;
       }
       // Out of line, and entered by a tail call, like every other way out: the push above then
       // needs no register saved.
-      return deallocateOther(heap, sizeClass, span, spanStart, address);
+      return deallocateOther(heap, sizeClass, spanStart, address);
     }
   }
   deallocateSlow(pointer);

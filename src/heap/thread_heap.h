@@ -51,17 +51,21 @@ struct ShuffleVector {
   static constexpr uintptr_t kTaggedEntry = 1;
 
   // The fast paths' fields share the first cache line.
-  uint32_t length = 0;    // free slots available, popped from the end
-  uint32_t capacity = 0;  // entries
-  // The inline local free pushes only below this: `capacity`, or 0 where every local free must
-  // be shuffled in (Randomization::kOnRefillAndFree, done out of line), so that the fast path
-  // tests one bound instead of also reading the randomisation level.
-  uint32_t inlinePushLimit = 0;
+  uint32_t length = 0;           // free slots available, popped from the end
+  uint32_t capacity = 0;         // entries
   uintptr_t* entries = nullptr;  // `capacity` entries
   uint32_t recycledCount = 0;
   uint32_t objectSize = 0;
   uint32_t attachedCount = 0;
-  uintptr_t spanStarts[kMaxSpansPerVector] = {};
+  // The inline local free pushes only below this: `capacity`, or 0 where every local free must
+  // be shuffled in (Randomization::kOnRefillAndFree, done out of line), so that the fast path
+  // tests one bound instead of also reading the randomisation level. (In the line's padding:
+  // moving `entries` cost malloc two instructions.)
+  uint32_t inlinePushLimit = 0;
+  // The attached spans' starts, then two entries that stay 0 (no span starts there), for the
+  // span table's kSeveralSpans and kNoSpan cells: a free compares the start a cell names without
+  // testing the cell first.
+  uintptr_t spanStarts[kMaxSpansPerVector + 2] = {};
   MiniHeap* spans[kMaxSpansPerVector] = {};
 
   static uintptr_t blockOf(uintptr_t entry) { return entry & ~kTaggedEntry; }
@@ -80,13 +84,14 @@ struct ShuffleVector {
 
   // The attached spans by a hash of their starts, so a free can tell without touching the span's
   // MiniHeap (which misses in a large heap) whether its span is attached here, and which one it
-  // is: a cell holds the span's index plus one, kNoSpan, or kSeveralSpans where starts collide.
-  // (A bit filter still had to read the MiniHeap to confirm; its false positives, one in eight
-  // frees with a full table, then also went the slow way.)
+  // is: a cell holds the span's index, kNoSpan, or kSeveralSpans where starts collide. The
+  // span is attached exactly when spanStarts[cell] is its start. (A bit filter still had to read
+  // the MiniHeap to confirm; its false positives, one in eight frees with a full table, then
+  // also went the slow way.) A table never rebuilt is all zeros, which names span 0: the start
+  // comparison still decides.
   static constexpr unsigned kSpanTableCells = 256;
-  static constexpr uint8_t kNoSpan = 0;
-  static constexpr uint8_t kSeveralSpans = 0xff;
-  static_assert(kMaxSpansPerVector < kSeveralSpans);
+  static constexpr uint8_t kSeveralSpans = kMaxSpansPerVector;
+  static constexpr uint8_t kNoSpan = kMaxSpansPerVector + 1;
   // attachedSpanAt's answers besides an index.
   static constexpr int kNotAttached = -1;
   static constexpr int kMaybeAttached = -2;
@@ -101,16 +106,14 @@ struct ShuffleVector {
   // (a shared cell: the caller asks the MiniHeap).
   int attachedSpanAt(uintptr_t spanStart) const {
     uint8_t cell = spanTable[spanCell(spanStart)];
-    if (cell == kNoSpan) return kNotAttached;
-    if (__builtin_expect(cell == kSeveralSpans, 0)) return kMaybeAttached;
-    unsigned span = cell - 1u;
-    return spanStarts[span] == spanStart ? static_cast<int>(span) : kNotAttached;
+    if (spanStarts[cell] == spanStart) return cell;
+    return cell == kSeveralSpans ? kMaybeAttached : kNotAttached;
   }
   void rebuildSpanTable() {
     for (uint8_t& cell : spanTable) cell = kNoSpan;
     for (uint32_t i = 0; i < attachedCount; i++) {
       uint8_t& cell = spanTable[spanCell(spanStarts[i])];
-      cell = cell == kNoSpan ? static_cast<uint8_t>(i + 1) : kSeveralSpans;
+      cell = cell == kNoSpan ? static_cast<uint8_t>(i) : kSeveralSpans;
     }
   }
 
