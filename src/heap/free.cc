@@ -13,7 +13,8 @@
 //
 // The cases, in the order a free meets them:
 //  1. deallocate (inline): a valid small block of a span in this thread's span table ->
-//     freeToVector. Double free: a block with a cache tag (heap/cache_tag.h) is declined.
+//     freeToVector (at Randomization::kOnRefillAndFree, deallocateShuffled). Double free: a
+//     block with a cache tag (heap/cache_tag.h) is declined.
 //  2. deallocateOther, for a valid small block the fast path did not take:
 //     a. its span is attached here but the push declined: a tagged block -> deallocateSlow;
 //        else a full vector first spills its oldest half to the spans' bitmaps
@@ -127,6 +128,17 @@ void deallocateOther(ThreadHeap* heap, unsigned sizeClass, uintptr_t spanStart, 
     prefetchRecycledSpan(v.recycledToApplyAfter(kRecycledPrefetchDistance));
     freeRecycledToSpan(heap, due);
   }
+}
+
+// Case 1 at Randomization::kOnRefillAndFree.
+void deallocateShuffled(ThreadHeap* heap, unsigned sizeClass, uintptr_t spanStart,
+                        uintptr_t address) {
+  ShuffleVector& v = heap->vector(sizeClass);
+  if (__builtin_expect(!isCacheTagged(address) && v.length < v.capacity, 1)) {
+    v.pushRandomly(address, heap->rng());
+    return;
+  }
+  deallocateOther(heap, sizeClass, spanStart, address);
 }
 
 // Case 3.

@@ -25,6 +25,12 @@ void deallocateSlow(void* pointer);
 // here (the block goes to the recycled ring).
 void deallocateOther(ThreadHeap* heap, unsigned sizeClass, uintptr_t spanStart, uintptr_t address);
 
+// A local free at Randomization::kOnRefillAndFree (whose inline push limit is 0): swapped
+// into the vector at a random place (pushRandomly), with freeToVector's checks; anything else
+// goes on to deallocateOther.
+void deallocateShuffled(ThreadHeap* heap, unsigned sizeClass, uintptr_t spanStart,
+                        uintptr_t address);
+
 // Pushes the free of `address`, a slot of a span attached to the calling thread, onto `v`, its
 // vector of the class, if the free is plainly valid; false sends it to the slow path.
 // Nothing but the block and the vector is read: the span's MiniHeap (a cache miss in a large
@@ -75,8 +81,11 @@ inline void deallocate(void* pointer) {
       // (ShuffleVector::attachedSpanAt without its tests of the cell).
       ShuffleVector& v = heap->vector(sizeClass);
       uint8_t cell = v.spanTable[ShuffleVector::spanCell(spanStart)];
-      if (__builtin_expect(v.spanStarts[cell] == spanStart && freeToVector(v, address), 1)) {
-        return;
+      if (__builtin_expect(v.spanStarts[cell] == spanStart, 1)) {
+        if (__builtin_expect(freeToVector(v, address), 1)) return;
+        // Randomization::kOnRefillAndFree: a small function of its own, without
+        // deallocateOther's frame.
+        if (v.inlinePushLimit == 0) return deallocateShuffled(heap, sizeClass, spanStart, address);
       }
       // Out of line, and entered by a tail call, like every other way out: the push above then
       // needs no register saved.

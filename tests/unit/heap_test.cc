@@ -82,6 +82,27 @@ TEST_F(HeapTest, RandomizationShufflesAllocationOrder) {
   }
 }
 
+// At level 2 a local free is swapped into the vector at a random place (out of line,
+// heap::deallocateShuffled): blocks freed in one order do not come back in the reverse order,
+// as a push on top would hand them out, and each comes back once.
+TEST_F(HeapTest, RandomizationTwoShufflesLocalFreesIn) {
+  gHeapConfig.randomization = Randomization::kOnRefillAndFree;
+  constexpr size_t kSize = 96;
+  constexpr size_t kCount = 32;
+  onNewThread([&] {
+    std::vector<void*> blocks;
+    for (size_t i = 0; i < kCount; i++) blocks.push_back(heap::allocate(kSize));
+    for (void* p : blocks) heap::deallocate(p);
+    std::vector<void*> again;
+    for (size_t i = 0; i < kCount; i++) again.push_back(heap::allocate(kSize));
+    std::vector<void*> reversed(blocks.rbegin(), blocks.rend());
+    EXPECT_NE(again, reversed) << "level 2 pushed the frees on top";
+    std::set<void*> distinct(again.begin(), again.end());
+    EXPECT_EQ(distinct.size(), kCount);
+    for (void* p : again) heap::deallocate(p);
+  });
+}
+
 // Slot index of `address` within its virtual span.
 size_t slotInSpan(uintptr_t address, size_t objectSize) {
   return (address - Arena::spanStartOf(address, Arena::entryFor(address))) / objectSize;
