@@ -93,9 +93,10 @@ inline void prefetchRecycledSpan(uintptr_t block) {
 }  // namespace
 
 // Case 2.
-void deallocateOther(ThreadHeap* heap, unsigned sizeClass, uintptr_t spanStart, uintptr_t address) {
+void deallocateOther(ThreadHeap* heap, unsigned sizeClass, uint8_t cell, uintptr_t spanStart,
+                     uintptr_t address) {
   ShuffleVector& v = heap->vector(sizeClass);
-  int span = v.attachedSpanAt(spanStart);
+  int span = v.attachedSpanIn(cell, spanStart);
   if (span >= 0) {
     // Case 2a: a tagged block may be free already (the slow path looks). Else the vector is full,
     // or (Randomization::kOnRefillAndFree, whose inline push limit is 0) the block is to be
@@ -138,7 +139,8 @@ void deallocateShuffled(ThreadHeap* heap, unsigned sizeClass, uintptr_t spanStar
     v.pushRandomly(address, heap->rng());
     return;
   }
-  deallocateOther(heap, sizeClass, spanStart, address);
+  deallocateOther(heap, sizeClass, v.spanTable[ShuffleVector::spanCell(spanStart)], spanStart,
+                  address);
 }
 
 // Case 3.

@@ -23,7 +23,8 @@ void deallocateSlow(void* pointer);
 // Every free of a valid small block that freeToVector did not take: its span (starting at
 // `spanStart`) is attached but the push declined, shares a span-table cell, or is not attached
 // here (the block goes to the recycled ring).
-void deallocateOther(ThreadHeap* heap, unsigned sizeClass, uintptr_t spanStart, uintptr_t address);
+void deallocateOther(ThreadHeap* heap, unsigned sizeClass, uint8_t cell, uintptr_t spanStart,
+                     uintptr_t address);
 
 // A local free at Randomization::kOnRefillAndFree (whose inline push limit is 0): swapped
 // into the vector at a random place (pushRandomly), with freeToVector's checks; anything else
@@ -89,7 +90,7 @@ inline void deallocate(void* pointer) {
       }
       // Out of line, and entered by a tail call, like every other way out: the push above then
       // needs no register saved.
-      return deallocateOther(heap, sizeClass, spanStart, address);
+      return deallocateOther(heap, sizeClass, cell, spanStart, address);
     }
   }
   deallocateSlow(pointer);

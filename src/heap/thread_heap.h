@@ -105,7 +105,10 @@ struct ShuffleVector {
   // The index of the attached span that starts at `spanStart`, kNotAttached, or kMaybeAttached
   // (a shared cell: the caller asks the MiniHeap).
   int attachedSpanAt(uintptr_t spanStart) const {
-    uint8_t cell = spanTable[spanCell(spanStart)];
+    return attachedSpanIn(spanTable[spanCell(spanStart)], spanStart);
+  }
+  // The same for the span table's cell of `spanStart`, read already.
+  int attachedSpanIn(uint8_t cell, uintptr_t spanStart) const {
     if (spanStarts[cell] == spanStart) return cell;
     return cell == kSeveralSpans ? kMaybeAttached : kNotAttached;
   }
