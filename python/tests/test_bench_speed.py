@@ -45,7 +45,7 @@ def test_smoke_outcome(smoke):
     assert "geomean all" in outcome["table_md"]
     claims = outcome["claims"]
     assert [claim["claim"] for claim in claims][:2] == [
-        "meshalloc 1n time vs mimalloc, each single-threaded microbenchmark (9)",
+        "meshalloc 1n time vs mimalloc, each single-threaded microbenchmark (10)",
         "meshalloc 1n time vs mimalloc, each multi-threaded microbenchmark (8)"]
     assert all(claim["holds"] is None and "smoke" in claim["note"] for claim in claims)
     assert "speed.png" in outcome["files"] and "table.tsv" in outcome["files"]

@@ -13,10 +13,13 @@
 //
 // The cases, in the order a free meets them:
 //  1. deallocate (inline): a valid small block of a span in this thread's span table ->
-//     freeToVector. Double free: a block with a cache tag (heap/cache_tag.h) is declined.
+//     freeToVector (at Randomization::kOnRefillAndFree, deallocateShuffled). Double free: a
+//     block with a cache tag (heap/cache_tag.h) is declined.
 //  2. deallocateOther, for a valid small block the fast path did not take:
-//     a. its span is attached here but the push declined (tagged block, full vector) ->
-//        deallocateSlow;
+//     a. its span is attached here but the push declined: a tagged block -> deallocateSlow;
+//        else a full vector first spills its oldest half to the spans' bitmaps
+//        (ThreadHeap::spill; double free: a bit found clear), then freeToVector's push (at
+//        Randomization::kOnRefillAndFree, every local free: pushRandomly);
 //     b. its span-table cell is shared by several spans -> the full page-map entry's MiniHeap,
 //        freeToVectorIfHeld, else deallocateSlow;
 //     c. its span is not attached here -> checkTaggedFree if tagged (double free: the block is
@@ -90,10 +93,23 @@ inline void prefetchRecycledSpan(uintptr_t block) {
 }  // namespace
 
 // Case 2.
-void deallocateOther(ThreadHeap* heap, unsigned sizeClass, int span, uintptr_t spanStart,
+void deallocateOther(ThreadHeap* heap, unsigned sizeClass, uint8_t cell, uintptr_t spanStart,
                      uintptr_t address) {
-  if (span >= 0) return deallocateSlow(reinterpret_cast<void*>(address));
   ShuffleVector& v = heap->vector(sizeClass);
+  int span = v.attachedSpanIn(cell, spanStart);
+  if (span >= 0) {
+    // Case 2a: a tagged block may be free already (the slow path looks). Else the vector is full,
+    // or (Randomization::kOnRefillAndFree, whose inline push limit is 0) the block is to be
+    // shuffled in.
+    if (isCacheTagged(address)) return deallocateSlow(reinterpret_cast<void*>(address));
+    if (v.length >= v.capacity) heap->spill(v);
+    if (heap->randomization() == Randomization::kOnRefillAndFree) {
+      v.pushRandomly(address, heap->rng());
+    } else {
+      v.push(address);
+    }
+    return;
+  }
   if (__builtin_expect(span == ShuffleVector::kMaybeAttached, 0)) {
     uint64_t entry = Arena::entryFor(address);
     if (!PageEntry::isMiniHeap(entry) ||
@@ -113,6 +129,18 @@ void deallocateOther(ThreadHeap* heap, unsigned sizeClass, int span, uintptr_t s
     prefetchRecycledSpan(v.recycledToApplyAfter(kRecycledPrefetchDistance));
     freeRecycledToSpan(heap, due);
   }
+}
+
+// Case 1 at Randomization::kOnRefillAndFree.
+void deallocateShuffled(ThreadHeap* heap, unsigned sizeClass, uintptr_t spanStart,
+                        uintptr_t address) {
+  ShuffleVector& v = heap->vector(sizeClass);
+  if (__builtin_expect(!isCacheTagged(address) && v.length < v.capacity, 1)) {
+    v.pushRandomly(address, heap->rng());
+    return;
+  }
+  deallocateOther(heap, sizeClass, v.spanTable[ShuffleVector::spanCell(spanStart)], spanStart,
+                  address);
 }
 
 // Case 3.
@@ -191,7 +219,11 @@ void freeToHeldSpan(ThreadHeap* heap, void* pointer, MiniHeap* mini, int64_t slo
     reportHeapError(HeapError::kDoubleFree, "free", pointer);
   }
   if (v.length < v.capacity) {
-    v.push(canonical);
+    if (heap->randomization() == Randomization::kOnRefillAndFree) {
+      v.pushRandomly(canonical, heap->rng());
+    } else {
+      v.push(canonical);
+    }
     return;
   }
   // The span stays attached and reclaims the slot from its bitmap on the next refill; the tag

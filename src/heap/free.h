@@ -20,28 +20,30 @@ namespace meshalloc::heap {
 // Every free the fast path below does not finish: nullptr, large blocks, misuse, glibc's
 // blocks, threads without a heap (heap/free.cc).
 void deallocateSlow(void* pointer);
-// Every free of a valid small block that freeToVector did not take: span `span` (an
-// attachedSpanAt answer) is attached but the push declined, shares a span-table cell, or is
-// not attached here (the block goes to the recycled ring).
-void deallocateOther(ThreadHeap* heap, unsigned sizeClass, int span, uintptr_t spanStart,
+// Every free of a valid small block that freeToVector did not take: its span (starting at
+// `spanStart`) is attached but the push declined, shares a span-table cell, or is not attached
+// here (the block goes to the recycled ring).
+void deallocateOther(ThreadHeap* heap, unsigned sizeClass, uint8_t cell, uintptr_t spanStart,
                      uintptr_t address);
 
-// Pushes the free of `address`, a slot of a span attached to `heap`'s thread, onto `v`, that
-// thread's vector of its class, if the free is plainly valid; false sends it to the slow path.
+// A local free at Randomization::kOnRefillAndFree (whose inline push limit is 0): swapped
+// into the vector at a random place (pushRandomly), with freeToVector's checks; anything else
+// goes on to deallocateOther.
+void deallocateShuffled(ThreadHeap* heap, unsigned sizeClass, uintptr_t spanStart,
+                        uintptr_t address);
+
+// Pushes the free of `address`, a slot of a span attached to the calling thread, onto `v`, its
+// vector of the class, if the free is plainly valid; false sends it to the slow path.
 // Nothing but the block and the vector is read: the span's MiniHeap (a cache miss in a large
 // heap) is not.
-__attribute__((always_inline)) inline bool freeToVector(ThreadHeap* heap, ShuffleVector& v,
-                                                        uintptr_t address) {
+__attribute__((always_inline)) inline bool freeToVector(ShuffleVector& v, uintptr_t address) {
   // A block with a cache tag may be free already: in this vector, in some thread's recycled
   // blocks, on the span's remote-free stack or in its bitmap (heap/cache_tag.h); the slow path
   // looks. A full vector (its spans can have more slots out than it holds) sends the slot back
-  // through the bitmap instead; the span stays attached and reclaims it on refill.
-  if (__builtin_expect(isCacheTagged(address) || v.length >= v.capacity, 0)) return false;
-  if (heap->randomization() == Randomization::kOnRefillAndFree) {
-    v.pushRandomly(address, heap->rng());
-  } else {
-    v.push(address);
-  }
+  // through the bitmap instead; the span stays attached and reclaims it on refill. At
+  // Randomization::kOnRefillAndFree the limit is 0: deallocateOther shuffles the block in.
+  if (__builtin_expect(isCacheTagged(address) || v.length >= v.inlinePushLimit, 0)) return false;
+  v.push(address);
   return true;
 }
 
@@ -56,7 +58,7 @@ __attribute__((always_inline)) inline bool freeToVectorIfHeld(ThreadHeap* heap, 
   if (__builtin_expect(mini->owner.load(std::memory_order_relaxed) != heap, 0)) return false;
   unsigned span = mini->attachIndex;
   if (__builtin_expect(v.spanStarts[span] != spanStart, 0)) return false;
-  return freeToVector(heap, v, address);
+  return freeToVector(v, address);
 }
 
 inline void deallocate(void* pointer) {
@@ -76,15 +78,19 @@ inline void deallocate(void* pointer) {
       // such, and other threads' vectors hold only their own spans' blocks), and by
       // freeToVector's first check for one in a span attached here. (Read at the top of every
       // free, before the span table, the tag cost larson about 10 %.)
+      // The span table's cell names a span attached here, or an entry that matches no start
+      // (ShuffleVector::attachedSpanAt without its tests of the cell).
       ShuffleVector& v = heap->vector(sizeClass);
-      int span = v.attachedSpanAt(spanStart);
-      // Attached spans are never meshed, so the span table's MiniHeap is this address's.
-      if (__builtin_expect(span >= 0 && freeToVector(heap, v, address), 1)) {
-        return;
+      uint8_t cell = v.spanTable[ShuffleVector::spanCell(spanStart)];
+      if (__builtin_expect(v.spanStarts[cell] == spanStart, 1)) {
+        if (__builtin_expect(freeToVector(v, address), 1)) return;
+        // Randomization::kOnRefillAndFree: a small function of its own, without
+        // deallocateOther's frame.
+        if (v.inlinePushLimit == 0) return deallocateShuffled(heap, sizeClass, spanStart, address);
       }
       // Out of line, and entered by a tail call, like every other way out: the push above then
       // needs no register saved.
-      return deallocateOther(heap, sizeClass, span, spanStart, address);
+      return deallocateOther(heap, sizeClass, cell, spanStart, address);
     }
   }
   deallocateSlow(pointer);

@@ -110,6 +110,10 @@ ThreadHeap* ThreadHeap::create() {
   }
   heap->rng_.reseed(os::entropy64() ^ reinterpret_cast<uintptr_t>(heap));
   heap->randomization_ = gHeapConfig.randomization;
+  for (unsigned c = 0; c < kNumSizeClasses; c++) {
+    ShuffleVector& v = heap->vectors_[c].vector;
+    v.inlinePushLimit = heap->randomization_ == Randomization::kOnRefillAndFree ? 0 : v.capacity;
+  }
   heap->parkWord_.store(heap->parkWord_.load(std::memory_order_relaxed) & ~kStateMask,
                         std::memory_order_relaxed);
   heap->inUse_ = true;
@@ -312,6 +316,58 @@ void ThreadHeap::claimFreeSlots(ShuffleVector& v, unsigned span) {
   }
   MESHALLOC_ASSERT(v.length <= v.capacity);
   if (claimed) heap->liveCount.fetch_add(claimed, std::memory_order_acq_rel);
+}
+
+void ThreadHeap::spill(ShuffleVector& v) {
+  uint32_t count = v.length / 2;
+  uint32_t returned[kMaxSpansPerVector] = {};
+  size_t spanBytes = SizeClasses::plan(v.spans[0]->sizeClass).pages * Arena::pageSize();
+  // Consecutive entries mostly share a span and a bitmap word (a refill claims them span by
+  // span, in address order): their bits are cleared together.
+  int runSpan = -1;
+  size_t runWord = 0;
+  uint64_t runMask = 0;
+  auto flush = [&] {
+    if (!runMask) return;
+    uint64_t wasSet = v.spans[runSpan]->bitmap().unsetMask(runWord, runMask);
+    if (wasSet != runMask) {
+      MiniHeap* heap = v.spans[runSpan];
+      unsigned bit = static_cast<unsigned>(__builtin_ctzll(runMask & ~wasSet));
+      uintptr_t block = heap->spanStart + (runWord * 64 + bit) * heap->objectSize;
+      reportHeapError(HeapError::kDoubleFree, "free", reinterpret_cast<void*>(block));
+    }
+    runMask = 0;
+  };
+  for (uint32_t i = 0; i < count; i++) {
+    uintptr_t entry = v.entries[i];
+    uintptr_t block = ShuffleVector::blockOf(entry);
+    int span = runSpan >= 0 && block - v.spanStarts[runSpan] < spanBytes
+                   ? runSpan
+                   : attachedIndexOf(v, block);
+    MESHALLOC_ASSERT(span >= 0);
+    MiniHeap* heap = v.spans[span];
+    int64_t slot = heap->slotOf(block - heap->spanStart);
+    MESHALLOC_ASSERT(slot >= 0);
+    // A block the program freed here carries the vector tag: it now says released, so that a
+    // second free takes the slow path, which finds the bit clear. A slot claimed and never
+    // handed out carries none and gets none (its page may never have been touched).
+    if (entry & ShuffleVector::kTaggedEntry) setCacheTag(block, releasedTag());
+    size_t word = static_cast<size_t>(slot) / 64;
+    if (span != runSpan || word != runWord) {
+      flush();
+      runSpan = span;
+      runWord = word;
+    }
+    runMask |= 1ull << (static_cast<size_t>(slot) % 64);
+    returned[span]++;
+  }
+  flush();
+  for (unsigned span = 0; span < v.attachedCount; span++) {
+    if (returned[span])
+      v.spans[span]->liveCount.fetch_sub(returned[span], std::memory_order_acq_rel);
+  }
+  memmove(v.entries, v.entries + count, (v.length - count) * sizeof(uintptr_t));
+  v.length -= count;
 }
 
 void ThreadHeap::removeSpan(ShuffleVector& v, unsigned span) {

@@ -57,7 +57,15 @@ struct ShuffleVector {
   uint32_t recycledCount = 0;
   uint32_t objectSize = 0;
   uint32_t attachedCount = 0;
-  uintptr_t spanStarts[kMaxSpansPerVector] = {};
+  // The inline local free pushes only below this: `capacity`, or 0 where every local free must
+  // be shuffled in (Randomization::kOnRefillAndFree, done out of line), so that the fast path
+  // tests one bound instead of also reading the randomisation level. (In the line's padding:
+  // moving `entries` cost malloc two instructions.)
+  uint32_t inlinePushLimit = 0;
+  // The attached spans' starts, then two entries that stay 0 (no span starts there), for the
+  // span table's kSeveralSpans and kNoSpan cells: a free compares the start a cell names without
+  // testing the cell first.
+  uintptr_t spanStarts[kMaxSpansPerVector + 2] = {};
   MiniHeap* spans[kMaxSpansPerVector] = {};
 
   static uintptr_t blockOf(uintptr_t entry) { return entry & ~kTaggedEntry; }
@@ -76,13 +84,14 @@ struct ShuffleVector {
 
   // The attached spans by a hash of their starts, so a free can tell without touching the span's
   // MiniHeap (which misses in a large heap) whether its span is attached here, and which one it
-  // is: a cell holds the span's index plus one, kNoSpan, or kSeveralSpans where starts collide.
-  // (A bit filter still had to read the MiniHeap to confirm; its false positives, one in eight
-  // frees with a full table, then also went the slow way.)
+  // is: a cell holds the span's index, kNoSpan, or kSeveralSpans where starts collide. The
+  // span is attached exactly when spanStarts[cell] is its start. (A bit filter still had to read
+  // the MiniHeap to confirm; its false positives, one in eight frees with a full table, then
+  // also went the slow way.) A table never rebuilt is all zeros, which names span 0: the start
+  // comparison still decides.
   static constexpr unsigned kSpanTableCells = 256;
-  static constexpr uint8_t kNoSpan = 0;
-  static constexpr uint8_t kSeveralSpans = 0xff;
-  static_assert(kMaxSpansPerVector < kSeveralSpans);
+  static constexpr uint8_t kSeveralSpans = kMaxSpansPerVector;
+  static constexpr uint8_t kNoSpan = kMaxSpansPerVector + 1;
   // attachedSpanAt's answers besides an index.
   static constexpr int kNotAttached = -1;
   static constexpr int kMaybeAttached = -2;
@@ -96,17 +105,18 @@ struct ShuffleVector {
   // The index of the attached span that starts at `spanStart`, kNotAttached, or kMaybeAttached
   // (a shared cell: the caller asks the MiniHeap).
   int attachedSpanAt(uintptr_t spanStart) const {
-    uint8_t cell = spanTable[spanCell(spanStart)];
-    if (cell == kNoSpan) return kNotAttached;
-    if (__builtin_expect(cell == kSeveralSpans, 0)) return kMaybeAttached;
-    unsigned span = cell - 1u;
-    return spanStarts[span] == spanStart ? static_cast<int>(span) : kNotAttached;
+    return attachedSpanIn(spanTable[spanCell(spanStart)], spanStart);
+  }
+  // The same for the span table's cell of `spanStart`, read already.
+  int attachedSpanIn(uint8_t cell, uintptr_t spanStart) const {
+    if (spanStarts[cell] == spanStart) return cell;
+    return cell == kSeveralSpans ? kMaybeAttached : kNotAttached;
   }
   void rebuildSpanTable() {
     for (uint8_t& cell : spanTable) cell = kNoSpan;
     for (uint32_t i = 0; i < attachedCount; i++) {
       uint8_t& cell = spanTable[spanCell(spanStarts[i])];
-      cell = cell == kNoSpan ? static_cast<uint8_t>(i + 1) : kSeveralSpans;
+      cell = cell == kNoSpan ? static_cast<uint8_t>(i) : kSeveralSpans;
     }
   }
 
@@ -208,6 +218,11 @@ class ThreadHeap {
   // to be released. Reports a block freed twice.
   void drainRemoteFrees(ShuffleVector& v, unsigned span, uintptr_t leaveAs);
 
+  // Makes room in the full vector `v` for local frees: its oldest half (the bottom entries) goes
+  // back to the spans' bitmaps, one atomic per bitmap word and one per span rather than two per
+  // block. The spans stay attached and reclaim those slots at the next refill. Reports a block
+  // whose bit was clear already (freed twice).
+  void spill(ShuffleVector& v);
   // Refills the (empty) vector of `sizeClass`; false when memory is exhausted. The class's
   // recycled blocks must all be handed out first (heap::allocateSlow sees to it): a refill may
   // attach the span of a block still held there, and a second free of that block would then take

@@ -52,7 +52,10 @@ class AtomicBitmap {
     return ~words_[w].fetch_or(mask, std::memory_order_acq_rel) & mask;
   }
 
-  void clearMask(size_t w, uint64_t mask) { words_[w].fetch_and(~mask, std::memory_order_acq_rel); }
+  // Clears the bits of `mask` in word `w`, returning those of them that were set before.
+  uint64_t unsetMask(size_t w, uint64_t mask) {
+    return words_[w].fetch_and(~mask, std::memory_order_acq_rel) & mask;
+  }
 
   uint64_t loadWord(size_t w) const { return words_[w].load(std::memory_order_acquire); }
   void storeWord(size_t w, uint64_t value) { words_[w].store(value, std::memory_order_release); }

@@ -82,6 +82,27 @@ TEST_F(HeapTest, RandomizationShufflesAllocationOrder) {
   }
 }
 
+// At level 2 a local free is swapped into the vector at a random place (out of line,
+// heap::deallocateShuffled): blocks freed in one order do not come back in the reverse order,
+// as a push on top would hand them out, and each comes back once.
+TEST_F(HeapTest, RandomizationTwoShufflesLocalFreesIn) {
+  gHeapConfig.randomization = Randomization::kOnRefillAndFree;
+  constexpr size_t kSize = 96;
+  constexpr size_t kCount = 32;
+  onNewThread([&] {
+    std::vector<void*> blocks;
+    for (size_t i = 0; i < kCount; i++) blocks.push_back(heap::allocate(kSize));
+    for (void* p : blocks) heap::deallocate(p);
+    std::vector<void*> again;
+    for (size_t i = 0; i < kCount; i++) again.push_back(heap::allocate(kSize));
+    std::vector<void*> reversed(blocks.rbegin(), blocks.rend());
+    EXPECT_NE(again, reversed) << "level 2 pushed the frees on top";
+    std::set<void*> distinct(again.begin(), again.end());
+    EXPECT_EQ(distinct.size(), kCount);
+    for (void* p : again) heap::deallocate(p);
+  });
+}
+
 // Slot index of `address` within its virtual span.
 size_t slotInSpan(uintptr_t address, size_t objectSize) {
   return (address - Arena::spanStartOf(address, Arena::entryFor(address))) / objectSize;
@@ -543,6 +564,16 @@ TEST_F(HeapDeathTest, MisuseIsReportedWithTheAddress) {
         }).join();
       },
       "meshalloc: double free of 0x[0-9a-f]+");
+  // ... and of a block a full vector spilled back to its span's bitmap (the first freed goes
+  // first), from another thread, at the call: the spill marks the block released.
+  EXPECT_DEATH(
+      {
+        std::vector<void*> blocks(1024);
+        for (void*& b : blocks) b = api::mallocImpl(64);
+        for (void* b : blocks) api::freeImpl(b);
+        std::thread([&] { api::freeImpl(blocks[0]); }).join();
+      },
+      "meshalloc: double free of 0x[0-9a-f]+");
   EXPECT_DEATH(
       {
         char* p = static_cast<char*>(api::mallocImpl(64));
@@ -640,6 +671,37 @@ TEST_F(HeapTest, FreesIntoAttachedSpansArePushedLocallyThroughTheSpanTable) {
     for (void* block : blocks) heap::deallocate(block);
     EXPECT_EQ(v.recycledCount, recycledBefore) << "frees into attached spans were recycled";
     EXPECT_EQ(v.length, lengthBefore + blocks.size());
+  });
+}
+
+// A local free into a full vector spills the vector's oldest half back to the spans' bitmaps
+// (which the spans, still attached, reclaim at the next refill) instead of sending each such free
+// through the bitmap on its own. What the attached spans count as owned afterwards is exactly
+// what the vector holds: every spilled slot was returned once.
+TEST_F(HeapTest, AFullVectorSpillsItsOldestHalfToTheBitmaps) {
+  constexpr size_t kSize = 64;
+  const unsigned sizeClass = SizeClasses::classOf(kSize);
+  onNewThread([&] {
+    ShuffleVector& v = heap::currentThreadHeap()->vector(sizeClass);
+    std::vector<void*> blocks(v.capacity + v.capacity / 2);
+    for (void*& block : blocks) block = heap::allocate(kSize);
+    ASSERT_LE(blocks.size(), v.attachedCount * SizeClasses::plan(sizeClass).objectCount);
+    for (void* block : blocks) heap::deallocate(block);
+    EXPECT_EQ(v.recycledCount, 0u) << "frees into attached spans were recycled";
+    EXPECT_LE(v.length, v.capacity);
+    uint64_t owned = 0;
+    for (uint32_t span = 0; span < v.attachedCount; span++) {
+      owned += v.spans[span]->liveCount.load();
+      EXPECT_EQ(v.spans[span]->liveCount.load(), v.spans[span]->bitmap().popcount());
+    }
+    EXPECT_EQ(owned, v.length) << "a spilled slot is still counted as owned";
+    // The spilled slots come back: allocating them all again needs no new span.
+    uint32_t attached = v.attachedCount;
+    for (void*& block : blocks) block = heap::allocate(kSize);
+    EXPECT_EQ(v.attachedCount, attached);
+    std::set<void*> distinct(blocks.begin(), blocks.end());
+    EXPECT_EQ(distinct.size(), blocks.size()) << "a slot was handed out twice";
+    for (void* block : blocks) heap::deallocate(block);
   });
 }
 
