@@ -56,7 +56,7 @@ struct Report {
   uint64_t nulls;     // allocations that returned NULL (all with ENOMEM)
   uint64_t meshFailedDelta;
   uint64_t meshCountDelta;
-  uint64_t strandedDelta;  // spans stranded by a failed undo (mesh.stranded)
+  uint64_t strandedDelta;         // spans stranded by a failed undo (mesh.stranded)
   uint64_t unprotectCopiesDelta;  // mesh.unprotect_copies
   char message[480];              // empty if every check passed
 };
