@@ -87,7 +87,8 @@ static void usage(const char* why) {
   fprintf(
       stderr,
       "lru_client: %s\nusage: lru_client --port PORT [--host ADDR] [--phase1 N] [--size1 BYTES] "
-      "[--phase2 N] [--size2 BYTES] [--batch N] [--seed S] [--reads N] [--rate KEYS_PER_S] [--connect-timeout "
+      "[--phase2 N] [--size2 BYTES] [--batch N] [--seed S] [--reads N] [--rate KEYS_PER_S] "
+      "[--connect-timeout "
       "SECONDS]\n",
       why);
   exit(1);

@@ -57,8 +57,8 @@ constexpr bool kThreadSanitizer = false;
   abort();
 }
 
-#define FUZZ_REQUIRE(condition, ...) \
-  do {                               \
+#define FUZZ_REQUIRE(condition, ...)     \
+  do {                                   \
     if (!(condition)) fail(__VA_ARGS__); \
   } while (0)
 
@@ -76,8 +76,8 @@ void checkBlock(const Block& b, const char* when) {
   FUZZ_REQUIRE(wrong == SIZE_MAX,
                "block %llu (%p, %zu bytes, alignment %zu) changed at byte %zu %s: 0x%02x, "
                "expected 0x%02x",
-               static_cast<unsigned long long>(b.id), b.pointer, b.size, b.alignment, wrong,
-               when, static_cast<const uint8_t*>(b.pointer)[wrong],
+               static_cast<unsigned long long>(b.id), b.pointer, b.size, b.alignment, wrong, when,
+               static_cast<const uint8_t*>(b.pointer)[wrong],
                patternByte(seedOf(b.id, b.size), wrong));
   size_t usable = heap::usableSize(b.pointer);
   FUZZ_REQUIRE(usable >= b.size, "block %llu (%p): malloc_usable_size %zu < size %zu %s",
@@ -106,7 +106,9 @@ class RemoteFreer {
   }
 
  private:
-  RemoteFreer() { std::thread([this] { run(); }).detach(); }
+  RemoteFreer() {
+    std::thread([this] { run(); }).detach();
+  }
   void run() {
     std::vector<Block> batch;
     for (;;) {
@@ -148,17 +150,24 @@ class Input {
   size_t size() {
     uint8_t kind = byte();
     switch (kind % 8) {
-      case 0: return 0;
-      case 1: return 1 + below(64);
-      case 2: return 1 + below(1024);
-      case 3: return 1 + below(kMaxSmallSize);
+      case 0:
+        return 0;
+      case 1:
+        return 1 + below(64);
+      case 2:
+        return 1 + below(1024);
+      case 3:
+        return 1 + below(kMaxSmallSize);
       case 4: {
         size_t boundary = kSizeClassSizes[below(kNumSizeClasses)];
         return boundary - 1 + byte() % 3;  // one below, at, one above
       }
-      case 5: return kMaxSmallSize + 1 + below(256 * 1024);
-      case 6: return (size_t{256} << 10) + size_t{u16()} * 32;  // up to 2.3 MiB
-      default: return 1 + byte();
+      case 5:
+        return kMaxSmallSize + 1 + below(256 * 1024);
+      case 6:
+        return (size_t{256} << 10) + size_t{u16()} * 32;  // up to 2.3 MiB
+      default:
+        return 1 + byte();
     }
   }
   // A power-of-two alignment from 1 to 4 MiB, small ones more often.
@@ -196,9 +205,26 @@ class Program {
 
  private:
   enum Op : uint8_t {
-    kMalloc, kCalloc, kRealloc, kReallocNull, kFree, kReallocarray, kMemalign, kPosixMemalign,
-    kAlignedAlloc, kValloc, kPvalloc, kUsableSize, kRemoteFree, kCompact, kFork, kImpossible,
-    kBurst, kTrim, kReallocChain, kOpCount
+    kMalloc,
+    kCalloc,
+    kRealloc,
+    kReallocNull,
+    kFree,
+    kReallocarray,
+    kMemalign,
+    kPosixMemalign,
+    kAlignedAlloc,
+    kValloc,
+    kPvalloc,
+    kUsableSize,
+    kRemoteFree,
+    kCompact,
+    kFork,
+    kImpossible,
+    kBurst,
+    kTrim,
+    kReallocChain,
+    kOpCount
   };
 
   void step() {
@@ -270,8 +296,8 @@ class Program {
           size_t bad = alignment + (1 + in_.byte() % 7);
           int error = api::posixMemalignImpl(&out, bad, size);
           FUZZ_REQUIRE(error == EINVAL && out == reinterpret_cast<void*>(0x1),
-                       "posix_memalign(%zu, %zu) = %d, expected EINVAL and *memptr untouched",
-                       bad, size, error);
+                       "posix_memalign(%zu, %zu) = %d, expected EINVAL and *memptr untouched", bad,
+                       size, error);
           stats_.failedAsExpected++;
           return;
         }
@@ -426,31 +452,52 @@ class Program {
     int expected = ENOMEM;
     const char* what = "";
     switch (in_.byte() % 10) {
-      case 0: what = "malloc"; p = api::mallocImpl(huge); break;
-      case 1: what = "calloc"; p = api::callocImpl(huge / 2 + 1, 2 + in_.byte()); break;
-      case 2: what = "calloc"; p = api::callocImpl(1, huge); break;
-      case 3: what = "memalign"; p = api::memalignImpl(in_.alignment(), huge); break;
-      case 4: what = "aligned_alloc"; p = api::alignedAllocImpl(in_.alignment(), huge); break;
-      case 5: what = "valloc"; p = api::vallocImpl(huge); break;
-      case 6: what = "pvalloc"; p = api::pvallocImpl(huge); break;
+      case 0:
+        what = "malloc";
+        p = api::mallocImpl(huge);
+        break;
+      case 1:
+        what = "calloc";
+        p = api::callocImpl(huge / 2 + 1, 2 + in_.byte());
+        break;
+      case 2:
+        what = "calloc";
+        p = api::callocImpl(1, huge);
+        break;
+      case 3:
+        what = "memalign";
+        p = api::memalignImpl(in_.alignment(), huge);
+        break;
+      case 4:
+        what = "aligned_alloc";
+        p = api::alignedAllocImpl(in_.alignment(), huge);
+        break;
+      case 5:
+        what = "valloc";
+        p = api::vallocImpl(huge);
+        break;
+      case 6:
+        what = "pvalloc";
+        p = api::pvallocImpl(huge);
+        break;
       case 7: {
         what = "posix_memalign";
         void* out = reinterpret_cast<void*>(0x1);
         int error = api::posixMemalignImpl(&out, in_.alignment() * sizeof(void*), huge);
         FUZZ_REQUIRE(error == ENOMEM && out == reinterpret_cast<void*>(0x1),
-                     "posix_memalign(huge %zu) = %d, expected ENOMEM and *memptr untouched",
-                     huge, error);
+                     "posix_memalign(huge %zu) = %d, expected ENOMEM and *memptr untouched", huge,
+                     error);
         stats_.failedAsExpected++;
         return;
       }
       case 8:
         what = "memalign with an alignment above SIZE_MAX/2+1";
         expected = EINVAL;
-      {
-        size_t alignment = SIZE_MAX / 2 + 2 + in_.byte();
-        p = api::memalignImpl(alignment, 1 + in_.byte());
-        break;
-      }
+        {
+          size_t alignment = SIZE_MAX / 2 + 2 + in_.byte();
+          p = api::memalignImpl(alignment, 1 + in_.byte());
+          break;
+        }
       default:
         if (!b) return;
         if (in_.byte() % 2) {
@@ -514,8 +561,7 @@ class Program {
       int status = 0;
       for (size_t i = 0; i < npicks; i++) {
         const Block& b = live_[picks[i]];
-        if (firstWrongByte(b.pointer, b.size, seedOf(b.id, b.size), b.size) != SIZE_MAX)
-          status = 1;
+        if (firstWrongByte(b.pointer, b.size, seedOf(b.id, b.size), b.size) != SIZE_MAX) status = 1;
       }
       for (size_t i = 0; i < npicks; i++) {
         const Block& b = live_[picks[i]];

@@ -26,7 +26,8 @@ static size_t read_size(mallctl_fn mallctl, const char* name) {
 int main(void) {
   mallctl_fn mallctl = (mallctl_fn)dlsym(RTLD_DEFAULT, "meshalloc_mallctl");
   if (mallctl == NULL) {
-    fprintf(stderr, "preload_probe: meshalloc_mallctl not found: libmeshalloc.so is not preloaded\n");
+    fprintf(stderr,
+            "preload_probe: meshalloc_mallctl not found: libmeshalloc.so is not preloaded\n");
     return 1;
   }
   size_t before = read_size(mallctl, "stats.allocated");
@@ -35,7 +36,8 @@ int main(void) {
   size_t after = read_size(mallctl, "stats.allocated");
   free(block);
   if (after < before + (1 << 20)) {
-    fprintf(stderr, "preload_probe: malloc is not meshalloc's: stats.allocated %zu -> %zu\n", before, after);
+    fprintf(stderr, "preload_probe: malloc is not meshalloc's: stats.allocated %zu -> %zu\n",
+            before, after);
     return 1;
   }
   printf("preloaded: stats.allocated +%zu bytes\n", after - before);

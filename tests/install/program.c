@@ -1,5 +1,6 @@
 /* Built against an installed meshalloc (tests/install/install_test.sh), dynamically or
- * statically: checks through meshalloc_mallctl that the malloc this program calls is meshalloc's. */
+ * statically: checks through meshalloc_mallctl that the malloc this program calls is meshalloc's.
+ */
 #include <meshalloc.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -45,10 +46,13 @@ int main(void) {
     free(blocks[i]);
   }
   if (after < before + (size_t)kBlocks * kBlockSize) {
-    fprintf(stderr, "program.c: malloc is not meshalloc's: stats.allocated %zu -> %zu after %d x %d bytes\n",
-            before, after, kBlocks, kBlockSize);
+    fprintf(
+        stderr,
+        "program.c: malloc is not meshalloc's: stats.allocated %zu -> %zu after %d x %d bytes\n",
+        before, after, kBlocks, kBlockSize);
     return 1;
   }
-  printf("C program: meshalloc %s, stats.allocated +%zu bytes (checksum %u)\n", version, after - before, sum);
+  printf("C program: meshalloc %s, stats.allocated +%zu bytes (checksum %u)\n", version,
+         after - before, sum);
   return 0;
 }

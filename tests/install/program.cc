@@ -48,7 +48,9 @@ int main() {
   }
   std::size_t after = readSize("stats.allocated");
   if (after < before + kBlocks * kBlockSize) {
-    std::fprintf(stderr, "program.cc: operator new is not meshalloc's: stats.allocated %zu -> %zu\n", before, after);
+    std::fprintf(stderr,
+                 "program.cc: operator new is not meshalloc's: stats.allocated %zu -> %zu\n",
+                 before, after);
     return 1;
   }
   std::string text = "C++ program: meshalloc " + std::string(version);

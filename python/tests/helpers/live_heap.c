@@ -21,7 +21,9 @@ static long long allocated(void) {
   size_t value = 0, length = sizeof(value);
   uint64_t epoch = 1;
   /* Like jemalloc, the statistics are a snapshot refreshed by writing "epoch". */
-  if (!mallctl || mallctl("epoch", NULL, NULL, &epoch, sizeof(epoch)) != 0 || mallctl("stats.allocated", &value, &length, NULL, 0) != 0) return -1;
+  if (!mallctl || mallctl("epoch", NULL, NULL, &epoch, sizeof(epoch)) != 0 ||
+      mallctl("stats.allocated", &value, &length, NULL, 0) != 0)
+    return -1;
   return (long long)value;
 }
 
