@@ -414,7 +414,9 @@ TEST_P(FaultSweep, EveryCallCanFail) {
   // and on a loaded machine a run may mesh differently: its checks are on the sums below.
   bool variable = point == FaultPoint::kUnprotect;
   Report every = runInChild({point, {FaultMode::kEvery, 1, 0}, thread}, describe(point, "every=1"));
-  if (!variable) EXPECT_GT(every.injected, 0u);
+  if (!variable) {
+    EXPECT_GT(every.injected, 0u);
+  }
   meshFailed += every.meshFailedDelta;
   Report third =
       runInChild({point, {FaultMode::kProbability, 0, 333333}, thread}, describe(point, "p=0.33"));
