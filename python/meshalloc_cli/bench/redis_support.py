@@ -278,10 +278,15 @@ class Run:
         return float(value) if value is not None else None
 
     @property
+    def served(self) -> bool:
+        """The sampled server ran to its end and the client saw no error reply."""
+        return (self.result is not None and self.result.succeeded and not self.problems
+                and self.client.get("errors") == "0")
+
+    @property
     def ok(self) -> bool:
-        return (self.result is not None and self.result.succeeded and self.insertion_s is not None
-                and not self.problems and self.client.get("errors") == "0"
-                and self.timed_client.get("errors") == "0")
+        """Served, and the unsampled timing run (timed_run) also completed without errors."""
+        return self.served and self.insertion_s is not None and self.timed_client.get("errors") == "0"
 
     def _info_number(self, key: str) -> Optional[float]:
         try:

@@ -208,12 +208,6 @@ def fragmentation_fidelity(context: Context, allocators, repetitions: int) -> Tu
     return Fidelity(FIDELITY, {row.allocator: (row.mean_pss, row.peak_pss) for row in live.rows}, replayed), []
 
 
-def _served(run: redis_support.Run) -> bool:
-    """The server ran to its end and the client saw no error (`Run.ok` also wants the unsampled
-    timing run, which fidelity does not make)."""
-    return bool(run.result and run.result.succeeded and not run.problems and run.client.get("errors") == "0")
-
-
 def redis_fidelity(context: Context, allocators, repetitions: int) -> Tuple[Optional[Fidelity], List[str]]:
     """The Redis LRU server of `bench redis-lru` (its MALLOC=libc build, every allocator
     preloaded as in the replay), recorded once on glibc under the experiment's load, then run
@@ -239,7 +233,8 @@ def redis_fidelity(context: Context, allocators, repetitions: int) -> Tuple[Opti
                                   out / "recording")
     context.log(f"recording {REDIS_FIDELITY} ({load.hold_s:g} s)")
     redis_support.one_run(recording, load, install, client)
-    if not _served(recording) or not trace.is_file():
+    # Fidelity makes no unsampled timing run: Run.served, not Run.ok.
+    if not recording.served or not trace.is_file():
         return None, [f"{REDIS_FIDELITY}: the recorded run failed: " + "; ".join(recording.problems or ["no trace"])]
     configs = [redis_support.Config(allocator.name, install.libc_server, allocator,
                                     meshalloc=bool(allocator.library and library_options(allocator.library)))
@@ -253,12 +248,12 @@ def redis_fidelity(context: Context, allocators, repetitions: int) -> Tuple[Opti
 
     runs = [done.result for done in schedule.run(schedule.plan([load], configs, repetitions), execute, context.log,
                                                  lambda done: f"{done.result.config.name} "
-                                                 + ("ok" if _served(done.result) else "FAILED"),
+                                                 + ("ok" if done.result.served else "FAILED"),
                                                  group=lambda slot: f"{REDIS_FIDELITY} live [{slot.repetition}/"
                                                  f"{repetitions}]")]
     notes = [f"{REDIS_FIDELITY}: live {run.config.name} #{run.repetition}: " + "; ".join(run.problems)
-             for run in runs if not _served(run)]
-    live = {config.name: tuple(Stat.of(run.metric(metric) for run in runs if run.config is config and _served(run))
+             for run in runs if not run.served]
+    live = {config.name: tuple(Stat.of(run.metric(metric) for run in runs if run.config is config and run.served)
                                for metric in ("mean_pss", "peak_pss")) for config in configs}
     replayed = trace_replay.replay(trace, allocators, out / "replay", repetitions, timing="recorded")
     trace_replay.write_results(replayed, out / "replay")
