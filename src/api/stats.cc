@@ -117,7 +117,9 @@ MemoryBreakdown collectBreakdown() {
     b.smallLive += bytes((live - held) * plan.objectSize);
     b.attachedFree += bytes((attached[c].slots - attached[c].live + held) * plan.objectSize);
     for (size_t bin = 0; bin < GlobalHeap::kOccupancyBins; bin++)
-      b.*kDetachedFree[bin] += bytes(detached.freeSlots[bin] * plan.objectSize);
+      b.*kDetachedFree[bin] +=
+          bytes(detached.freeSlots[bin] * plan.objectSize - detached.trimmedBytes[bin]);
+    for (uint64_t trimmed : detached.trimmedBytes) b.meshTrimmed += bytes(trimmed);
     // The thread walk and this one are not one snapshot: a span that changed hands in between
     // is missed (in transit) or seen twice (then nothing is in transit).
     uint64_t seen = detached.fullSpans + detached.partialSpans + attached[c].spans;
@@ -215,6 +217,8 @@ HeapStats collectStats() {
   stats.meshStranded = mesh.strandedSpans;
   stats.meshUnprotectCopies = mesh.unprotectCopies;
   stats.meshSkippedForIo = mesh.skippedForIo;
+  stats.meshTrimmedTotal = mesh.trimmedBytes;
+  stats.meshTrimCalls = mesh.trimCalls;
   stats.pinnedSpans = GlobalHeap::pinnedSpans();
   stats.pauseCount = mesh.pauseCount;
   stats.pauseTotalNs = mesh.pauseTotalNs;

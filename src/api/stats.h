@@ -63,6 +63,8 @@ namespace meshalloc::api {
   X(meshSaving, "mesh_saving", "mesh_saving", 0, "counted",                                 \
     "memory meshing saves now: spans mapping another span's physical pages (not in the "    \
     "sum: no memory)")                                                                      \
+  X(meshTrimmed, "mesh_trimmed", "mesh_trimmed", 0, "counted",                              \
+    "free slots of detached spans on pages given back (not in detached_free)")              \
   X(retiredMeshed, "retired_meshed", "retired_meshed", 0, "address",                        \
     "meshed spans that died, memory returned, address space not yet remapped")              \
   X(pageTables, "page_tables", "page_tables", 0, "resident",                                \
@@ -147,6 +149,9 @@ MemoryBreakdown collectBreakdown();
     "write protections mprotect refused to undo, replaced by a private copy (pinned)")         \
   X(meshSkippedForIo, "mesh.skipped_for_io", "mesh_skipped_for_io",                            \
     "meshes skipped: a span held a buffer of I/O in flight")                                   \
+  X(meshTrimmedTotal, "mesh.trimmed_total", "mesh_trimmed_total",                              \
+    "free slots' pages of unpaired mesh candidates given back since start")                    \
+  X(meshTrimCalls, "mesh.trim_calls", "mesh_trim_calls", "the madvise calls that did it")      \
   X(pauseCount, "mesh.pauses", "mesh_pauses", "guarded operations held up by meshing")         \
   X(pauseTotalNs, "mesh.pause_total_ns", "mesh_pause_total_ns", "their total time")            \
   X(pauseMaxNs, "mesh.pause_max_ns", "mesh_pause_max_ns",                                      \

@@ -178,6 +178,8 @@ unsigned GlobalHeap::exchangeSpans(unsigned sizeClass, ThreadHeap* owner, MiniHe
     MESHALLOC_ASSERT(acquired[i]->owner.load(std::memory_order_relaxed) == nullptr);
     MESHALLOC_ASSERT(MiniHeap::isClosed(acquired[i]->remoteFrees.load(std::memory_order_relaxed)));
     acquired[i]->state = SpanState::kAttached;
+    // Its new owner may hand out and write any slot: trimmed pages come back as they are touched.
+    acquired[i]->trimmedBytes = 0;
     acquired[i]->owner.store(owner, std::memory_order_seq_cst);
     uintptr_t closed =
         acquired[i]->remoteFrees.exchange(MiniHeap::kRemoteFreesEmpty, std::memory_order_acq_rel);
@@ -453,6 +455,7 @@ GlobalHeap::DetachedUsage GlobalHeap::detachedUsage(unsigned sizeClass) {
       usage.partialSpans++;
       usage.partialLive += live;
       usage.freeSlots[binFor(heap, live)] += heap->objectCount - live;
+      if (!heap->mesh) usage.trimmedBytes[binFor(heap, live)] += heap->trimmedBytes;
     }
   }
   return usage;

@@ -37,6 +37,9 @@ class GlobalHeap {
     // Free slots of the partial spans by their occupancy now (live * kOccupancyBins /
     // objects), which may be lower than the bin a span was filed in when it was placed.
     uint64_t freeSlots[kOccupancyBins];
+    // Of those free slots' bytes, the ones on pages given back to the kernel (trimmed by the
+    // mesher), by the same bins.
+    uint64_t trimmedBytes[kOccupancyBins];
   };
   struct LargeUsage {
     size_t count;

@@ -57,8 +57,15 @@ struct MiniHeap : ListNode {
   // that span's live objects. It stays listed as full until its last object is freed. Set by the
   // mesher while the span is a mesh candidate (no owner, no list), read under the class's lock.
   bool allocationClosed : 1 = false;
-  // Large objects: the object starts this many bytes into its span (see largeColouring).
-  uint32_t largeOffset = 0;
+  union {
+    // Large objects: the object starts this many bytes into its span (see largeColouring).
+    uint32_t largeOffset = 0;
+    // Small objects, detached: bytes of free slots on pages the mesher gave back to the kernel
+    // (Mesher::trimFreePages; they read as zeros when next touched). Written by the mesher while
+    // it holds the span as a candidate, cleared when a thread attaches it, read under the class's
+    // lock (statistics). Pages of a span in the shared file are never trimmed this way.
+    uint32_t trimmedBytes;
+  };
   uintptr_t spanStart = 0;
   // Set once the span's physical memory lives in the shared file (it has been meshed): which
   // file range, and the other virtual spans that map it. See heap/span_backing.h.

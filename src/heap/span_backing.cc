@@ -4,6 +4,7 @@
 
 #include "heap/arena.h"
 #include "heap/internal_heap.h"
+#include "heap/page_mask.h"
 #include "platform/os.h"
 
 namespace meshalloc {
@@ -13,51 +14,13 @@ namespace {
 constexpr size_t kFileGrowthBytes = size_t{256} << 20;
 constexpr char kFileName[] = "meshalloc-meshed-spans";
 
-// One bit per page of a span: the pages that hold (part of) a live object.
-struct PageMask {
-  uint64_t words[(kMaxSpanPages + 63) / 64];
-  bool has(size_t page) const { return (words[page / 64] >> (page % 64)) & 1; }
-  void add(size_t page) { words[page / 64] |= uint64_t{1} << (page % 64); }
-};
-
-PageMask livePages(MiniHeap* span, size_t pageSize) {
-  PageMask mask = {};
-  AtomicBitmap bitmap = span->bitmap();
-  size_t objectSize = span->objectSize;
-  for (size_t w = 0; w < bitmap.words(); w++) {
-    uint64_t bits = bitmap.loadWord(w);
-    while (bits) {
-      size_t slot = w * 64 + static_cast<size_t>(__builtin_ctzll(bits));
-      bits &= bits - 1;
-      size_t last = (slot * objectSize + objectSize - 1) / pageSize;
-      for (size_t page = slot * objectSize / pageSize; page <= last; page++) mask.add(page);
-    }
-  }
-  return mask;
-}
-
-// Calls fn(firstPage, pageCount) for each run of consecutive pages set in `mask`.
-template <typename Fn>
-void forEachRun(const PageMask& mask, size_t pages, Fn fn) {
-  size_t page = 0;
-  while (page < pages) {
-    if (!mask.has(page)) {
-      page++;
-      continue;
-    }
-    size_t first = page;
-    while (page < pages && mask.has(page)) page++;
-    fn(first, page - first);
-  }
-}
-
 // Only the pages holding live objects are copied into the file: the others stay holes, which
 // cost no memory until a slot there is handed out and written. The copy goes through pwrite,
 // not through the new mapping, because the span is write-protected while it moves.
 bool writeLivePages(int fd, size_t offset, MiniHeap* span, const PageMask& live) {
   size_t pageSize = Arena::pageSize();
   bool written = true;
-  forEachRun(live, span->spanPages, [&](size_t first, size_t count) {
+  forEachRun(live, span->spanPages, true, [&](size_t first, size_t count) {
     if (written) {
       written = os::writeToFile(fd, offset + first * pageSize,
                                 reinterpret_cast<void*>(span->spanStart + first * pageSize),

@@ -9,6 +9,7 @@
 #include "heap/config.h"
 #include "heap/global_heap.h"
 #include "heap/operation_guard.h"
+#include "heap/page_mask.h"
 #include "heap/thread_heap.h"
 #include "mesh/commit_thread.h"
 #include "mesh/write_barrier.h"
@@ -200,6 +201,47 @@ void Mesher::restoreWritable(void* start, size_t bytes, MiniHeap* span, MiniHeap
   abort();
 }
 
+size_t Mesher::trimFreePages(MiniHeap* span) {
+  // A span in the shared file keeps only its live pages there already (SpanBacking::share), and
+  // punching its file would need the backing's lock; a pinned one is left alone entirely.
+  if (span->state != SpanState::kMeshing || span->mesh ||
+      span->pinned.load(std::memory_order_relaxed))
+    return 0;
+  size_t pageSize = Arena::pageSize();
+  size_t slotBytes = static_cast<size_t>(span->objectCount) * span->objectSize;
+  // Nothing can be handed out of a candidate and frees only clear bits, so a page with no live
+  // slot now stays that way until the span is attached again (which clears trimmedBytes).
+  PageMask live = livePages(span, pageSize);
+  size_t freeBytes = 0;
+  forEachRun(live, span->spanPages, false, [&](size_t first, size_t count) {
+    size_t end = (first + count) * pageSize;
+    freeBytes += (end < slotBytes ? end : slotBytes) - first * pageSize;
+  });
+  // Unchanged since this span was last trimmed: those pages are gone already.
+  if (freeBytes <= span->trimmedBytes) return 0;
+  size_t trimmed = 0, calls = 0;
+  forEachRun(live, span->spanPages, false, [&](size_t first, size_t count) {
+    calls++;
+    if (!os::dropPages(reinterpret_cast<void*>(span->spanStart + first * pageSize),
+                       count * pageSize))
+      return;
+    size_t end = (first + count) * pageSize;
+    trimmed += (end < slotBytes ? end : slotBytes) - first * pageSize;
+  });
+  size_t gained = trimmed > span->trimmedBytes ? trimmed - span->trimmedBytes : 0;
+  span->trimmedBytes = static_cast<uint32_t>(trimmed);
+  updateStats([&](MeshStats& s) {
+    s.trimmedBytes += gained;
+    s.trimCalls += calls;
+  });
+  return gained;
+}
+
+void Mesher::returnCandidates(unsigned sizeClass, MiniHeap** spans, size_t count) {
+  for (size_t i = 0; i < count; i++) trimFreePages(spans[i]);
+  GlobalHeap::returnMeshCandidates(sizeClass, spans, count);
+}
+
 bool Mesher::meshGroup(MeshGroup& group, bool* merged) {
   MiniHeap* destination = group.destination;
   size_t pageSize = Arena::pageSize();
@@ -356,7 +398,7 @@ size_t Mesher::compactClassRound(unsigned sizeClass, long* mappingBudget, size_t
   size_t count =
       GlobalHeap::takeMeshCandidates(sizeClass, maxLive, gCandidates, kMaxCandidatesPerClass);
   if (count < 2) {
-    GlobalHeap::returnMeshCandidates(sizeClass, gCandidates, count);
+    returnCandidates(sizeClass, gCandidates, count);
     return 0;
   }
   memcpy(gSearchOrder, gCandidates, count * sizeof(MiniHeap*));
@@ -405,7 +447,7 @@ size_t Mesher::compactClassRound(unsigned sizeClass, long* mappingBudget, size_t
       gCandidates[returned++] = span;
     }
   }
-  GlobalHeap::returnMeshCandidates(sizeClass, gCandidates, returned);
+  returnCandidates(sizeClass, gCandidates, returned);
   return released;
 }
 

@@ -22,7 +22,11 @@ struct MeshStats {
   // Write protections that mprotect could not undo, replaced by a private copy of the range
   // (Mesher::restoreWritable); the spans concerned are pinned.
   uint64_t unprotectCopies;
-  uint64_t skippedForIo;      // spans left alone because a system call was writing into them
+  uint64_t skippedForIo;  // spans left alone because a system call was writing into them
+  // Bytes of free slots on pages given back to the kernel in candidates that stay (trimFreePages),
+  // since start, and the madvise calls that did it.
+  uint64_t trimmedBytes;
+  uint64_t trimCalls;
   uint64_t vmaLimitedPasses;  // passes cut short by the mapping budget
   uint64_t pauseCount;
   uint64_t pauseTotalNs;
@@ -87,6 +91,12 @@ class Mesher {
   static uint32_t claimSourceSlots(MiniHeap* destination, MiniHeap* source);
   static bool absorbMeshedSource(MiniHeap* destination, MiniHeap* source);
   static void restoreWritable(void* start, size_t bytes, MiniHeap* span, MiniHeap* other = nullptr);
+  // Gives back to the kernel every page of `span`, a candidate this pass holds, on which no live
+  // object lies, and records their slot bytes in span->trimmedBytes. Returns the bytes newly
+  // given back.
+  static size_t trimFreePages(MiniHeap* span);
+  // Hands the candidates of a round back to the lists, trimmed first.
+  static void returnCandidates(unsigned sizeClass, MiniHeap** spans, size_t count);
   // With guarded operations paused: the source's live slots and virtual span go over to the
   // destination.
   static void commitSource(MiniHeap* destination, MiniHeap* source);

@@ -305,6 +305,10 @@ void decommit(void* addr, size_t bytes) {
   memset(addr, 0, bytes);
 }
 
+bool dropPages(void* addr, size_t bytes) {
+  return !injected(FaultPoint::kDecommit) && madvise(addr, bytes, MADV_DONTNEED) == 0;
+}
+
 void* mapMetadata(size_t bytes) {
   if (injected(FaultPoint::kMetadata)) return nullptr;
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);

@@ -22,6 +22,10 @@ void unmap(void* addr, size_t bytes);
 // Gives the physical pages behind [addr, addr+bytes) back to the OS; the range stays mapped and
 // reads as zeros afterwards.
 void decommit(void* addr, size_t bytes);
+// The same for private memory whose contents no longer matter, without decommit's fallbacks
+// (which map over the range or clear it): false, with the pages left as they were, if the
+// kernel refuses.
+bool dropPages(void* addr, size_t bytes);
 // Anonymous memory for the allocator's own metadata.
 void* mapMetadata(size_t bytes);
 

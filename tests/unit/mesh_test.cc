@@ -541,6 +541,83 @@ TEST_F(MeshTest, OnlyPagesWithLiveObjectsMoveIntoTheFile) {
   }
 }
 
+// A candidate that finds no partner keeps its objects where they are, but the pages on which no
+// live object lies go back to the kernel in the pass (Mesher::trimFreePages): for objects of a
+// page or more, that is every freed object at once, with no mesh needed.
+TEST_F(MeshTest, UnpairedCandidatesGiveBackTheirFreePages) {
+  const size_t kSize = Arena::pageSize();
+  const unsigned sizeClass = SizeClasses::classOf(kSize);
+  const SpanPlan& plan = SizeClasses::plan(sizeClass);
+  ASSERT_EQ(plan.objectSize, kSize);
+  ASSERT_GE(plan.objectCount, 4u);
+  const size_t perSpan = plan.objectCount;
+  // Two spans whose survivors sit at the same slots (the first and the last), so they cannot
+  // mesh; a short-lived thread fills them, in address order, so that they end up detached.
+  std::vector<Survivor> survivors;
+  HeapConfig saved = gHeapConfig;
+  gHeapConfig.randomization = Randomization::kNone;
+  std::thread([&] {
+    std::map<uintptr_t, std::vector<void*>> bySpan;
+    std::vector<void*> release;
+    size_t filled = 0;
+    constexpr size_t kMaxBlocks = 1 << 16;
+    for (size_t n = 0; filled < 2 && n < kMaxBlocks; n++) {
+      void* p = heap::allocate(kSize);
+      std::vector<void*>& objects = bySpan[spanStartOf(p)];
+      objects.push_back(p);
+      if (objects.size() == perSpan) filled++;
+    }
+    size_t chosen = 0;
+    for (auto& [start, objects] : bySpan) {
+      bool keep = chosen < 2 && objects.size() == perSpan;
+      for (void* p : objects) {
+        size_t slot = (reinterpret_cast<uintptr_t>(p) - start) / kSize;
+        if (keep && (slot == 0 || slot == perSpan - 1)) {
+          fill(p, kSize, 1);
+          survivors.push_back({p, start, slot});
+        } else {
+          release.push_back(p);
+        }
+      }
+      if (keep) chosen++;
+    }
+    for (void* p : release) heap::deallocate(p);
+  }).join();
+  gHeapConfig = saved;
+  ASSERT_EQ(survivors.size(), 4u);
+
+  uint64_t trimmedBefore = Mesher::stats().trimmedBytes;
+  MeshPolicy::compactNow();
+  for (size_t i = 0; i < survivors.size(); i += 2) {
+    MiniHeap* span = ownerOf(survivors[i].spanStart);
+    ASSERT_EQ(span->spanStart, survivors[i].spanStart) << "the spans were meshed";
+    EXPECT_EQ(span->mesh, nullptr);
+    EXPECT_EQ(span->trimmedBytes, (perSpan - 2) * kSize);
+    std::vector<unsigned char> resident(span->spanPages);
+    ASSERT_EQ(
+        mincore(reinterpret_cast<void*>(span->spanStart), span->spanBytes(kSize), resident.data()),
+        0);
+    for (size_t page = 0; page < span->spanPages; page++) {
+      bool live = page == 0 || page == perSpan - 1;
+      EXPECT_EQ(resident[page] & 1, live ? 1 : 0) << "page " << page;
+    }
+  }
+  EXPECT_GE(Mesher::stats().trimmedBytes - trimmedBefore, 2 * (perSpan - 2) * kSize);
+  GlobalHeap::DetachedUsage usage = GlobalHeap::detachedUsage(sizeClass);
+  uint64_t counted = 0;
+  for (uint64_t bytes : usage.trimmedBytes) counted += bytes;
+  EXPECT_GE(counted, 2 * (perSpan - 2) * kSize);
+  for (const Survivor& s : survivors)
+    EXPECT_TRUE(holds(s.pointer, kSize, 1, reinterpret_cast<uintptr_t>(s.pointer)));
+  // Handed out again, the trimmed pages are fresh memory: every block is written and read back,
+  // and a span a thread attaches no longer counts its pages as given back.
+  useOnAThread(kSize, 4 * perSpan, 2);
+  for (const Survivor& s : survivors) {
+    EXPECT_TRUE(holds(s.pointer, kSize, 1, reinterpret_cast<uintptr_t>(s.pointer)));
+    heap::deallocate(s.pointer);
+  }
+}
+
 TEST_F(MeshTest, OverlappingSpansAreNotMeshable) {
   constexpr size_t kSize = 80;
   auto survivors = makeDisjointSpans(kSize, 2);
