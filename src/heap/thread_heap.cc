@@ -120,8 +120,19 @@ ThreadHeap* ThreadHeap::create() {
   return heap;
 }
 
+void ThreadHeap::releaseEntryPages() {
+  for (unsigned c = 0; c < kNumSizeClasses; c++) MESHALLOC_ASSERT(vectors_[c].vector.length == 0);
+  uintptr_t pageSize = Arena::pageSize();
+  uintptr_t base = reinterpret_cast<uintptr_t>(this);
+  uintptr_t first = (base + sizeof(ThreadHeap) + pageSize - 1) & ~(pageSize - 1);
+  uintptr_t end = (base + storageBytes()) & ~(pageSize - 1);
+  // A refusal only leaves the pages resident.
+  if (end > first) (void)os::dropPages(reinterpret_cast<void*>(first), end - first);
+}
+
 void ThreadHeap::retire() {
   detachAll();
+  releaseEntryPages();
   // A thread cancelled inside a wrapped system call (poll, accept, read: cancellation points)
   // never took its buffer back: the mesher would skip that range for good, and the next
   // thread to reuse this heap would take its own calls for nested ones and publish nothing.
@@ -226,6 +237,7 @@ size_t ThreadHeap::reclaimIdle(uint64_t nowNs, uint64_t idleNs, uint64_t* nextDu
     }
     GlobalHeap::setBypassDirtyCache(true);
     heap::flushThreadCache(heap);
+    heap->releaseEntryPages();
     GlobalHeap::setBypassDirtyCache(false);
     heap->parkedSinceNs_.store(0, std::memory_order_relaxed);
     heap->parkWord_.store(word, std::memory_order_release);

@@ -372,11 +372,28 @@ TEST_F(HeapTest, RecycledBlocksAreBoundedInBytes) {
 
 TEST_F(HeapTest, ThreadExitReturnsAttachedSpans) {
   api::HeapStats before = api::collectStats();
+  ThreadHeap* exited = nullptr;
+  // Resident bytes of the whole pages of the heap's storage past the ThreadHeap object (the
+  // vectors' entries and the scratch).
+  auto residentEntryBytes = [](ThreadHeap* heap) {
+    uintptr_t pageSize = Arena::pageSize();
+    uintptr_t base = reinterpret_cast<uintptr_t>(heap);
+    uintptr_t first = (base + sizeof(ThreadHeap) + pageSize - 1) & ~(pageSize - 1);
+    uintptr_t end = (base + ThreadHeap::storageBytes()) & ~(pageSize - 1);
+    return end > first ? os::residentBytes(reinterpret_cast<void*>(first), end - first) : 0;
+  };
   onNewThread([&] {
-    for (int i = 0; i < 100; i++) heap::deallocate(heap::allocate(48));
+    // Every class's vector is filled once, so its entries are written.
+    for (size_t size : kSizeClassSizes) heap::deallocate(heap::allocate(size));
     EXPECT_EQ(api::collectStats().threadHeaps, before.threadHeaps + 1);
+    exited = heap::currentThreadHeap();
+    EXPECT_GT(residentEntryBytes(exited), 0u);
   });
   EXPECT_EQ(api::collectStats().threadHeaps, before.threadHeaps);
+  // A heap waiting in the pool keeps no vector pages (ThreadHeap::releaseEntryPages).
+  ASSERT_NE(exited, nullptr);
+  EXPECT_FALSE(exited->inUse());
+  EXPECT_EQ(residentEntryBytes(exited), 0u);
 }
 
 TEST_F(HeapTest, LargeObjectsAreZeroedAndResizeInPlace) {

@@ -82,6 +82,16 @@ struct Gate {
   bool open = false;
 };
 
+// Resident bytes of the whole pages of a heap's storage past the ThreadHeap object: the
+// vectors' entries and the scratch.
+size_t residentEntryBytes(ThreadHeap* heap) {
+  uintptr_t pageSize = Arena::pageSize();
+  uintptr_t base = reinterpret_cast<uintptr_t>(heap);
+  uintptr_t first = (base + sizeof(ThreadHeap) + pageSize - 1) & ~(pageSize - 1);
+  uintptr_t end = (base + ThreadHeap::storageBytes()) & ~(pageSize - 1);
+  return end > first ? os::residentBytes(reinterpret_cast<void*>(first), end - first) : 0;
+}
+
 TEST(IdleThreads, ParkedHeapsGiveTheirSpansBackAndKeepTheirObjects) {
   ASSERT_TRUE(heap::ensureInitialized());
   constexpr int kThreads = 4;
@@ -123,6 +133,7 @@ TEST(IdleThreads, ParkedHeapsGiveTheirSpansBackAndKeepTheirObjects) {
     ASSERT_NE(heap, nullptr);
     EXPECT_GT(attachedSpans(heap), 0u);
     EXPECT_GT(heldSlots(heap), 0u);
+    EXPECT_GT(residentEntryBytes(heap), 0u);
   }
   uint64_t before = ThreadHeap::idleReclaims();
   EXPECT_EQ(reclaimAllParked(), static_cast<size_t>(kThreads));
@@ -130,6 +141,8 @@ TEST(IdleThreads, ParkedHeapsGiveTheirSpansBackAndKeepTheirObjects) {
   for (ThreadHeap* heap : heaps) {
     EXPECT_EQ(attachedSpans(heap), 0u);
     EXPECT_EQ(heldSlots(heap), 0u);
+    // The vectors' pages went back with the slots (ThreadHeap::releaseEntryPages).
+    EXPECT_EQ(residentEntryBytes(heap), 0u);
   }
   EXPECT_EQ(attachedSpans(own), ownSpans);
   EXPECT_EQ(heldSlots(own), ownSlots);
