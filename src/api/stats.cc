@@ -7,9 +7,10 @@
 #include "heap/config.h"
 #include "heap/heap.h"
 #include "heap/internal_heap.h"
-#include "heap/span_backing.h"
 #include "heap/thread_heap.h"
 #include "mesh/mesher.h"
+#include "mesh/retired_spans.h"
+#include "mesh/span_backing.h"
 #include "mesh/write_barrier.h"
 #include "platform/os.h"
 #include "support/lock.h"
@@ -132,7 +133,7 @@ MemoryBreakdown collectBreakdown() {
   b.largeLive = bytes(large.requestedBytes);
   b.largeSlack = bytes(large.spanBytes - large.requestedBytes);
   miniHeapBytes += large.count * internalBlockBytes(MiniHeap::bytesFor(1));
-  GlobalHeap::RetiredUsage retired = GlobalHeap::retiredUsage();
+  RetiredSpans::Usage retired = RetiredSpans::usage();
   b.retiredMeshed = bytes(retired.virtualBytes);
   miniHeapBytes += retired.metadataBytes;
   b.dirtyCache = bytes(Arena::stats().dirtyBytes);
@@ -207,7 +208,7 @@ HeapStats collectStats() {
   stats.meshReleasedPeak = backing.releasedBytesPeak;
   stats.meshedSpans = backing.meshedSpans;
   stats.meshAliases = backing.aliasSpans;
-  stats.meshRetired = GlobalHeap::retiredSpans();
+  stats.meshRetired = RetiredSpans::count();
   long mappings = os::countMappings();
   stats.mappings = mappings > 0 ? static_cast<size_t>(mappings) : 0;
   stats.mappingLimit = mesh.mappingLimit;

@@ -4,7 +4,6 @@
 #include "heap/global_heap.h"
 #include "heap/internal_heap.h"
 #include "heap/operation_guard.h"
-#include "heap/span_backing.h"
 #include "heap/thread_heap.h"
 #include "support/assert.h"
 
@@ -23,8 +22,6 @@ constexpr ForkParticipant kHeapParticipants[] = {
      ThreadHeap::unlockRegistry, ThreadHeap::resetRegistryAfterFork},
     {"global heap", ForkRank::kGlobalHeap, GlobalHeap::lockForFork, GlobalHeap::unlockAfterFork,
      GlobalHeap::resetAfterFork},
-    {"span backing", ForkRank::kSpanBacking, SpanBacking::lock, SpanBacking::unlock,
-     SpanBacking::resetLockAfterFork},
     {"arena", ForkRank::kArena, Arena::lockForFork, Arena::unlockAfterFork, Arena::resetAfterFork},
     {"internal heap", ForkRank::kInternalHeap, InternalHeap::lockForFork,
      InternalHeap::unlockAfterFork, InternalHeap::resetAfterFork},

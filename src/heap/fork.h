@@ -18,11 +18,11 @@ enum class ForkRank : uint8_t {
   kHandles,          // the handle layer's pass, step and store locks (after the mesher's)
   kIdleReclaim,      // the idle-reclaim lock: no heap is half reclaimed
   kThreadRegistry,   // the thread-heap registry lock
-  kGlobalHeap,       // every size-class lock, the large lock, the retired-span lock
-  kSpanBacking,      // the SpanBacking lock
+  kGlobalHeap,       // every size-class lock and the large lock
+  kSpanBacking,      // meshing's shared file (mesh/span_backing.h), between the heap's locks
   kArena,            // the arena lock
   kInternalHeap,     // the internal (metadata) heap's lock
-  kAfterHeapLocks,   // layers above, with every heap lock held (the meshed-span snapshot)
+  kAfterHeapLocks,   // layers above, with every heap lock held (retired spans, meshed snapshot)
 };
 
 struct ForkParticipant {

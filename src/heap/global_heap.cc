@@ -3,7 +3,6 @@
 #include "heap/arena.h"
 #include "heap/errors.h"
 #include "heap/internal_heap.h"
-#include "heap/span_backing.h"
 #include "heap/thread_heap.h"
 #include "platform/os.h"
 #include "support/assert.h"
@@ -87,60 +86,13 @@ void GlobalHeap::destroySpan(ClassState& state, MiniHeap* heap) {
   heap->state = SpanState::kFreed;
   state.spans--;
   if (heap->mesh) {
-    retireMeshedSpan(heap);
+    // Its pages are in meshing's shared file: meshing takes it from here.
+    MESHALLOC_ASSERT(meshedSpanDiedHook_ != nullptr);
+    meshedSpanDiedHook_(heap);
     return;
   }
   Arena::release(heap->spanStart, heap->spanPages, !tlsBypassDirtyCache_);
   InternalHeap::free(heap, MiniHeap::bytesFor(heap->objectCount));
-}
-
-void GlobalHeap::retireMeshedSpan(MiniHeap* heap) {
-  // From here on a stale free through any of its virtual spans finds no owner.
-  SpanBacking::forEachVirtualSpan(
-      heap, [&](uintptr_t start) { Arena::forgetOwners(start, heap->spanPages); });
-  // The memory goes back now; only the remapping of its virtual spans waits.
-  SpanBacking::releasePages(heap);
-  bool restoreNow, wake = false;
-  {
-    LockGuard guard(retiredLock_);
-    retired_.pushBack(heap);
-    retiredCount_++;
-    restoreNow = retiredCount_ >= kMaxRetiredSpans;
-    if (!restoreNow && !restoreRequested_ && retiredCount_ >= kRetiredSpansBeforeWake) {
-      restoreRequested_ = true;
-      wake = true;
-    }
-  }
-  if (!retiredSpansHook_ || !retiredSpansHook_(wake)) {
-    restoreRetiredSpans();
-  } else if (restoreNow) {
-    // The background thread is behind: one span per free, as many as it adds, rather than
-    // a stall of hundreds of mapping calls for the one free that crossed the limit.
-    restoreRetiredSpans(1);
-  }
-}
-
-void GlobalHeap::restoreRetiredSpans(size_t limit) {
-  for (size_t restored = 0; restored < limit; restored++) {
-    MiniHeap* heap;
-    {
-      LockGuard guard(retiredLock_);
-      heap = retired_.popFront();
-      if (!heap) {
-        restoreRequested_ = false;
-        return;
-      }
-      retiredCount_--;
-    }
-    // Every virtual span becomes plain private memory again and goes back to the arena, empty.
-    SpanBacking::restore(heap);
-    InternalHeap::free(heap, MiniHeap::bytesFor(heap->objectCount));
-  }
-}
-
-size_t GlobalHeap::retiredSpans() {
-  LockGuard guard(retiredLock_);
-  return retiredCount_;
 }
 
 unsigned GlobalHeap::exchangeSpans(unsigned sizeClass, ThreadHeap* owner, MiniHeap* const* release,
@@ -466,19 +418,6 @@ GlobalHeap::LargeUsage GlobalHeap::largeUsage() {
   return {largeCount_, largeBytes_, largeRequested_};
 }
 
-GlobalHeap::RetiredUsage GlobalHeap::retiredUsage() {
-  RetiredUsage usage = {};
-  size_t pageSize = os::pageSize();
-  LockGuard guard(retiredLock_);
-  for (MiniHeap* heap = retired_.front(); heap; heap = retired_.next(heap)) {
-    usage.spans++;
-    usage.virtualBytes += heap->spanBytes(pageSize) * SpanBacking::virtualSpans(heap);
-    usage.metadataBytes += (MiniHeap::bytesFor(heap->objectCount) + InternalHeap::kGranule - 1) /
-                           InternalHeap::kGranule * InternalHeap::kGranule;
-  }
-  return usage;
-}
-
 void GlobalHeap::debugDump(unsigned sizeClass) {
   char line[256];
   // Diagnostics only: reads other threads' spans without their locks.
@@ -492,8 +431,8 @@ void GlobalHeap::debugDump(unsigned sizeClass) {
         .unsignedValue(heap->liveCount.load())
         .text(" bits ")
         .unsignedValue(heap->bitmap().popcount())
-        .text(" views ")
-        .unsignedValue(SpanBacking::virtualSpans(heap))
+        .text(" meshed ")
+        .unsignedValue(heap->mesh != nullptr)
         .text(" remote ")
         .unsignedValue(heap->remoteFrees.load())
         .text(" pinned ")
@@ -552,17 +491,14 @@ size_t GlobalHeap::largeCount() {
 void GlobalHeap::lockForFork() {
   for (auto& state : classes_) state.lock.lock();
   largeLock_.lock();
-  retiredLock_.lock();
 }
 
 void GlobalHeap::unlockAfterFork() {
-  retiredLock_.unlock();
   largeLock_.unlock();
   for (auto& state : classes_) state.lock.unlock();
 }
 
 void GlobalHeap::resetAfterFork() {
-  retiredLock_.resetAfterFork();
   largeLock_.resetAfterFork();
   for (auto& state : classes_) state.lock.resetAfterFork();
 }

@@ -46,11 +46,6 @@ class GlobalHeap {
     size_t spanBytes;       // their runs of pages
     size_t requestedBytes;  // what malloc, realloc & co. were asked for
   };
-  struct RetiredUsage {
-    size_t spans;
-    size_t virtualBytes;   // every virtual span of them: address space, their memory is returned
-    size_t metadataBytes;  // their MiniHeaps
-  };
 
   // One trip to the global heap for a refill, under one lock: takes back `releaseCount` spans
   // from `owner`, then hands it up to `maxAcquire` spans, fullest first, until about
@@ -97,7 +92,6 @@ class GlobalHeap {
   static SizeClassStats classStats(unsigned sizeClass);
   static DetachedUsage detachedUsage(unsigned sizeClass);
   static LargeUsage largeUsage();
-  static RetiredUsage retiredUsage();
   // Diagnostics (mallctl "debug.class_dump"): every detached partial span of the class with its
   // live count and bitmap population, and every heap's attached spans, on stderr.
   static void debugDump(unsigned sizeClass);
@@ -109,21 +103,9 @@ class GlobalHeap {
   // Spans that are pinned now.
   static size_t pinnedSpans() { return pinnedSpans_.load(std::memory_order_relaxed); }
 
-  // --- meshed spans that died ---
-  // A meshed span whose last object is freed keeps its virtual spans on the shared file until
-  // they are made private again, a mapping call each. The thread that freed the last object
-  // only retires it (its owner entries are cleared at once); the background thread restores
-  // the retired spans, so that a program freeing meshed memory does not make the calls itself.
-  // Without a background thread, or when it falls too far behind, the freeing thread does.
-  static constexpr size_t kRetiredSpansBeforeWake = 16;
-  static constexpr size_t kMaxRetiredSpans = 4096;
-  // Restores up to `limit` retired spans, oldest first, and frees their MiniHeaps. Takes no
-  // class lock.
-  static void restoreRetiredSpans(size_t limit = SIZE_MAX);
-  static size_t retiredSpans();
-  // `hook(wake)`: true if a background thread will restore retired spans (woken if `wake`),
-  // false if the caller must. Called with a class lock held: it may only signal.
-  static void setRetiredSpansHook(bool (*hook)(bool wake)) { retiredSpansHook_ = hook; }
+  // `hook(span)`: a span whose pages are in meshing's shared file (MiniHeap::mesh) died; the
+  // hook takes it over (mesh/retired_spans.h). Called with the class lock held.
+  static void setMeshedSpanDiedHook(void (*hook)(MiniHeap* span)) { meshedSpanDiedHook_ = hook; }
   // `hook(spanBytes)`: a detached full span just got its first free slot, i.e. it became a mesh
   // candidate (MeshPolicy wakes its thread early when a program frees a lot at once). Called
   // with the class lock held: it may only count and signal.
@@ -163,13 +145,7 @@ class GlobalHeap {
   static inline size_t largeCount_ = 0;
   static inline size_t largeRequested_ = 0;
   static inline std::atomic<size_t> pinnedSpans_{0};
-  static void retireMeshedSpan(MiniHeap* heap);
-  // A leaf lock: taken under a class lock, never the other way round.
-  static inline Mutex retiredLock_{LockRank::kRetired};
-  static inline IntrusiveList<MiniHeap> retired_;
-  static inline size_t retiredCount_ = 0;
-  static inline bool restoreRequested_ = false;
-  static inline bool (*retiredSpansHook_)(bool wake) = nullptr;
+  static inline void (*meshedSpanDiedHook_)(MiniHeap* span) = nullptr;
   static inline void (*spanFreedIntoHook_)(size_t spanBytes) = nullptr;
 };
 

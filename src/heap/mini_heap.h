@@ -68,7 +68,7 @@ struct MiniHeap : ListNode {
   };
   uintptr_t spanStart = 0;
   // Set once the span's physical memory lives in the shared file (it has been meshed): which
-  // file range, and the other virtual spans that map it. See heap/span_backing.h.
+  // file range, and the other virtual spans that map it. See mesh/span_backing.h.
   MeshInfo* mesh = nullptr;
   size_t requestedBytes = 0;  // large objects only: the bytes asked for (statistics)
   // --- second cache line: everything a free that reaches the span reads or writes (remote

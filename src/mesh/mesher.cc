@@ -9,9 +9,10 @@
 #include "heap/config.h"
 #include "heap/global_heap.h"
 #include "heap/operation_guard.h"
-#include "heap/page_mask.h"
 #include "heap/thread_heap.h"
 #include "mesh/commit_thread.h"
+#include "mesh/page_mask.h"
+#include "mesh/retired_spans.h"
 #include "mesh/write_barrier.h"
 #include "platform/os.h"
 #include "support/assert.h"
@@ -431,7 +432,7 @@ size_t Mesher::compactClassRound(unsigned sizeClass, long* mappingBudget, size_t
     released += meshBatch(sizeClass, gPieces + g, n, &gMerged[g][0]);
     g += n;
     // A long pass must not leave spans that died meanwhile to the freeing threads, which
-    // restore them themselves once kMaxRetiredSpans wait.
+    // restore them themselves once RetiredSpans::kMax wait.
     restoreRetiredSpans();
   }
   // Sources meshed away are forgotten; everything else goes back to the lists.
@@ -464,14 +465,16 @@ size_t Mesher::compactClass(unsigned sizeClass, long* mappingBudget) {
 }
 
 void Mesher::restoreRetiredSpans() {
-  if (GlobalHeap::retiredSpans() == 0) return;
+  if (RetiredSpans::count() == 0) return;
   uint64_t start = os::threadCpuNanos();
-  GlobalHeap::restoreRetiredSpans();
+  RetiredSpans::restore();
   uint64_t spent = os::threadCpuNanos() - start;
   updateStats([&](MeshStats& s) { s.restoreCpuNs += spent; });
 }
 
 size_t Mesher::compact(size_t minGainBytes) {
+  // A span this pass meshes may die later: the global heap must know where to hand it.
+  RetiredSpans::install();
   // Spans that died since the last pass are plain memory again before this one looks at the
   // heap (and before meshalloc_compact() returns).
   restoreRetiredSpans();

@@ -70,7 +70,7 @@ class Mesher {
   // bytes released.
   static size_t compact(size_t minGainBytes = 0);
   static MeshStats stats();
-  // GlobalHeap::restoreRetiredSpans, its CPU time recorded in restoreCpuNs (the background
+  // RetiredSpans::restore, its CPU time recorded in restoreCpuNs (the background
   // thread's restores, between passes and inside them).
   static void restoreRetiredSpans();
 

@@ -9,9 +9,10 @@
 #include "heap/fork.h"
 #include "heap/global_heap.h"
 #include "heap/heap.h"
-#include "heap/span_backing.h"
 #include "mesh/commit_thread.h"
 #include "mesh/mesher.h"
+#include "mesh/retired_spans.h"
+#include "mesh/span_backing.h"
 #include "mesh/write_barrier.h"
 #include "platform/os.h"
 
@@ -139,6 +140,12 @@ void forkSnapshotChild() {
 constexpr heap::ForkParticipant kForkMesher = {"mesher", heap::ForkRank::kBeforeHeapLocks,
                                                Mesher::lockForFork, Mesher::unlockAfterFork,
                                                forkMesherChild};
+constexpr heap::ForkParticipant kForkSpanBacking = {"span backing", heap::ForkRank::kSpanBacking,
+                                                    SpanBacking::lock, SpanBacking::unlock,
+                                                    SpanBacking::resetLockAfterFork};
+constexpr heap::ForkParticipant kForkRetiredSpans = {
+    "retired spans", heap::ForkRank::kAfterHeapLocks, RetiredSpans::lockForFork,
+    RetiredSpans::unlockAfterFork, RetiredSpans::resetAfterFork};
 constexpr heap::ForkParticipant kForkSnapshot = {
     "meshed-span snapshot", heap::ForkRank::kAfterHeapLocks, forkSnapshotPrepare,
     forkSnapshotParent, forkSnapshotChild};
@@ -149,10 +156,13 @@ void MeshPolicy::init() {
   if (gInitialized.exchange(true)) return;
   gBudgetClockNs.store(earliestBudgetClock(os::monotonicNanos()), std::memory_order_relaxed);
   heap::forkParticipants().add(kForkMesher);
+  heap::forkParticipants().add(kForkSpanBacking);
+  heap::forkParticipants().add(kForkRetiredSpans);
   heap::forkParticipants().add(kForkSnapshot);
+  RetiredSpans::install();
   heap::setRefillHook(onRefill);
   heap::addThreadExitHook(onThreadExit);
-  GlobalHeap::setRetiredSpansHook(onRetiredSpans);
+  RetiredSpans::setHook(onRetiredSpans);
   GlobalHeap::setSpanFreedIntoHook(onSpanFreedInto);
 }
 

@@ -25,8 +25,8 @@ class MeshPolicy {
   // A full pass now, whatever the policy says. Returns the bytes released.
   static size_t compactNow();
   static bool backgroundThreadRunning();
-  // GlobalHeap's retired-spans hook (installed by init): the background thread restores them
-  // (see GlobalHeap::restoreRetiredSpans), woken if `wake`; false when there is none.
+  // The retired spans' hook (installed by init): the background thread restores them
+  // (see RetiredSpans::restore), woken if `wake`; false when there is none.
   static bool onRetiredSpans(bool wake);
   // The CPU budget (per mille of one core) for meshing, given the free bytes in detached spans
   // and the bytes of spans and large objects in use: mesh_budget_permille below a fragmentation

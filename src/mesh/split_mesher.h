@@ -9,7 +9,7 @@
 #include <cstdint>
 
 #include "heap/mini_heap.h"
-#include "heap/span_backing.h"
+#include "mesh/span_backing.h"
 #include "support/rng.h"
 
 namespace meshalloc {

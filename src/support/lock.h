@@ -40,11 +40,11 @@ enum class LockRank : uint8_t {
   kThreadRegistry,  // heap/thread_heap.cc: the list of thread heaps
   kSizeClass,       // heap/global_heap.h: one size class's spans
   kLarge,           // heap/global_heap.h: large objects
-  kRetired,         // heap/global_heap.h: meshed spans that died, waiting to be restored
-  kSpanBacking,     // heap/span_backing.h: the shared file and its ranges
+  kSpanBacking,     // mesh/span_backing.h: the shared file and its ranges
   kArena,           // heap/arena.h: segments, free runs, the dirty cache
   kInternalHeap,    // heap/internal_heap.h: the metadata heap
-  kMeshStats,       // mesh/mesher.cc: the mesher's counters (a leaf)
+  kRetired,    // mesh/retired_spans.cc: meshed spans that died (a leaf, taken under a class lock)
+  kMeshStats,  // mesh/mesher.cc: the mesher's counters (a leaf)
 };
 
 #if MESHALLOC_CHECKS_ENABLED

@@ -25,6 +25,7 @@
 #include "heap/global_heap.h"
 #include "heap/heap.h"
 #include "mesh/policy.h"
+#include "mesh/retired_spans.h"
 #include "platform/os.h"
 
 namespace meshalloc {
@@ -281,7 +282,7 @@ void runCase(const Case& c, Report& report) {
   // With a background thread, spans that died meshed are restored there: wait for it.
   for (int attempt = 0;; attempt++) {
     api::compactImpl();
-    GlobalHeap::restoreRetiredSpans();
+    RetiredSpans::restore();
     // A span stranded by a failed undo keeps the slots it holds copies for (SpanBacking::absorb,
     // Mesher::absorbMeshedSource): a documented leak of live bytes, counted in mesh.stranded,
     // which keeps its destination (meshed) alive too. Only large objects must balance then.

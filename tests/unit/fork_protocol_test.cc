@@ -109,8 +109,8 @@ TEST(ForkProtocol, TheProcessListIsTheDocumentedLockOrder) {
   ASSERT_TRUE(ensureInitialized());
   MeshPolicy::init();
   const std::vector<std::string> expected = {
-      "operation guard", "mesher", "idle reclaim",  "thread registry",      "global heap",
-      "span backing",    "arena",  "internal heap", "meshed-span snapshot",
+      "operation guard", "mesher", "idle reclaim",  "thread registry", "global heap",
+      "span backing",    "arena",  "internal heap", "retired spans",   "meshed-span snapshot",
   };
   EXPECT_EQ(namesOf(forkParticipants()), expected);
   for (unsigned i = 1; i < forkParticipants().count(); i++)

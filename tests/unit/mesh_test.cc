@@ -22,9 +22,10 @@
 #include "heap/global_heap.h"
 #include "heap/heap.h"
 #include "heap/operation_guard.h"
-#include "heap/span_backing.h"
 #include "mesh/mesher.h"
 #include "mesh/policy.h"
+#include "mesh/retired_spans.h"
+#include "mesh/span_backing.h"
 #include "mesh/split_mesher.h"
 #include "mesh/write_barrier.h"
 #include "platform/os.h"
@@ -217,7 +218,7 @@ bool backgroundRestores(bool wake) {
 
 TEST_F(MeshTest, ADeadMeshedSpanIsRetiredThenRestoredByTheBackgroundThread) {
   constexpr size_t kSize = 112;
-  GlobalHeap::restoreRetiredSpans();
+  RetiredSpans::restore();
   auto survivors = makeDisjointSpans(kSize, 2);
   ASSERT_FALSE(survivors.empty());
   MeshPolicy::compactNow();
@@ -230,11 +231,11 @@ TEST_F(MeshTest, ADeadMeshedSpanIsRetiredThenRestoredByTheBackgroundThread) {
   size_t spanBytes = owner->spanBytes(Arena::pageSize());
 
   gRetiredHookCalls.clear();
-  GlobalHeap::setRetiredSpansHook(backgroundRestores);
+  RetiredSpans::setHook(backgroundRestores);
   SpanBackingStats backingBefore = SpanBacking::stats();
   ArenaStats arenaBefore = Arena::stats();
   for (const Survivor& x : survivors) heap::deallocate(x.pointer);
-  EXPECT_EQ(GlobalHeap::retiredSpans(), 1u);
+  EXPECT_EQ(RetiredSpans::count(), 1u);
   ASSERT_EQ(gRetiredHookCalls.size(), 1u);
   EXPECT_FALSE(gRetiredHookCalls[0]) << "one retired span is below the wake-up threshold";
   EXPECT_EQ(SpanBacking::stats().meshedSpans, backingBefore.meshedSpans) << "not restored yet";
@@ -242,9 +243,9 @@ TEST_F(MeshTest, ADeadMeshedSpanIsRetiredThenRestoredByTheBackgroundThread) {
   EXPECT_EQ(Arena::entryFor(second), 0u);
   EXPECT_EQ(Arena::classEntryFor(second), 0u);
 
-  GlobalHeap::restoreRetiredSpans();
-  GlobalHeap::setRetiredSpansHook(MeshPolicy::onRetiredSpans);
-  EXPECT_EQ(GlobalHeap::retiredSpans(), 0u);
+  RetiredSpans::restore();
+  RetiredSpans::setHook(MeshPolicy::onRetiredSpans);
+  EXPECT_EQ(RetiredSpans::count(), 0u);
   SpanBackingStats backingAfter = SpanBacking::stats();
   EXPECT_EQ(backingAfter.meshedSpans, backingBefore.meshedSpans - 1);
   EXPECT_LT(backingAfter.aliasSpans, backingBefore.aliasSpans);
@@ -266,7 +267,7 @@ TEST_F(MeshTest, RetiringAndRestoringRunConcurrently) {
   constexpr size_t kSize = 144;
   constexpr int kPairs = 8;
   constexpr int kFreeingThreads = 2;
-  GlobalHeap::restoreRetiredSpans();
+  RetiredSpans::restore();
   size_t meshedBefore = SpanBacking::stats().meshedSpans;
   std::vector<Survivor> survivors;
   for (int pair = 0; pair < kPairs; pair++) {
@@ -279,10 +280,10 @@ TEST_F(MeshTest, RetiringAndRestoringRunConcurrently) {
     ASSERT_TRUE(holds(x.pointer, kSize, 1, reinterpret_cast<uintptr_t>(x.pointer)));
 
   gConcurrentHookCalls.store(0);
-  GlobalHeap::setRetiredSpansHook(concurrentBackgroundRestores);
+  RetiredSpans::setHook(concurrentBackgroundRestores);
   std::atomic<bool> stop{false};
   std::thread restorer([&] {
-    while (!stop.load(std::memory_order_relaxed)) GlobalHeap::restoreRetiredSpans();
+    while (!stop.load(std::memory_order_relaxed)) RetiredSpans::restore();
   });
   std::vector<std::thread> freeing;
   for (int t = 0; t < kFreeingThreads; t++) {
@@ -294,10 +295,10 @@ TEST_F(MeshTest, RetiringAndRestoringRunConcurrently) {
   for (std::thread& thread : freeing) thread.join();
   stop.store(true, std::memory_order_relaxed);
   restorer.join();
-  GlobalHeap::restoreRetiredSpans();
-  GlobalHeap::setRetiredSpansHook(MeshPolicy::onRetiredSpans);
+  RetiredSpans::restore();
+  RetiredSpans::setHook(MeshPolicy::onRetiredSpans);
   EXPECT_GT(gConcurrentHookCalls.load(), 0u) << "no meshed span was retired";
-  EXPECT_EQ(GlobalHeap::retiredSpans(), 0u);
+  EXPECT_EQ(RetiredSpans::count(), 0u);
   EXPECT_EQ(SpanBacking::stats().meshedSpans, meshedBefore);
   // The restored memory is ordinary again.
   useOnAThread(kSize, survivors.size() * 4, 4);

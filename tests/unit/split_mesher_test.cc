@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "heap/mini_heap.h"
-#include "heap/span_backing.h"
+#include "mesh/span_backing.h"
 #include "support/rng.h"
 
 namespace meshalloc {

@@ -1,5 +1,5 @@
 // Which pages of a span hold (part of) a live object, from its allocation bitmap. Meshing copies
-// only those pages into the shared file (heap/span_backing.cc), and the mesher gives the others
+// only those pages into the shared file (mesh/span_backing.cc), and the mesher gives the others
 // back to the kernel in spans it cannot pair (mesh/mesher.cc, trimFreePages).
 #pragma once
 

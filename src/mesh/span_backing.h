@@ -65,7 +65,7 @@ class SpanBacking {
     }
   }
   // Called for a shared span that died (after releasePages, on the background thread, see
-  // GlobalHeap::restoreRetiredSpans): every virtual span, its own included, becomes plain
+  // RetiredSpans::restore): every virtual span, its own included, becomes plain
   // private memory again and goes back to the arena; the file range is freed (punched out
   // unless releasePages did). A virtual span that cannot be made private again is leaked,
   // never handed out twice.

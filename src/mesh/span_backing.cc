@@ -1,10 +1,10 @@
-#include "heap/span_backing.h"
+#include "mesh/span_backing.h"
 
 #include <new>
 
 #include "heap/arena.h"
 #include "heap/internal_heap.h"
-#include "heap/page_mask.h"
+#include "mesh/page_mask.h"
 #include "platform/os.h"
 
 namespace meshalloc {
