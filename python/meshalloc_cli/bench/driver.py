@@ -186,9 +186,10 @@ def _cell_text(value: Any) -> str:
 
 def write_runs(experiment: Declared, results: Results, path: Path) -> Path:
     """Every run: its place in the schedule, its status and its declared figures."""
-    header = [experiment.workload_heading, "allocator", "repetition", "order", "status", *experiment.run_columns]
+    pairs = [(column, column) if isinstance(column, str) else tuple(column) for column in experiment.run_columns]
+    header = [experiment.workload_heading, "allocator", "repetition", "order", "status"] + [name for name, _ in pairs]
     return write_tsv(path, header, ([run.workload_name, run.allocator.name, str(run.repetition), str(run.order),
-                                     run.status, *(_cell_text(run.figures.get(key)) for key in experiment.run_columns)]
+                                     run.status, *(_cell_text(run.figures.get(key)) for _, key in pairs)]
                                     for run in results.runs))
 
 

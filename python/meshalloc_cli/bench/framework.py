@@ -234,7 +234,8 @@ class Declared:
     reference: ClassVar[Optional[str]] = None
     workload_heading: ClassVar[str] = "workload"  # the first column of runs.tsv and table.tsv
     run_directory: ClassVar[str] = "runs"  # <out>/<run_directory>/<workload>/<allocator>-r<N>/
-    run_columns: ClassVar[Tuple[str, ...]] = ()  # parse()'s figures written to runs.tsv, in order
+    # parse()'s figures written to runs.tsv, in order: a key, or (header, key) when they differ.
+    run_columns: ClassVar[Tuple[Any, ...]] = ()
     columns: ClassVar[Tuple[Column, ...]] = ()  # the summary table (table.tsv; default table.md)
 
     def parameters(self, mode: str) -> Parameters:
