@@ -23,6 +23,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from ..allocators import Allocator
 from ..errors import MeshallocError
+from ..measure import RunResult
 from ..output import write_run
 from . import schedule
 from .claims import claims_table
@@ -61,8 +62,8 @@ def measure_run(command: Command, allocator: Allocator, directory: Path) -> Run:
     if command.measure != SAMPLED:
         raise ValueError(f"unknown measurement {command.measure!r}")
     try:
-        run.result = memory_run(command.argv, allocator, command.cwd, command.env, command.interval_s,
-                                command.timeout_s, directory / STDOUT, directory / STDERR)
+        with open(directory / STDOUT, "wb") as output, open(directory / STDERR, "wb") as errors:
+            run.result = sample(command, allocator, output, errors)
     except MeshallocError as error:
         run.status = f"cannot start: {error}"
         return run
@@ -75,6 +76,13 @@ def measure_run(command: Command, allocator: Allocator, directory: Path) -> Run:
     elif PRELOAD_FAILURE in (directory / STDERR).read_text(errors="replace"):
         run.status = "the allocator was not preloaded"
     return run
+
+
+def sample(command: Command, allocator: Allocator, stdout, stderr) -> RunResult:
+    """One sampled run of `command` (programs.memory_run), its output where subprocess is told
+    (an open file, DEVNULL, STDOUT): what measure_run and `meshalloc compare` both measure with."""
+    return memory_run(command.argv, allocator, command.cwd, command.env, command.interval_s, command.timeout_s,
+                      stdout, stderr, command.use_cgroup)
 
 
 def failure_line(run: Run) -> str:

@@ -125,7 +125,8 @@ class Command:
     cwd: Optional[Path] = None
     measure: str = SAMPLED  # one of MEASUREMENTS
     interval_s: float = 0.010
-    timeout_s: float = 300.0
+    timeout_s: Optional[float] = 300.0  # None: no limit (`meshalloc compare`)
+    use_cgroup: bool = True  # a sampled run in a memory cgroup of its own, where one can be made
 
 
 class RunFailed(Exception):

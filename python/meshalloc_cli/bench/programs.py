@@ -323,11 +323,12 @@ def _kill_group(process: subprocess.Popen) -> None:
 # Running a command once for its memory
 
 def memory_run(command: Sequence[str], allocator: Allocator, cwd: Optional[Path], env: Mapping[str, str],
-               interval: float, timeout: float, stdout: Path, stderr: Path) -> RunResult:
+               interval: float, timeout: Optional[float], stdout, stderr, use_cgroup: bool = True) -> RunResult:
     """measure() with a time limit: PSS of the process tree every `interval` seconds, in a
     memory cgroup where one can be made (its kernel high-water mark catches a peak between two
-    samples). After `timeout` seconds a watchdog kills the processes this one started (only
-    the measured tree runs at that moment), and the run comes back as killed."""
+    samples). After `timeout` seconds (None: no limit) a watchdog kills the processes this one
+    started (only the measured tree runs at that moment), and the run comes back as killed.
+    stdout and stderr are what subprocess takes: an open file, DEVNULL, STDOUT."""
     def expire() -> None:
         import psutil
 
@@ -336,15 +337,16 @@ def memory_run(command: Sequence[str], allocator: Allocator, cwd: Optional[Path]
                 with contextlib.suppress(psutil.Error):
                     child.kill()
 
-    watchdog = threading.Timer(timeout, expire)
-    watchdog.daemon = True
-    watchdog.start()
+    watchdog = threading.Timer(timeout, expire) if timeout is not None else None
+    if watchdog is not None:
+        watchdog.daemon = True
+        watchdog.start()
     try:
-        with open(stdout, "wb") as output, open(stderr, "wb") as errors:
-            return measure(list(command), allocator, interval, use_cgroup=True, env=dict(os.environ, **env), cwd=cwd,
-                           stdin=subprocess.DEVNULL, stdout=output, stderr=errors)
+        return measure(list(command), allocator, interval, use_cgroup=use_cgroup, env=dict(os.environ, **env),
+                       cwd=cwd, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr)
     finally:
-        watchdog.cancel()
+        if watchdog is not None:
+            watchdog.cancel()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -440,8 +442,9 @@ def memory_pass(context: Context, workloads: Sequence[Workload], allocators: Seq
         directory.mkdir(parents=True)
         record = MemoryRecord(workload.name, allocator.name, slot.repetition, slot.order, "ok", directory)
         try:
-            record.result = memory_run(workload.command, allocator, workload.cwd, workload.env, interval,
-                                       timeout, directory / "stdout.txt", directory / "stderr.txt")
+            with open(directory / "stdout.txt", "wb") as output, open(directory / "stderr.txt", "wb") as errors:
+                record.result = memory_run(workload.command, allocator, workload.cwd, workload.env, interval,
+                                           timeout, output, errors)
         except MeshallocError as error:
             record.status = f"cannot start: {error}"
             return record
