@@ -35,6 +35,7 @@ from .report import NO_VALUE, markdown_table, notes_section, number, stat_text, 
 
 RUNS_FILE, TABLE_TSV, TABLE_MD = "runs.tsv", "table.tsv", "table.md"
 STDOUT, STDERR = "stdout.txt", "stderr.txt"
+STDERR_EXCERPT = 300  # characters of a failed run's stderr (its end) kept in its failure line
 UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
@@ -71,9 +72,11 @@ def measure_run(command: Command, allocator: Allocator, directory: Path) -> Run:
     if run.result.interrupted:  # Ctrl-C reached the command: stop here
         raise KeyboardInterrupt
     run.seconds = run.result.wall_time
+    errors = (directory / STDERR).read_text(errors="replace")
     if not run.result.succeeded:
-        run.status = run.result.describe_exit()
-    elif PRELOAD_FAILURE in (directory / STDERR).read_text(errors="replace"):
+        excerpt = " ".join(errors.split())[-STDERR_EXCERPT:]
+        run.status = run.result.describe_exit() + (f": {excerpt}" if excerpt else "")
+    elif PRELOAD_FAILURE in errors:
         run.status = "the allocator was not preloaded"
     return run
 
@@ -147,7 +150,8 @@ def drive(experiment: Declared, context: Context) -> Outcome:
     selection = choose_allocators(context, experiment.allocators, experiment.smoke_allocators, experiment.alias,
                                   experiment.baselines)
     with tempfile.TemporaryDirectory(prefix=f"meshalloc-{slug(experiment.name)}-") as scratch:
-        session = Session(context, params, selection, Path(scratch), notes=selection.notes(experiment.reference))
+        session = Session(context, params, selection, Path(scratch), notes=selection.notes(experiment.reference),
+                          load_start=load_start)
         workloads = list(experiment.workloads(session))
         if not workloads:
             raise ExperimentUnavailable("nothing to run here: " + "; ".join(session.failures or session.notes))

@@ -196,6 +196,7 @@ class Session:
     scratch: Path
     notes: List[str] = field(default_factory=list)
     failures: List[str] = field(default_factory=list)
+    load_start: str = "?"  # the load averages as the experiment started (schedule.load_average)
 
     @property
     def out(self) -> Path:
