@@ -19,7 +19,7 @@ import re
 import tempfile
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Sequence
 
 from ..allocators import Allocator
 from ..errors import MeshallocError

@@ -295,7 +295,6 @@ class Results:
     baseline: Optional[str]
     repetitions: int
     runs: List[Run] = field(default_factory=list)
-    interrupted: bool = False
 
     @property
     def names(self) -> List[str]:

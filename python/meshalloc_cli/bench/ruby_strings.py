@@ -214,7 +214,7 @@ def write_checks(checks: Sequence[Check], path: Path) -> Path:
 def comparison_of(results: Results, command: Sequence[str]) -> Comparison:
     """The runs as `meshalloc compare` tabulates them (output.write_comparison, the figure)."""
     comparison = Comparison(list(command), list(results.allocators), results.baseline or results.names[0],
-                            results.repetitions, DEFAULT_INTERVAL_S, interrupted=results.interrupted)
+                            results.repetitions, DEFAULT_INTERVAL_S)
     comparison.runs = [RunRecord(run.allocator.name, run.repetition, run.order, run.result,
                                  run.directory / "stdout.txt") for run in results.runs if run.result is not None]
     comparison.rows = build_table(comparison.runs, results.names, comparison.baseline)
@@ -411,8 +411,6 @@ class RubyStrings(ExperimentBase, Declared):
         if MESH_GENEROUS in results.names:
             notes.append(f"{MESH_GENEROUS} is not one of the paper's configurations: meshalloc 2y with "
                          f"mesh_budget_permille={GENEROUS_BUDGET_PERMILLE} (20 % of a core for meshing instead of 2 %).")
-        if results.interrupted:
-            notes.append("interrupted: the tables cover only the runs that finished")
         return notes
 
     def report(self, session: Session, results: Results, found: Sequence[Claim]) -> Report:
