@@ -59,6 +59,8 @@ def measure_run(command: Command, allocator: Allocator, directory: Path) -> Run:
         (directory / STDOUT).write_text(timed.stdout)
         (directory / STDERR).write_text(timed.stderr_tail)
         run.status, run.seconds = timed.status, timed.seconds
+        if not run.ok and timed.stderr_tail:
+            run.status += ": " + " ".join(timed.stderr_tail.split())
         return run
     if command.measure != SAMPLED:
         raise ValueError(f"unknown measurement {command.measure!r}")
@@ -119,13 +121,13 @@ def execute_all(experiment: Declared, session: Session, workloads: Sequence[Any]
                      / f"{slug(slot.allocator.name)}-r{slot.repetition}")
         run = measure_run(experiment.command(session, slot.workload, slot.allocator), slot.allocator, directory)
         run.workload, run.workload_name, run.repetition, run.order = slot.workload, name, slot.repetition, slot.order
-        if run.result is not None or run.ok:
-            try:
-                run.figures = dict(experiment.parse(session, run))
-            except RunFailed as failed:
-                run.figures = dict(failed.figures)
-                if run.ok:
-                    run.status = str(failed) or "the run's output is wrong"
+        # Every run is parsed, a failed one too: what it printed before failing belongs in runs.tsv.
+        try:
+            run.figures = dict(experiment.parse(session, run))
+        except RunFailed as failed:
+            run.figures = dict(failed.figures)
+            if run.ok:
+                run.status = str(failed) or "the run's output is wrong"
         return run
 
     def describe(done: schedule.Done[Run]) -> str:

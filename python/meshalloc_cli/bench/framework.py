@@ -197,6 +197,9 @@ class Session:
     notes: List[str] = field(default_factory=list)
     failures: List[str] = field(default_factory=list)
     load_start: str = "?"  # the load averages as the experiment started (schedule.load_average)
+    # What one hook finds out for the later ones (large-heap: the heaps left out, the first
+    # run's checksum that every later run must match).
+    state: Dict[str, Any] = field(default_factory=dict)
 
     @property
     def out(self) -> Path:
@@ -240,8 +243,11 @@ class Declared:
     run_columns: ClassVar[Tuple[Any, ...]] = ()
     columns: ClassVar[Tuple[Column, ...]] = ()  # the summary table (table.tsv; default table.md)
 
+    # The parameters of each mode (smoke, quick, full); override parameters() to compute them.
+    modes: ClassVar[Mapping[str, Parameters]] = {}
+
     def parameters(self, mode: str) -> Parameters:
-        raise NotImplementedError
+        return self.modes[mode]
 
     def workloads(self, session: Session) -> Sequence[Any]:
         """The rows of the schedule (raise ExperimentUnavailable when none can run here)."""
@@ -254,7 +260,8 @@ class Declared:
         raise NotImplementedError
 
     def parse(self, session: Session, run: Run) -> Dict[str, Any]:
-        """The figures of one successful run (raise RunFailed when its output is wrong)."""
+        """The figures of one run, in schedule order (raise RunFailed when its output is wrong).
+        A run that already failed is parsed too, for what it printed; its status stays."""
         return {}
 
     def progress(self, run: Run) -> str:

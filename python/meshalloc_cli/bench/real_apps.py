@@ -168,6 +168,7 @@ def figure(out, programs: Sequence[str], names: Sequence[str], results: Results,
 
 
 class RealApps(ExperimentBase, Declared):
+    modes = PARAMETERS
     allocators = ALLOCATORS
     smoke_allocators = SMOKE_ALLOCATORS
     alias = ALLOCATORS_VARIABLE
@@ -179,9 +180,6 @@ class RealApps(ExperimentBase, Declared):
                    ("cgroup_peak_bytes", "cgroup_peak"), "wall_s", "samples", "hz", "samples_tsv")
     columns = (Column("mean_pss", "mean PSS MiB", 1, MIB, ratio=True, tsv="mean_pss_bytes"),
                Column("peak_pss", "peak PSS MiB", 1, MIB, ratio=True, tsv="peak_pss_bytes"))
-
-    def parameters(self, mode: str) -> RealAppsParameters:
-        return PARAMETERS[mode]
 
     def workloads(self, session: Session) -> list:
         programs, missing = available_programs()
@@ -209,7 +207,9 @@ class RealApps(ExperimentBase, Declared):
     def parse(self, session: Session, run: Run) -> Dict[str, Any]:
         """The run's memory; a run whose output differs from the program's without preload
         computed something else and fails."""
-        figures = dict(figures_of(run), samples_tsv=str((run.directory / "samples.tsv").relative_to(session.out)))
+        figures = figures_of(run)
+        if run.result is not None:
+            figures["samples_tsv"] = str((run.directory / "samples.tsv").relative_to(session.out))
         if run.workload.reference is not None and run.stdout.strip() != run.workload.reference:
             raise RunFailed("output differs from a run without preload", figures)
         return figures

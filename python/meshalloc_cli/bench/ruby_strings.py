@@ -369,13 +369,11 @@ def claims(comparison: Comparison, baseline: str, checked: bool) -> List[Claim]:
 # The experiment
 
 class RubyStrings(ExperimentBase, Declared):
+    modes = PARAMETERS
     allocators = ALLOCATORS
     smoke_allocators = SMOKE_ALLOCATORS
     baselines = BASELINES
     run_directory = "logs"
-
-    def parameters(self, mode: str) -> RubyParameters:
-        return PARAMETERS[mode]
 
     def workloads(self, session: Session) -> List[Workload]:
         if shutil.which(RUBY) is None:

@@ -795,10 +795,8 @@ PARAMETERS = {SMOKE: ScalingParameters(1, threads=THREADS[SMOKE], workload=SMOKE
 
 
 class ThreadScaling(ExperimentBase, Declared):
+    modes = PARAMETERS
     allocators = ALLOCATORS
-
-    def parameters(self, mode: str) -> ScalingParameters:
-        return PARAMETERS[mode]
 
     def workloads(self, session: Session) -> List[int]:
         """The thread counts. A meshalloc allocator that would not run as its spec says is
