@@ -19,7 +19,7 @@ import re
 import tempfile
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Dict, List, Sequence
+from typing import Any, List, Sequence
 
 from ..allocators import Allocator
 from ..errors import MeshallocError
@@ -28,7 +28,7 @@ from ..output import write_run
 from . import schedule
 from .claims import claims_table
 from .common import choose_allocators, machine_notes
-from .framework import (SAMPLED, TIMED, Command, Context, Declared, ExperimentUnavailable, Outcome, Report,
+from .framework import (SAMPLED, TIMED, Command, Context, Declared, ExperimentUnavailable, Outcome, Pass, Report,
                         Results, Run, RunFailed, Session)
 from .programs import PRELOAD_FAILURE, memory_run, timed_run
 from .report import NO_VALUE, markdown_table, notes_section, number, stat_text, write_summary_json, write_tsv
@@ -91,7 +91,8 @@ def sample(command: Command, allocator: Allocator, stdout, stderr) -> RunResult:
 
 
 def failure_line(run: Run) -> str:
-    return f"{run.workload_name} under {run.allocator.name} (repetition {run.repetition}): {run.status}"
+    head = f"{run.pass_name}: " if run.pass_name else ""
+    return f"{head}{run.workload_name} under {run.allocator.name} (repetition {run.repetition}): {run.status}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -109,18 +110,34 @@ def parameters(experiment: Declared, context: Context) -> Any:
 
 
 def execute_all(experiment: Declared, session: Session, workloads: Sequence[Any]) -> Results:
-    """Every run of the schedule, each parsed; failures go to session.failures."""
-    params, context = session.params, session.context
+    """Every run of every pass, each parsed; failures go to session.failures."""
     allocators = session.selection.allocators
     results = Results(list(workloads), [experiment.workload_name(workload) for workload in workloads],
-                      list(allocators), session.baseline, params.repetitions)
+                      list(allocators), session.baseline, session.params.repetitions)
+    for one in experiment.passes(session.params):
+        session.current_pass = one
+        results.runs += execute_pass(experiment, session, workloads, one)
+    session.failures += [failure_line(run) for run in results.runs if not run.ok]
+    return results
+
+
+def run_directories(experiment: Declared, session: Session) -> List[str]:
+    """Where each pass keeps its runs' directories (under the output directory)."""
+    return list(dict.fromkeys(one.directory or experiment.run_directory
+                              for one in experiment.passes(session.params)))
+
+
+def execute_pass(experiment: Declared, session: Session, workloads: Sequence[Any], one: Pass) -> List[Run]:
+    context = session.context
+    head = f"{one.name} " if one.name else ""
 
     def execute(slot: schedule.Slot) -> Run:
         name = experiment.workload_name(slot.workload)
-        directory = (context.out / experiment.run_directory / slug(name)
+        directory = (context.out / (one.directory or experiment.run_directory) / slug(name)
                      / f"{slug(slot.allocator.name)}-r{slot.repetition}")
         run = measure_run(experiment.command(session, slot.workload, slot.allocator), slot.allocator, directory)
         run.workload, run.workload_name, run.repetition, run.order = slot.workload, name, slot.repetition, slot.order
+        run.pass_name = one.name
         # Every run is parsed, a failed one too: what it printed before failing belongs in runs.tsv.
         try:
             run.figures = dict(experiment.parse(session, run))
@@ -134,15 +151,13 @@ def execute_all(experiment: Declared, session: Session, workloads: Sequence[Any]
         done.result.load = done.load
         return experiment.progress(done.result)
 
-    slots = schedule.plan(workloads, allocators, params.repetitions, params.order)
+    slots = schedule.plan(workloads, session.selection.allocators, one.repetitions, one.order)
     done = schedule.run(slots, execute, context.log, describe,
-                        group=lambda slot: (f"{experiment.workload_name(slot.workload)} "
-                                            f"[{slot.repetition}/{params.repetitions}]"))
-    results.runs = [finished.result for finished in done]
+                        group=lambda slot: (f"{head}{experiment.workload_name(slot.workload)} "
+                                            f"[{slot.repetition}/{one.repetitions}]"))
     for finished in done:
         finished.result.load = finished.load
-    session.failures += [failure_line(run) for run in results.runs if not run.ok]
-    return results
+    return [finished.result for finished in done]
 
 
 def drive(experiment: Declared, context: Context) -> Outcome:
@@ -162,7 +177,7 @@ def drive(experiment: Declared, context: Context) -> Outcome:
         results = execute_all(experiment, session, workloads)
     found = experiment.claims(session, results)
     notes = session.notes + experiment.notes(session, results)
-    notes += machine_notes(selection.allocators, None, load_start)
+    notes += machine_notes(selection.allocators, experiment.machine_threads(session), load_start)
     session.notes = notes
 
     out = context.out
@@ -180,8 +195,7 @@ def drive(experiment: Declared, context: Context) -> Outcome:
     details = experiment.summary_details(session, results)
     if details is not None:
         files.append(write_summary_json(out, experiment.name, context.mode, params.repetitions, found, **details))
-    if (out / experiment.run_directory).is_dir():
-        files.append(out / experiment.run_directory)
+    files += [out / directory for directory in run_directories(experiment, session) if (out / directory).is_dir()]
     return Outcome(repetitions=params.repetitions, claims=found, table_md=report.table_md, files=files,
                    failures=list(session.failures), notes=notes)
 
@@ -249,21 +263,3 @@ def default_report(experiment: Declared, session: Session, results: Results, fou
     markdown = "\n".join([f"# {experiment.title} ({session.context.mode} mode)", "", table, "## Claims", "",
                           claims_table(found), *notes_section(session.notes, session.failures)])
     return Report(table_md=table, markdown=markdown)
-
-
-def figures_of(run: Run) -> Dict[str, Any]:
-    """A sampled run's memory figures, as the memory experiments tabulate them: mean and peak
-    PSS, the cgroup's kernel peak, wall time, number of samples and the rate achieved."""
-    result = run.result
-    if result is None:
-        return {}
-    summary = result.summary("pss")
-    return {
-        "mean_pss": summary.mean if summary else None,
-        "peak_pss": float(summary.peak) if summary else None,
-        "cgroup_peak": float(result.cgroup_kernel_peak) if result.cgroup_kernel_peak is not None else None,
-        "wall_s": result.wall_time,
-        "samples": len(result.samples),
-        "hz": result.achieved_rate,
-    }
-

@@ -116,6 +116,18 @@ class Parameters:
 
 
 @dataclass(frozen=True)
+class Pass:
+    """One pass of the schedule over every workload × allocator × repetition. Most experiments
+    make one (the default, unnamed); speed makes two, a timed pass then a sampled one, since a
+    sampler beside a timed run would slow some allocators more than others."""
+
+    name: str  # "" for an experiment's only pass; else it prefixes progress and failure lines
+    repetitions: int
+    order: str = "interleaved"
+    directory: str = ""  # where its runs' directories go; "": the experiment's run_directory
+
+
+@dataclass(frozen=True)
 class Command:
     """What one run executes: the same argv, directory and added variables for every allocator
     (the driver adds the allocator's own preload and settings)."""
@@ -147,8 +159,9 @@ class Run:
     workload_name: str
     allocator: "Allocator"
     repetition: int  # 1-based
-    order: int  # 1-based position in the schedule
+    order: int  # 1-based position in its pass's schedule
     directory: Path  # stdout.txt, stderr.txt (and samples.tsv, summary.json when sampled)
+    pass_name: str = ""  # the Pass it belongs to
     status: str = OK  # "ok", or why the run failed: "exit 1", "killed by SIGSEGV", parse()'s reason
     load: Optional[float] = None  # 1-minute load average as the run started
     seconds: Optional[float] = None  # wall time (timed and sampled alike)
@@ -163,6 +176,22 @@ class Run:
     def stdout(self) -> str:
         path = self.directory / "stdout.txt"
         return path.read_text(errors="replace") if path.is_file() else ""
+
+    def sampled_figures(self) -> Dict[str, Any]:
+        """A sampled run's memory figures, as the memory tables take them: mean and peak PSS,
+        the cgroup's kernel peak, wall time, number of samples and the rate achieved."""
+        result = self.result
+        if result is None:
+            return {}
+        summary = result.summary("pss")
+        return {
+            "mean_pss": summary.mean if summary else None,
+            "peak_pss": float(summary.peak) if summary else None,
+            "cgroup_peak": float(result.cgroup_kernel_peak) if result.cgroup_kernel_peak is not None else None,
+            "wall_s": result.wall_time,
+            "samples": len(result.samples),
+            "hz": result.achieved_rate,
+        }
 
     def metric(self, key: str) -> Optional[float]:
         """A numeric figure of this run; None when absent or not a number."""
@@ -200,6 +229,7 @@ class Session:
     # What one hook finds out for the later ones (large-heap: the heaps left out, the first
     # run's checksum that every later run must match).
     state: Dict[str, Any] = field(default_factory=dict)
+    current_pass: Pass = Pass("", 1)  # the pass being run: what command() and parse() are called for
 
     @property
     def out(self) -> Path:
@@ -249,6 +279,10 @@ class Declared:
     def parameters(self, mode: str) -> Parameters:
         return self.modes[mode]
 
+    def passes(self, params: Parameters) -> Sequence[Pass]:
+        """The passes, in order: by default one, of the parameters' repetitions and order."""
+        return [Pass("", params.repetitions, params.order)]
+
     def workloads(self, session: Session) -> Sequence[Any]:
         """The rows of the schedule (raise ExperimentUnavailable when none can run here)."""
         raise NotImplementedError
@@ -282,6 +316,10 @@ class Declared:
         """Notes that need the results (appended after the session's, before the machine's)."""
         return []
 
+    def machine_threads(self, session: Session) -> Optional[int]:
+        """The thread count the machine note states, when the experiment sets one."""
+        return None
+
     def summary_details(self, session: Session, results: "Results") -> Optional[Dict[str, Any]]:
         """Extra entries of summary.json; None: no summary.json."""
         return None
@@ -307,8 +345,10 @@ class Results:
     def names(self) -> List[str]:
         return [allocator.name for allocator in self.allocators]
 
-    def cell(self, row: str, allocator: str) -> List[Run]:
-        return [run for run in self.runs if run.workload_name == row and run.allocator.name == allocator]
+    def cell(self, row: str, allocator: str, pass_name: Optional[str] = None) -> List[Run]:
+        """The runs of one workload under one allocator (of one pass, when named)."""
+        return [run for run in self.runs if run.workload_name == row and run.allocator.name == allocator
+                and (pass_name is None or run.pass_name == pass_name)]
 
     def stat(self, row: str, allocator: str, key: str) -> Optional["Stat"]:
         from .stats import Stat

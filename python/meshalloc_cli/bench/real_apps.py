@@ -20,10 +20,9 @@ from ..allocators import MESH_DEFAULT, MESH_OFF
 from ..measure import MIB
 from .claims import Claims, claims_table
 from .common import ExperimentBase, names_from
-from .driver import figures_of
 from .framework import (FULL, QUICK, SMOKE, Claim, Column, Command, Declared, ExperimentUnavailable, Parameters,
-                        Report, Results, Run, RunFailed, Session)
-from .programs import PROGRAM_INTERVAL_S, available_programs, program_workloads
+                        Report, Results, Run, Session)
+from .programs import PROGRAM_INTERVAL_S, available_programs, memory_figures, memory_progress, program_workloads
 from .report import NO_VALUE, BarPanel, allocator_json, geomean_claim_text, geomean_text, markdown_table
 from .report import notes_section, range_text, ratio_bar_chart, stat_text
 from .stats import Stat, paired_ratios
@@ -205,19 +204,10 @@ class RealApps(ExperimentBase, Declared):
                        timeout_s=session.params.timeout_s)
 
     def parse(self, session: Session, run: Run) -> Dict[str, Any]:
-        """The run's memory; a run whose output differs from the program's without preload
-        computed something else and fails."""
-        figures = figures_of(run)
-        if run.result is not None:
-            figures["samples_tsv"] = str((run.directory / "samples.tsv").relative_to(session.out))
-        if run.workload.reference is not None and run.stdout.strip() != run.workload.reference:
-            raise RunFailed("output differs from a run without preload", figures)
-        return figures
+        return memory_figures(run, session.out)
 
     def progress(self, run: Run) -> str:
-        peak = run.metric("peak_pss")
-        return (f"{run.allocator.name}={peak / MIB:.1f}MiB" if run.ok and peak else
-                f"{run.allocator.name}={run.status if not run.ok else 'no sample'}")
+        return memory_progress(run)
 
     def claims(self, session: Session, results: Results) -> List[Claim]:
         return claims(results.rows, results, session.checked)
