@@ -21,7 +21,7 @@ from meshalloc_cli import bench
 from meshalloc_cli.bench import runner
 from meshalloc_cli.bench.claims import Claims
 from meshalloc_cli.bench.common import ExperimentBase
-from meshalloc_cli.bench.framework import (QUICK, SMOKE, TIMED, Column, Command, Context, Declared, Parameters,
+from meshalloc_cli.bench.framework import (QUICK, SMOKE, TIMED, Column, Command, Context, Declared, Parameters, Pass,
                                            RunFailed)
 from meshalloc_cli.bench.schedule import INTERLEAVED, ROTATED
 
@@ -165,3 +165,39 @@ def test_summary_rows_through_the_runner(tmp_path, library, monkeypatch):
     assert f"- failed run: crashes under {SYSTEM} (repetition 2): exit 3" in summary
     assert "| case | allocator | succeeded | value |" in summary
     assert "| the preload doubles the value | 2× | 2.0× | ✓ |" in summary
+
+
+class TwoPasses(Toy):
+    """The toy in two passes, as speed runs: a timed one, then a second of its own order,
+    repetitions and directory, whose command says which pass it is in."""
+
+    def passes(self, params):
+        return [Pass("first", params.repetitions), Pass("second", 3, ROTATED, directory="second")]
+
+    def workloads(self, session):
+        return ["good", "crashes"]
+
+    def command(self, session, workload, allocator):
+        if session.current_pass.name == "second":
+            return Command([sys.executable, "-c", "print('value=1')"], measure=TIMED, timeout_s=30)
+        return super().command(session, workload, allocator)
+
+
+def test_passes(tmp_path, library):
+    experiment = TwoPasses(name="toy", title="Toy", paper="none")
+    out = tmp_path / "toy"
+    out.mkdir()
+    context = Context(mode=QUICK, out=out, root=ROOT, build_dir=tmp_path / "no-build", repeat=None,
+                      log=lambda line: None, allocators=(SYSTEM, library))
+    outcome = experiment.run(context)
+    _, runs = read_tsv(out / "runs.tsv")
+    assert len(runs) == 2 * 2 * 2 + 2 * 2 * 3  # each pass: workloads × allocators × its repetitions
+    second = [(run["case"], run["allocator"], run["repetition"]) for run in runs[8:]]
+    assert second[:6] == [("good", SYSTEM, "1"), ("good", library, "1"), ("good", library, "2"),
+                          ("good", SYSTEM, "2"), ("good", SYSTEM, "3"), ("good", library, "3")]
+    assert {run["value"] for run in runs[8:]} == {"1"}
+    # Failures name their pass; the second pass's crashes case ran its own command and passed.
+    assert outcome.failures == [f"first: crashes under {SYSTEM} (repetition 1): exit 3",
+                                f"first: crashes under {SYSTEM} (repetition 2): exit 3"]
+    assert (out / "runs" / "good" / "system-r2").is_dir() and (out / "second" / "good" / "system-r3").is_dir()
+    assert [path.name for path in outcome.files][-2:] == ["runs", "second"]
