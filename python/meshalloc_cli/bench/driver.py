@@ -28,13 +28,12 @@ from ..output import write_run
 from . import schedule
 from .claims import claims_table
 from .common import choose_allocators, machine_notes
-from .framework import (SAMPLED, TIMED, Command, Context, Declared, ExperimentUnavailable, Outcome, Pass, Report,
-                        Results, Run, RunFailed, Session)
+from .framework import (SAMPLED, STDERR, STDOUT, TIMED, Command, Context, Declared, ExperimentUnavailable, Outcome,
+                        Pass, Report, Results, Run, RunFailed, Session)
 from .programs import PRELOAD_FAILURE, memory_run, timed_run
 from .report import NO_VALUE, markdown_table, notes_section, number, stat_text, write_summary_json, write_tsv
 
 RUNS_FILE, TABLE_TSV, TABLE_MD = "runs.tsv", "table.tsv", "table.md"
-STDOUT, STDERR = "stdout.txt", "stderr.txt"
 STDERR_EXCERPT = 300  # characters of a failed run's stderr (its end) kept in its failure line
 UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple
 
+from .schedule import INTERLEAVED
+
 if TYPE_CHECKING:  # only for annotations: these modules import this one
     from ..allocators import Allocator
     from ..measure import RunResult
@@ -104,6 +106,8 @@ class ExperimentUnavailable(Exception):
 SAMPLED, TIMED = "sampled", "timed"
 MEASUREMENTS = (SAMPLED, TIMED)
 OK = "ok"  # a Run's status when nothing went wrong
+# What each run's directory holds besides a sampled run's samples (output.RUN_FILES).
+STDOUT, STDERR = "stdout.txt", "stderr.txt"
 
 
 @dataclass(frozen=True)
@@ -112,7 +116,7 @@ class Parameters:
     counts); the driver reads `repetitions` (which --repeat replaces) and `order`."""
 
     repetitions: int
-    order: str = "interleaved"  # schedule.INTERLEAVED or schedule.ROTATED
+    order: str = INTERLEAVED  # or schedule.ROTATED
 
 
 @dataclass(frozen=True)
@@ -123,7 +127,7 @@ class Pass:
 
     name: str  # "" for an experiment's only pass; else it prefixes progress and failure lines
     repetitions: int
-    order: str = "interleaved"
+    order: str = INTERLEAVED
     directory: str = ""  # where its runs' directories go; "": the experiment's run_directory
 
 
@@ -174,7 +178,11 @@ class Run:
 
     @property
     def stdout(self) -> str:
-        path = self.directory / "stdout.txt"
+        return self.output(STDOUT)
+
+    def output(self, name: str) -> str:
+        """The text of one of the run's files (STDOUT, STDERR); "" when there is none."""
+        path = self.directory / name
         return path.read_text(errors="replace") if path.is_file() else ""
 
     def sampled_figures(self) -> Dict[str, Any]:

@@ -28,6 +28,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 from .. import allocators as allocator_registry
 from ..allocators import Allocator
 from ..measure import MIB, RunResult, measure
+from ..output import RUN_FILES
 from .framework import Context, Run, RunFailed
 
 SCRIPTS = Path("bench") / "programs"  # relative to the repository root
@@ -408,7 +409,7 @@ def memory_figures(run: Run, out: Path) -> Dict[str, Any]:
     its output without preload (it computed something else)."""
     figures = run.sampled_figures()
     if run.result is not None:
-        figures["samples_tsv"] = str((run.directory / "samples.tsv").relative_to(out))
+        figures["samples_tsv"] = str((run.directory / RUN_FILES["samples"]).relative_to(out))
     if run.ok and run.workload.reference is not None and run.stdout.strip() != run.workload.reference:
         raise RunFailed("output differs from a run without preload", figures)
     return figures

@@ -218,8 +218,8 @@ class RealApps(ExperimentBase, Declared):
             notes.append("Smoke mode: tiny inputs, one repetition — a check that everything runs, not a measurement.")
         elif session.context.mode == QUICK:
             notes.append("Quick mode: inputs a quarter to a third of the full size, so the programs' fixed start-up "
-                         "memory (interpreter, libraries, each allocator's own metadata) weighs more than in a full run, "
-                         "and runs of about half a second leave a background mesher little time to act.")
+                         "memory (interpreter, libraries, each allocator's own metadata) weighs more than in a full "
+                         "run, and runs of about half a second leave a background mesher little time to act.")
         rates = [run.metric("hz") for run in results.runs if run.metric("hz")]
         if rates:
             notes.append(f"Samples achieved {min(rates):.0f}–{max(rates):.0f} Hz.")

@@ -28,8 +28,8 @@ from ..plotting import plot_comparison
 from . import report
 from .claims import claims_table
 from .common import KEY_VALUE, ExperimentBase
-from .framework import (FULL, QUICK, SMOKE, Claim, Command, Declared, ExperimentUnavailable, Parameters, Report,
-                        Results, Run, RunFailed, Session)
+from .framework import (FULL, QUICK, SMOKE, STDOUT, Claim, Command, Declared, ExperimentUnavailable, Parameters,
+                        Report, Results, Run, RunFailed, Session)
 from .report import size_text, stat_text, write_tsv
 from .stats import Stat
 
@@ -216,7 +216,7 @@ def comparison_of(results: Results, command: Sequence[str]) -> Comparison:
     comparison = Comparison(list(command), list(results.allocators), results.baseline or results.names[0],
                             results.repetitions, DEFAULT_INTERVAL_S)
     comparison.runs = [RunRecord(run.allocator.name, run.repetition, run.order, run.result,
-                                 run.directory / "stdout.txt") for run in results.runs if run.result is not None]
+                                 run.directory / STDOUT) for run in results.runs if run.result is not None]
     comparison.rows = build_table(comparison.runs, results.names, comparison.baseline)
     return comparison
 
@@ -408,7 +408,8 @@ class RubyStrings(ExperimentBase, Declared):
                  "(workload.tsv)."]
         if MESH_GENEROUS in results.names:
             notes.append(f"{MESH_GENEROUS} is not one of the paper's configurations: meshalloc 2y with "
-                         f"mesh_budget_permille={GENEROUS_BUDGET_PERMILLE} (20 % of a core for meshing instead of 2 %).")
+                         f"mesh_budget_permille={GENEROUS_BUDGET_PERMILLE} (20 % of a core for meshing instead of "
+                         "2 %).")
         return notes
 
     def report(self, session: Session, results: Results, found: Sequence[Claim]) -> Report:

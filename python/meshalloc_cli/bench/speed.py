@@ -28,8 +28,8 @@ from ..allocators import MESH_DEFAULT
 from ..measure import MIB
 from .claims import Claims, claims_table
 from .common import KEY_VALUE, ExperimentBase, check_configurations, names_from
-from .framework import (FULL, QUICK, SMOKE, TIMED, Claim, Command, Context, Declared, ExperimentUnavailable,
-                        Parameters, Pass, Report, Results, Run, RunFailed, Session)
+from .framework import (FULL, QUICK, SMOKE, STDERR, TIMED, Claim, Command, Context, Declared,
+                        ExperimentUnavailable, Parameters, Pass, Report, Results, Run, RunFailed, Session)
 from .report import (NO_VALUE, BarPanel, allocator_json, geomean_claim_text, geomean_text, markdown_table,
                      notes_section, number, ratio_bar_chart, stat_text, write_tsv)
 from .stats import Geomean, Stat, geomean_of, paired_ratios, ratio
@@ -233,7 +233,7 @@ def time_figures(session: Session, run: Run) -> Dict[str, Any]:
     to its output without preload)."""
     workload = run.workload
     if not run.ok:
-        return {"detail": (run.directory / "stderr.txt").read_text(errors="replace")}
+        return {"detail": run.output(STDERR)}
     if not workload.reports_time:
         if run.stdout.strip() != workload.reference:
             raise RunFailed("output differs from a run without preload")
