@@ -153,7 +153,8 @@ def execute_pass(experiment: Declared, session: Session, workloads: Sequence[Any
     slots = schedule.plan(workloads, session.selection.allocators, one.repetitions, one.order)
     done = schedule.run(slots, execute, context.log, describe,
                         group=lambda slot: (f"{head}{experiment.workload_name(slot.workload)} "
-                                            f"[{slot.repetition}/{one.repetitions}]"))
+                                            f"[{slot.repetition}/{one.repetitions}]"),
+                        separator=experiment.progress_separator)
     for finished in done:
         finished.result.load = finished.load
     return [finished.result for finished in done]

@@ -280,6 +280,7 @@ class Declared:
     # parse()'s figures written to runs.tsv, in order: a key, or (header, key) when they differ.
     run_columns: ClassVar[Tuple[Any, ...]] = ()
     columns: ClassVar[Tuple[Column, ...]] = ()  # the summary table (table.tsv; default table.md)
+    progress_separator: ClassVar[str] = " "  # between the runs' words (progress()) in a progress line
 
     # The parameters of each mode (smoke, quick, full); override parameters() to compute them.
     modes: ClassVar[Mapping[str, Parameters]] = {}

@@ -628,6 +628,7 @@ class LargeHeap(ExperimentBase, Declared):
     smoke_allocators = SMOKE_ALLOCATORS
     alias = ALLOCATORS_VARIABLE
     workload_heading = "heap"
+    progress_separator = "; "  # each run's word has spaces and commas of its own
 
     def workloads(self, session: Session) -> List[Workload]:
         """The heap sizes that fit in memory: one that does not would measure swapping, and is
