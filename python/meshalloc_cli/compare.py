@@ -2,7 +2,8 @@
 table of medians and ratios against a baseline. The library form of `meshalloc compare`.
 
 Runs go through the benchmarks' one scheduler (bench/schedule.py), interleaved (A B C,
-A B C, ...), and their medians and ratios through its one statistics module (bench/stats.py).
+A B C, ...), are measured as the experiments' sampled runs are (bench/driver.sample), and
+their medians and ratios go through the one statistics module (bench/stats.py).
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from .allocators import Allocator
 from .bench import schedule
+from .bench.framework import Command
 from .bench.stats import Stat, ratio
 from .breakdown import COLUMNS as BREAKDOWN_COLUMNS
 from .errors import MeshallocError
-from .measure import DEFAULT_INTERVAL_S, RunResult, measure
+from .measure import DEFAULT_INTERVAL_S, RunResult
 
 DEFAULT_REPEAT = 3
 UNSAFE_FILE_CHARACTERS = re.compile(r"[^A-Za-z0-9_.-]+")
@@ -142,7 +144,10 @@ def compare(
     baseline = baseline if baseline is not None else names[0]
     if baseline not in names:
         raise MeshallocError(f"baseline '{baseline}' is not one of the compared allocators ({', '.join(names)})")
+    from .bench import driver  # at call time: the driver writes through output.py, which imports this module
+
     comparison = Comparison(list(command), list(allocators), baseline, repeat, interval)
+    run = Command(list(command), interval_s=interval, timeout_s=None, use_cgroup=use_cgroup)
     slots = schedule.plan([None], allocators, repeat)
     if log_dir is not None:
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -154,11 +159,9 @@ def compare(
         log = _log_path(log_dir, slot.order, allocator.name, slot.repetition) if log_dir is not None else None
         if log is not None:
             with open(log, "wb") as output:
-                result = measure(command, allocator, interval, use_cgroup, stdin=subprocess.DEVNULL,
-                                 stdout=output, stderr=subprocess.STDOUT)
+                result = driver.sample(run, allocator, output, subprocess.STDOUT)
         else:
-            result = measure(command, allocator, interval, use_cgroup, stdin=subprocess.DEVNULL,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            result = driver.sample(run, allocator, subprocess.DEVNULL, subprocess.DEVNULL)
         record = RunRecord(allocator.name, slot.repetition, slot.order, result, log)
         if on_finish:
             on_finish(record, len(slots))

@@ -12,8 +12,8 @@ from bench_support import assert_figure, assert_registered, read_tsv, require_bu
 
 from meshalloc_cli import paths
 from meshalloc_cli.bench import programs, real_apps
-from meshalloc_cli.bench.speed import MemoryRecord
-from meshalloc_cli.measure import MetricSummary
+from meshalloc_cli.allocators import Allocator
+from meshalloc_cli.bench.framework import Results, Run
 
 
 def installed():
@@ -66,38 +66,31 @@ def test_smoke_table_and_figure(smoke):
 
 # -- arithmetic on made-up runs ------------------------------------------------------------
 
-class FakeResult:
-    def __init__(self, mean, peak):
-        self.summaries = {"pss": MetricSummary(mean=mean, peak=peak, final=peak)}
-        self.cgroup_kernel_peak = None
-        self.achieved_rate = 100.0
-
-    def summary(self, metric):
-        return self.summaries.get(metric)
-
-
-def record(program, allocator, repetition, mean, peak):
-    return MemoryRecord(program, allocator, repetition, 0, "ok", Path("."), FakeResult(mean, peak))
+def results(rows, names, cells):
+    """Results of made-up runs: cells maps (program, allocator) to [(mean, peak) per repetition]."""
+    found = Results([], rows, [Allocator(name, None, "") for name in names], "glibc", 2)
+    for (program, allocator), values in cells.items():
+        for repetition, (mean, peak) in enumerate(values, 1):
+            found.runs.append(Run(program, program, Allocator(allocator, None, ""), repetition, 0, Path("."),
+                                  figures={"mean_pss": mean, "peak_pss": peak}))
+    return found
 
 
 def test_geomeans_and_claims_judge_the_direction():
-    records = [record("perl", "glibc", 1, 100, 200), record("perl", "glibc", 2, 100, 200),
-               record("perl", "meshalloc:3y", 1, 90, 150), record("perl", "meshalloc:3y", 2, 80, 150),
-               record("perl", "jemalloc", 1, 100, 200), record("perl", "jemalloc", 2, 100, 200),
-               record("git", "glibc", 1, 50, 60), record("git", "glibc", 2, 50, 60),
-               record("git", "meshalloc:3y", 1, 55, 70), record("git", "meshalloc:3y", 2, 55, 70),
-               record("git", "jemalloc", 1, 40, 60), record("git", "jemalloc", 2, 40, 60)]
     names = ["glibc", "jemalloc", "meshalloc:3y"]
-    table = real_apps.build_table(["perl", "git"], names, records, "glibc")
-    assert table["perl"]["meshalloc:3y"].ratios["mean_pss"] == pytest.approx(0.85)
-    mean = real_apps.between(table, ["perl", "git"], "meshalloc:3y", "glibc", "mean_pss")
+    made_up = results(["perl", "git"], names, {
+        ("perl", "glibc"): [(100, 200), (100, 200)], ("perl", "meshalloc:3y"): [(90, 150), (80, 150)],
+        ("perl", "jemalloc"): [(100, 200), (100, 200)], ("git", "glibc"): [(50, 60), (50, 60)],
+        ("git", "meshalloc:3y"): [(55, 70), (55, 70)], ("git", "jemalloc"): [(40, 60), (40, 60)]})
+    assert made_up.ratio("perl", "meshalloc:3y", "mean_pss") == pytest.approx(0.85)
+    mean = made_up.geomean(["perl", "git"], "meshalloc:3y", "glibc", "mean_pss")
     assert mean.value == pytest.approx((0.85 * 1.1) ** 0.5)
     assert mean.low == pytest.approx((0.8 * 1.1) ** 0.5) and mean.high == pytest.approx((0.9 * 1.1) ** 0.5)
-    found = {claim.claim: claim for claim in real_apps.claims(["perl", "git"], table, checked=True)}
+    found = {claim.claim: claim for claim in real_apps.claims(["perl", "git"], made_up, checked=True)}
     assert found["meshalloc 3y mean memory vs glibc, geomean of the real programs"].holds is True
     assert found["meshalloc 3y peak memory vs glibc, perl"].holds is True
     assert found["meshalloc 3y mean memory vs jemalloc, geomean of the real programs"].holds is False
-    markdown = real_apps.ratio_table(["perl", "git"], names, table, "mean_pss", "glibc")
+    markdown = real_apps.ratio_table(["perl", "git"], names, made_up, "mean_pss", "glibc")
     assert "| perl | 0.0 | 1.00 | 0.85 (0.80–0.90) |" in markdown
 
 

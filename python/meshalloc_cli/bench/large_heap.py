@@ -18,19 +18,17 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..allocators import MESH_DEFAULT
 from ..measure import KIB, MIB
-from . import schedule
 from .claims import Claims, claims_table
-from .common import KEY_VALUE, ExperimentBase, built, checked_repetitions, choose_allocators, machine_notes
-from .framework import FULL, QUICK, SMOKE, Claim, Context, Outcome
-from .programs import timed_run
-from .report import (TIMES, allocator_json, markdown_table, notes_section, number, stat_text, write_summary_json,
-                     write_tsv)
+from .common import KEY_VALUE, ExperimentBase, built
+from .framework import (FULL, QUICK, SMOKE, TIMED, Claim, Command, Declared, ExperimentUnavailable, Parameters,
+                        Report, Results, Run, RunFailed, Session)
+from .report import TIMES, allocator_json, markdown_table, notes_section, number, stat_text, write_tsv
 from .stats import Stat
 
 NAME = "large-heap"
@@ -68,6 +66,14 @@ SETTINGS = {
     FULL: Setting(heaps=(2 * GIB, 8 * GIB), idle_s=60, sample_ms=1000),
 }
 REPETITIONS = {SMOKE: 1, QUICK: 1, FULL: 3}
+
+
+@dataclass(frozen=True)
+class LargeHeapParameters(Parameters):
+    setting: Setting = SETTINGS[FULL]
+
+
+PARAMETERS = {mode: LargeHeapParameters(REPETITIONS[mode], setting=SETTINGS[mode]) for mode in SETTINGS}
 
 # The program ends itself with SIGALRM after its time limit, so a hang becomes a failed run
 # instead of a stuck benchmark: the idle time plus a generous allowance for filling, freeing
@@ -306,17 +312,11 @@ def check_run(run: HeapRun, workload: Workload, reference_checksum: Optional[str
     return "ok"
 
 
-def run_once(binary: Path, allocator, workload: Workload, repetition: int, order: int,
-             reference_checksum: Optional[str]) -> HeapRun:
-    command = [str(binary), *workload.arguments()]
-    timed = timed_run(command, allocator, None, {}, float(workload.time_limit_s + HARNESS_GRACE_S))
-    run = HeapRun(workload.heap_bytes, allocator.name, repetition, order, timed.status, wall_s=timed.seconds)
-    run.samples, run.summary, run.line = parse_output(timed.stdout)
-    if run.ok:
-        run.status = check_run(run, workload, reference_checksum)
-    elif timed.stderr_tail:
-        run.status += ": " + " ".join(timed.stderr_tail.split())
-    return run
+def heap_run(run: Run) -> HeapRun:
+    """A driver's run as the analysis takes it."""
+    return HeapRun(run.workload.heap_bytes, run.allocator.name, run.repetition, run.order, run.status,
+                   run.figures.get("samples", []), run.figures.get("summary", {}), run.figures.get("line", ""),
+                   run.seconds)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -622,89 +622,107 @@ def plot(out: Path, runs: Sequence[HeapRun], heaps: Sequence[int], names: Sequen
 # The experiment
 
 
-class LargeHeap(ExperimentBase):
-    def run(self, context: Context) -> Outcome:
-        binary = built(context, BINARY)
-        setting = SETTINGS[context.mode]
-        repetitions = checked_repetitions(context, REPETITIONS)
-        load_start = schedule.load_average()
-        limit = read_max_map_count()
-        selection = choose_allocators(context, ALLOCATORS, SMOKE_ALLOCATORS, ALLOCATORS_VARIABLE)
-        allocators, names = selection.allocators, selection.names
-        notes = [f"workload: {describe(setting)}", f"{repetitions} repetition(s); allocators interleaved within each"]
-        notes += selection.notes()
+class LargeHeap(ExperimentBase, Declared):
+    modes = PARAMETERS
+    allocators = ALLOCATORS
+    smoke_allocators = SMOKE_ALLOCATORS
+    alias = ALLOCATORS_VARIABLE
+    workload_heading = "heap"
+    progress_separator = "; "  # each run's word has spaces and commas of its own
 
-        # A heap that does not fit in memory would measure swapping: leave it out, and say so.
-        heaps: List[int] = []
-        not_run: Dict[int, str] = {}
+    def workloads(self, session: Session) -> List[Workload]:
+        """The heap sizes that fit in memory: one that does not would measure swapping, and is
+        left out, saying so (session.state["not_run"]: heap -> why)."""
+        built(session.context, BINARY)
+        setting, repetitions = session.params.setting, session.params.repetitions
+        session.notes[:0] = [f"workload: {describe(setting)}",
+                             f"{repetitions} repetition(s); allocators interleaved within each"]
+        not_run: Dict[int, str] = session.state.setdefault("not_run", {})
+        workloads = []
         free = available_memory()
         for heap in setting.heaps:
-            need = Workload(heap, setting.idle_s, setting.sample_ms).memory_needed()
+            workload = Workload(heap, setting.idle_s, setting.sample_ms)
+            need = workload.memory_needed()
             if free is not None and need > free:
                 not_run[heap] = (f"the {heap_text(heap)} heap needs about {need / GIB:.1f} GiB and only "
                                  f"{free / GIB:.1f} GiB is available")
-                notes.append(f"not run: {not_run[heap]}")
-                context.log(f"skipping {heap_text(heap)}: {not_run[heap]}")
+                session.notes.append(f"not run: {not_run[heap]}")
+                session.context.log(f"skipping {heap_text(heap)}: {not_run[heap]}")
             else:
-                heaps.append(heap)
+                workloads.append(workload)
+        if not workloads:
+            raise ExperimentUnavailable("no heap fits in memory here: " + "; ".join(not_run.values()))
+        return workloads
 
-        context.log(f"{', '.join(heap_text(heap) for heap in heaps) or 'no heap'}; {repetitions} repetition(s); "
-                    f"allocators: {' '.join(names)}")
-        workloads = [Workload(heap, setting.idle_s, setting.sample_ms) for heap in heaps]
-        references: Dict[int, str] = {}  # heap -> the first good run's checksum, which every run must match
+    def workload_name(self, workload: Workload) -> str:
+        return heap_text(workload.heap_bytes)
 
-        def execute(slot: schedule.Slot) -> HeapRun:
-            workload = slot.workload
-            run = run_once(binary, slot.allocator, workload, slot.repetition, slot.order,
-                           references.get(workload.heap_bytes))
-            if run.ok:
-                references.setdefault(workload.heap_bytes, str(run.summary.get("checksum")))
-            return run
+    def command(self, session: Session, workload: Workload, allocator) -> Command:
+        return Command([str(session.context.build_dir / BINARY), *workload.arguments()], measure=TIMED,
+                       timeout_s=float(workload.time_limit_s + HARNESS_GRACE_S))
 
-        def progress(done: schedule.Done[HeapRun]) -> str:
-            run = done.result
-            if not run.ok:
-                return f"{run.allocator}: FAILED ({run.status})"
-            reached = run.seconds_to_2x
-            return (f"{run.allocator}: {run.ratio(run.value('pss_after_free')):.2f}× live after the frees, "
-                    f"{run.ratio(run.value('pss_end')):.2f}× at the end, ≤ 2× "
-                    f"{'never' if reached is None else f'at {reached:.1f} s'}, mappings {run.peak_mappings:,.0f}")
+    def parse(self, session: Session, run: Run) -> Dict[str, Any]:
+        """The program's samples and summary; a good run's checksum must be the first good
+        run's of the same heap (session.state["checksums"])."""
+        samples, summary, line = parse_output(run.stdout)
+        figures = {"samples": samples, "summary": summary, "line": line}
+        if not run.ok:
+            return figures
+        references: Dict[int, str] = session.state.setdefault("checksums", {})
+        heap = run.workload.heap_bytes
+        problem = check_run(heap_run(replace(run, figures=figures)), run.workload, references.get(heap))
+        if problem != "ok":
+            raise RunFailed(problem, figures)
+        references.setdefault(heap, str(summary.get("checksum")))
+        return figures
 
-        done = schedule.run(schedule.plan(workloads, allocators, repetitions), execute, context.log, progress,
-                            group=lambda slot: f"{heap_text(slot.workload.heap_bytes)} [{slot.repetition}/{repetitions}]",
-                            separator="; ")
-        runs = [finished.result for finished in done]
-        failures = [f"{run.allocator} {heap_text(run.heap_bytes)} repetition {run.repetition}: {run.status}"
-                    for run in runs if not run.ok]
+    def progress(self, run: Run) -> str:
+        if not run.ok:
+            return f"{run.allocator.name}: FAILED ({run.status})"
+        heap = heap_run(run)
+        reached = heap.seconds_to_2x
+        return (f"{heap.allocator}: {heap.ratio(heap.value('pss_after_free')):.2f}× live after the frees, "
+                f"{heap.ratio(heap.value('pss_end')):.2f}× at the end, ≤ 2× "
+                f"{'never' if reached is None else f'at {reached:.1f} s'}, mappings {heap.peak_mappings:,.0f}")
 
-        table = build_table(runs, heaps, names)
-        found = claims(table, list(setting.heaps), names, limit, checked=context.mode != SMOKE, not_run=not_run)
-        if context.mode == SMOKE:
-            notes.append("Smoke mode: a 16 MiB heap watched for 1 s — a check that everything runs, not a measurement.")
-        elif context.mode == QUICK:
-            notes.append("Quick mode: a 256 MiB heap watched for 10 s; issue 22's targets are stated for 2 GiB and "
-                         "8 GiB over 60 s (the full mode), where the mapping limit binds.")
-        notes += machine_notes(allocators, None, load_start)
+    def table(self, results: Results) -> Table:
+        return build_table([heap_run(run) for run in results.runs],
+                           [workload.heap_bytes for workload in results.workloads], results.names)
 
-        out = context.out
-        heading = caption(setting, repetitions, limit)
-        main = table_md(table, heaps, names, setting.idle_s)
-        files = write_runs(out, runs) + [write_summary_tsv(out, table, heaps, names)]
-        report = out / "table.md"
-        report.write_text("\n".join([
-            f"# Large fragmented heap ({context.mode} mode)", "", heading, "", main, "## Claims", "",
-            claims_table(found), *notes_section(notes, failures)]))
-        files.append(report)
-        if any(run.ok for run in runs):
-            files += plot(out, runs, heaps, names, limit)
-        summary = write_summary_json(
-            out, NAME, context.mode, repetitions, found, max_map_count=limit,
-            mapping_threshold=mapping_threshold(limit) if limit else None, heaps=heaps,
-            not_run={str(heap): why for heap, why in not_run.items()},
-            allocators=[allocator_json(allocator) for allocator in allocators])
-        files.append(summary)
-        return Outcome(repetitions=repetitions, claims=found, table_md=heading + "\n\n" + main, files=files,
-                       failures=failures, notes=notes)
+    def claims(self, session: Session, results: Results) -> List[Claim]:
+        return claims(self.table(results), list(session.params.setting.heaps), results.names, read_max_map_count(),
+                      checked=session.checked, not_run=session.state.get("not_run", {}))
+
+    def notes(self, session: Session, results: Results) -> List[str]:
+        if session.context.mode == SMOKE:
+            return ["Smoke mode: a 16 MiB heap watched for 1 s — a check that everything runs, not a measurement."]
+        if session.context.mode == QUICK:
+            return ["Quick mode: a 256 MiB heap watched for 10 s; issue 22's targets are stated for 2 GiB and "
+                    "8 GiB over 60 s (the full mode), where the mapping limit binds."]
+        return []
+
+    def report(self, session: Session, results: Results, found: Sequence[Claim]) -> Report:
+        heaps = [workload.heap_bytes for workload in results.workloads]
+        heading = caption(session.params.setting, results.repetitions, read_max_map_count())
+        main = table_md(self.table(results), heaps, results.names, session.params.setting.idle_s)
+        files = write_runs(session.out, [heap_run(run) for run in results.runs])
+        files.append(write_summary_tsv(session.out, self.table(results), heaps, results.names))
+        markdown = "\n".join([f"# Large fragmented heap ({session.context.mode} mode)", "", heading, "", main,
+                              "## Claims", "", claims_table(found), *notes_section(session.notes, session.failures)])
+        return Report(heading + "\n\n" + main, markdown, files)
+
+    def figures(self, session: Session, results: Results) -> List[Path]:
+        if not any(run.ok for run in results.runs):
+            return []
+        return plot(session.out, [heap_run(run) for run in results.runs],
+                    [workload.heap_bytes for workload in results.workloads], results.names, read_max_map_count())
+
+    def summary_details(self, session: Session, results: Results) -> Dict[str, Any]:
+        limit = read_max_map_count()
+        return {"max_map_count": limit, "mapping_threshold": mapping_threshold(limit) if limit else None,
+                "heaps": [workload.heap_bytes for workload in results.workloads],
+                "not_run": {str(heap): why for heap, why in session.state.get("not_run", {}).items()},
+                "allocators": [allocator_json(allocator) for allocator in results.allocators]}
 
 
 EXPERIMENT = LargeHeap(name=NAME, title="Large fragmented heap: PSS after random frees, then idle",

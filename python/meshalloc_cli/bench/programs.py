@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import os
 import random
-import re
 import shutil
 import signal
 import subprocess
@@ -24,15 +23,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from .. import allocators as allocator_registry
 from ..allocators import Allocator
-from ..errors import MeshallocError
 from ..measure import MIB, RunResult, measure
-from ..output import write_run
-from . import schedule
-from .framework import Context
+from ..output import RUN_FILES
+from .framework import Context, Run, RunFailed
 
 SCRIPTS = Path("bench") / "programs"  # relative to the repository root
 # Debian's interpreter, not a pyenv or virtualenv shim (a shim is a shell script that would be
@@ -323,11 +320,12 @@ def _kill_group(process: subprocess.Popen) -> None:
 # Running a command once for its memory
 
 def memory_run(command: Sequence[str], allocator: Allocator, cwd: Optional[Path], env: Mapping[str, str],
-               interval: float, timeout: float, stdout: Path, stderr: Path) -> RunResult:
+               interval: float, timeout: Optional[float], stdout, stderr, use_cgroup: bool = True) -> RunResult:
     """measure() with a time limit: PSS of the process tree every `interval` seconds, in a
     memory cgroup where one can be made (its kernel high-water mark catches a peak between two
-    samples). After `timeout` seconds a watchdog kills the processes this one started (only
-    the measured tree runs at that moment), and the run comes back as killed."""
+    samples). After `timeout` seconds (None: no limit) a watchdog kills the processes this one
+    started (only the measured tree runs at that moment), and the run comes back as killed.
+    stdout and stderr are what subprocess takes: an open file, DEVNULL, STDOUT."""
     def expire() -> None:
         import psutil
 
@@ -336,15 +334,16 @@ def memory_run(command: Sequence[str], allocator: Allocator, cwd: Optional[Path]
                 with contextlib.suppress(psutil.Error):
                     child.kill()
 
-    watchdog = threading.Timer(timeout, expire)
-    watchdog.daemon = True
-    watchdog.start()
+    watchdog = threading.Timer(timeout, expire) if timeout is not None else None
+    if watchdog is not None:
+        watchdog.daemon = True
+        watchdog.start()
     try:
-        with open(stdout, "wb") as output, open(stderr, "wb") as errors:
-            return measure(list(command), allocator, interval, use_cgroup=True, env=dict(os.environ, **env), cwd=cwd,
-                           stdin=subprocess.DEVNULL, stdout=output, stderr=errors)
+        return measure(list(command), allocator, interval, use_cgroup=use_cgroup, env=dict(os.environ, **env),
+                       cwd=cwd, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr)
     finally:
-        watchdog.cancel()
+        if watchdog is not None:
+            watchdog.cancel()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -368,33 +367,6 @@ class Workload:
     def reports_time(self) -> bool:
         """Microbenchmarks print the wall time of their measured work (start-up excluded)."""
         return self.kind != PROGRAM
-
-
-@dataclass
-class MemoryRecord:
-    workload: str
-    allocator: str
-    repetition: int
-    order: int
-    status: str
-    directory: Path
-    result: Optional[RunResult] = None
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok"
-
-    def metric(self, name: str) -> Optional[float]:
-        if self.result is None:
-            return None
-        if name == "cgroup_peak":
-            return float(self.result.cgroup_kernel_peak) if self.result.cgroup_kernel_peak is not None else None
-        if name == "hz":
-            return self.result.achieved_rate
-        summary = self.result.summary("pss")
-        if summary is None:
-            return None
-        return {"peak_pss": float(summary.peak), "mean_pss": summary.mean}.get(name)
 
 
 def shown_command(command: Sequence[str], root: Path, work: Optional[Path]) -> str:
@@ -431,42 +403,20 @@ def program_workloads(context: Context, programs: Sequence[Program], scratch: Pa
     return workloads, failures
 
 
-def memory_pass(context: Context, workloads: Sequence[Workload], allocators: Sequence[Allocator], repetitions: int,
-                timeout: float) -> List[MemoryRecord]:
-    def execute(slot: schedule.Slot) -> MemoryRecord:
-        workload, allocator = slot.workload, slot.allocator
-        interval = PROGRAM_INTERVAL_S if workload.kind == PROGRAM else MICRO_INTERVAL_S
-        directory = context.out / "memory" / workload.name / f"{_slug(allocator.name)}-r{slot.repetition}"
-        directory.mkdir(parents=True)
-        record = MemoryRecord(workload.name, allocator.name, slot.repetition, slot.order, "ok", directory)
-        try:
-            record.result = memory_run(workload.command, allocator, workload.cwd, workload.env, interval,
-                                       timeout, directory / "stdout.txt", directory / "stderr.txt")
-        except MeshallocError as error:
-            record.status = f"cannot start: {error}"
-            return record
-        write_run(record.result, directory)
-        if record.result.interrupted:  # Ctrl-C reached the command: stop here, as compare does
-            raise KeyboardInterrupt
-        output = (directory / "stdout.txt").read_text(errors="replace").strip()
-        if not record.result.succeeded:
-            record.status = record.result.describe_exit()
-        elif PRELOAD_FAILURE in (directory / "stderr.txt").read_text(errors="replace"):
-            record.status = "the allocator was not preloaded"
-        elif workload.reference is not None and output != workload.reference:
-            record.status = "output differs from a run without preload"
-        return record
-
-    def describe(done: schedule.Done[MemoryRecord]) -> str:
-        record = done.result
-        peak = record.metric("peak_pss")
-        return (f"{record.allocator}={peak / MIB:.1f}MiB" if record.ok and peak else
-                f"{record.allocator}={record.status if not record.ok else 'no sample'}")
-
-    done = schedule.run(schedule.plan(workloads, allocators, repetitions), execute, context.log, describe,
-                        group=lambda slot: f"memory {slot.workload.name} [{slot.repetition}/{repetitions}]")
-    return [finished.result for finished in done]
+def memory_figures(run: Run, out: Path) -> Dict[str, Any]:
+    """A declared experiment's sampled run of a Workload (speed's memory pass, real-apps): its
+    memory figures and where its samples are; RunFailed when a program's output differs from
+    its output without preload (it computed something else)."""
+    figures = run.sampled_figures()
+    if run.result is not None:
+        figures["samples_tsv"] = str((run.directory / RUN_FILES["samples"]).relative_to(out))
+    if run.ok and run.workload.reference is not None and run.stdout.strip() != run.workload.reference:
+        raise RunFailed("output differs from a run without preload", figures)
+    return figures
 
 
-def _slug(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
+def memory_progress(run: Run) -> str:
+    """A sampled run's word in the progress line: its peak PSS."""
+    peak = run.metric("peak_pss")
+    return (f"{run.allocator.name}={peak / MIB:.1f}MiB" if run.ok and peak else
+            f"{run.allocator.name}={run.status if not run.ok else 'no sample'}")

@@ -7,31 +7,31 @@ meshing allocator can give those pages back, and only if the survivors sit at di
 offsets on different pages -- which randomised placement gives and address-ordered placement
 does not. The paper runs Mesh with meshing off (0n), with meshing but no randomisation (0y)
 and with both (2y) against jemalloc and glibc; so does this module, interleaved and repeated
-through `compare()`, and checks every run's printed result. See docs/ruby-strings.md.
+through the driver (driver.py), and checks every run's printed result. See docs/ruby-strings.md.
 """
 
 from __future__ import annotations
 
-import csv
 import re
 import shutil
 import subprocess
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .. import allocators as allocator_registry
-from ..compare import Comparison, RunRecord, compare
+from ..compare import Comparison, RunRecord, build_table
 from ..measure import DEFAULT_INTERVAL_S
 from ..output import markdown_table, write_comparison
 from ..plotting import plot_comparison
-from .claims import claims_table
-from .common import KEY_VALUE, ExperimentBase, choose_allocators
 from . import report
-from .report import size_text, stat_text
+from .claims import claims_table
+from .common import KEY_VALUE, ExperimentBase
+from .framework import (FULL, QUICK, SMOKE, STDOUT, Claim, Command, Declared, ExperimentUnavailable, Parameters,
+                        Report, Results, Run, RunFailed, Session)
+from .report import size_text, stat_text, write_tsv
 from .stats import Stat
-from .framework import FULL, QUICK, SMOKE, Claim, Context, ExperimentUnavailable, Outcome
 
 NAME = "ruby-strings"
 SCRIPT = Path("bench") / "ruby" / "strings.rb"
@@ -70,7 +70,8 @@ SMOKE_ALLOCATORS = PAPER_CONFIGS + (MESH_DEFAULT,)
 # jemalloc and glibc are essentially indistinguishable"); glibc stands in when it is missing.
 BASELINES = (JEMALLOC, GLIBC)
 
-REPETITIONS = {SMOKE: 1, QUICK: 2, FULL: 5}  # full: the artifact's own default (--runs 5)
+# A run that takes longer than this is killed and reported failed (full takes a few seconds).
+TIMEOUT_S = 600.0
 
 # What the paper reports (§6.3 and the caption of figure 8). The artifact's reference run
 # (mesh-testsuite reference-results/3-ruby) had 2y at 0.835x and 0y at 1.007x jemalloc's mean
@@ -140,10 +141,18 @@ class Workload:
                 f"kept, {self.pause_ms} ms pause after each round")
 
 
-def workload(context: Context) -> Workload:
-    return Workload(budget_mb=context.pick(SMOKE_BUDGET_MB, PAPER_BUDGET_MB, PAPER_BUDGET_MB),
-                    first_size=PAPER_FIRST_SIZE, keep_every=PAPER_KEEP_EVERY,
-                    pause_ms=context.pick(SMOKE_PAUSE_MS, PAPER_PAUSE_MS, PAPER_PAUSE_MS))
+@dataclass(frozen=True)
+class RubyParameters(Parameters):
+    budget_mb: float = PAPER_BUDGET_MB
+    pause_ms: int = PAPER_PAUSE_MS
+
+    def workload(self) -> Workload:
+        return Workload(self.budget_mb, PAPER_FIRST_SIZE, PAPER_KEEP_EVERY, self.pause_ms)
+
+
+# full: the artifact's own default (--runs 5).
+PARAMETERS = {SMOKE: RubyParameters(1, budget_mb=SMOKE_BUDGET_MB, pause_ms=SMOKE_PAUSE_MS), QUICK: RubyParameters(2),
+              FULL: RubyParameters(5)}
 
 
 def ruby_version(ruby: str) -> str:
@@ -160,7 +169,7 @@ def ruby_version(ruby: str) -> str:
 class Check:
     """One run's printed result against what the parameters imply."""
 
-    run: RunRecord
+    run: Run
     fields: Dict[str, str]
     problem: str  # empty when the run is good
 
@@ -175,13 +184,11 @@ class Check:
             return None
 
 
-def check_run(run: RunRecord, load: Workload) -> Check:
-    if not run.result.succeeded:
-        return Check(run, {}, f"ruby {run.result.describe_exit()}")
-    text = run.log.read_text(errors="replace") if run.log and run.log.is_file() else ""
+def check_output(text: str, load: Workload) -> Tuple[Dict[str, str], str]:
+    """The fields of the run's `strings ...` line, and what is wrong with them ("" if nothing)."""
     found = RESULT_LINE.findall(text)
     if not found:
-        return Check(run, {}, "no `strings ...` result line in the output")
+        return {}, "no `strings ...` result line in the output"
     fields = dict(KEY_VALUE.findall(found[-1]))
     problems = []
     if fields.get("ok") != "1" or fields.get("checksum") != fields.get("expected"):
@@ -189,20 +196,29 @@ def check_run(run: RunRecord, load: Workload) -> Check:
     for key, value in load.expected().items():
         if fields.get(key) != str(value):
             problems.append(f"{key}={fields.get(key)} (expected {value})")
-    return Check(run, fields, "; ".join(problems))
+    return fields, "; ".join(problems)
 
 
-def write_checks(checks: Sequence[Check], path: Path) -> None:
-    with open(path, "w", newline="") as handle:
-        writer = csv.writer(handle, delimiter="\t", lineterminator="\n")
-        writer.writerow(WORKLOAD_COLUMNS)
-        for check in checks:
-            fields = check.fields
-            writer.writerow([check.run.order, check.run.allocator, check.run.repetition, check.run.result.exit_code,
-                             int(check.ok), fields.get("rounds", ""), fields.get("allocated_bytes", ""),
-                             fields.get("retained_strings", ""), fields.get("retained_bytes", ""),
-                             fields.get("checksum", ""), fields.get("expected", ""), fields.get("work_s", ""),
-                             fields.get("paused_s", ""), fields.get("total_s", ""), check.problem])
+def write_checks(checks: Sequence[Check], path: Path) -> Path:
+    def row(check: Check) -> List[Any]:
+        fields, result = check.fields, check.run.result
+        return [check.run.order, check.run.allocator.name, check.run.repetition, result.exit_code if result else "",
+                int(check.ok), fields.get("rounds", ""), fields.get("allocated_bytes", ""),
+                fields.get("retained_strings", ""), fields.get("retained_bytes", ""), fields.get("checksum", ""),
+                fields.get("expected", ""), fields.get("work_s", ""), fields.get("paused_s", ""),
+                fields.get("total_s", ""), check.problem]
+
+    return write_tsv(path, WORKLOAD_COLUMNS, (row(check) for check in checks))
+
+
+def comparison_of(results: Results, command: Sequence[str]) -> Comparison:
+    """The runs as `meshalloc compare` tabulates them (output.write_comparison, the figure)."""
+    comparison = Comparison(list(command), list(results.allocators), results.baseline or results.names[0],
+                            results.repetitions, DEFAULT_INTERVAL_S)
+    comparison.runs = [RunRecord(run.allocator.name, run.repetition, run.order, run.result,
+                                 run.directory / STDOUT) for run in results.runs if run.result is not None]
+    comparison.rows = build_table(comparison.runs, results.names, comparison.baseline)
+    return comparison
 
 
 # ---------------------------------------------------------------------------------------------
@@ -254,11 +270,11 @@ def work_table(comparison: Comparison, checks: Sequence[Check], baseline: str) -
     rows = []
     work: Dict[str, Optional[Stat]] = {}
     for allocator in comparison.allocators:
-        mine = [check for check in checks if check.run.allocator == allocator.name]
+        mine = [check for check in checks if check.run.allocator.name == allocator.name]
         work[allocator.name] = Stat.of([check.number("work_s") for check in mine if check.ok])
     base = work.get(baseline)
     for allocator in comparison.allocators:
-        mine = [check for check in checks if check.run.allocator == allocator.name]
+        mine = [check for check in checks if check.run.allocator.name == allocator.name]
         stat = work[allocator.name]
         row = comparison.row(allocator.name)
         rows.append([allocator.name + (" (baseline)" if allocator.name == baseline else ""),
@@ -352,69 +368,71 @@ def claims(comparison: Comparison, baseline: str, checked: bool) -> List[Claim]:
 # ---------------------------------------------------------------------------------------------
 # The experiment
 
-class RubyStrings(ExperimentBase):
-    def run(self, context: Context) -> Outcome:
-        ruby = shutil.which(RUBY)
-        if ruby is None:
+class RubyStrings(ExperimentBase, Declared):
+    modes = PARAMETERS
+    allocators = ALLOCATORS
+    smoke_allocators = SMOKE_ALLOCATORS
+    baselines = BASELINES
+    run_directory = "logs"
+
+    def workloads(self, session: Session) -> List[Workload]:
+        if shutil.which(RUBY) is None:
             raise ExperimentUnavailable(f"`{RUBY}` is not installed ({SETUP_HINT})")
-        script = context.root / SCRIPT
-        if not script.is_file():
-            raise ExperimentUnavailable(f"{script} is missing")
-        load = workload(context)
-        repetitions = context.repetitions(**REPETITIONS)
-        selection = choose_allocators(context, ALLOCATORS, SMOKE_ALLOCATORS, baselines=BASELINES)
-        chosen, skipped, baseline = selection.allocators, selection.skipped, selection.baseline
-        if baseline is None:
-            raise ExperimentUnavailable("neither jemalloc nor glibc can run here: " + "; ".join(skipped))
-        context.log(f"{load.describe()}; {len(chosen)} configurations × {repetitions} "
-                    f"repetition(s), baseline {baseline}")
-        command = [ruby, str(script), *load.arguments()]
+        if not (session.context.root / SCRIPT).is_file():
+            raise ExperimentUnavailable(f"{session.context.root / SCRIPT} is missing")
+        if session.baseline is None:
+            raise ExperimentUnavailable("neither jemalloc nor glibc can run here: "
+                                        + "; ".join(session.selection.skipped))
+        load = session.params.workload()
+        session.context.log(f"{load.describe()}; baseline {session.baseline}")
+        return [load]
 
-        def started(order: int, total: int, name: str, repetition: int) -> None:
-            context.log(f"  [{order}/{total}] {name} #{repetition}")
+    def workload_name(self, workload: Workload) -> str:
+        return "strings"
 
-        comparison = compare(command, chosen, repeat=repetitions, baseline=baseline,
-                             interval=DEFAULT_INTERVAL_S, log_dir=context.out / "logs", on_start=started)
-        return self.report(context, comparison, load, skipped, ruby, repetitions)
+    def command(self, session: Session, workload: Workload, allocator) -> Command:
+        return Command([shutil.which(RUBY) or RUBY, str(session.context.root / SCRIPT), *workload.arguments()],
+                       interval_s=DEFAULT_INTERVAL_S, timeout_s=TIMEOUT_S)
 
-    def report(self, context: Context, comparison: Comparison, load: Workload, skipped: List[str], ruby: str,
-               repetitions: int) -> Outcome:
-        out = context.out
-        written = write_comparison(comparison, out)
-        files = list(written.values())
-        checks = [check_run(run, load) for run in comparison.runs]
-        write_checks(checks, out / "workload.tsv")
-        files.append(out / "workload.tsv")
-        files += plot_comparison(comparison, out / "memory")
+    def parse(self, session: Session, run: Run) -> Dict[str, Any]:
+        fields, problem = check_output(run.stdout, run.workload)
+        if problem:
+            raise RunFailed(problem, fields)
+        return fields
 
-        failures = [f"{check.run.allocator} #{check.run.repetition}: {check.problem}" for check in checks
-                    if not check.ok]
-        version = ruby_version(ruby)
-        notes = [f"{version}; the workload's printed sizes and checksum are checked after every run "
+    def claims(self, session: Session, results: Results) -> List[Claim]:
+        return claims(comparison_of(results, []), results.baseline, checked=session.checked)
+
+    def notes(self, session: Session, results: Results) -> List[str]:
+        notes = [f"{ruby_version(RUBY)}; the workload's printed sizes and checksum are checked after every run "
                  "(workload.tsv)."]
-        notes += [f"skipped {line}" for line in skipped]
-        if MESH_GENEROUS in {a.name for a in comparison.allocators}:
+        if MESH_GENEROUS in results.names:
             notes.append(f"{MESH_GENEROUS} is not one of the paper's configurations: meshalloc 2y with "
-                         f"mesh_budget_permille={GENEROUS_BUDGET_PERMILLE} (20 % of a core for meshing instead of 2 %).")
-        if comparison.interrupted:
-            notes.append("interrupted: the tables cover only the runs that finished")
+                         f"mesh_budget_permille={GENEROUS_BUDGET_PERMILLE} (20 % of a core for meshing instead of "
+                         "2 %).")
+        return notes
 
-        heading = (f"{load.describe()}. {repetitions} interleaved repetition(s) per "
+    def report(self, session: Session, results: Results, found: Sequence[Claim]) -> Report:
+        out, load = session.out, results.workloads[0]
+        comparison = comparison_of(results, self.command(session, load, results.allocators[0]).argv)
+        files = list(write_comparison(comparison, out).values())
+        checks = [Check(run, {key: str(value) for key, value in run.figures.items()},
+                        "" if run.ok else run.status) for run in results.runs]
+        files.append(write_checks(checks, out / "workload.tsv"))
+        files += plot_comparison(comparison, out / "memory")
+        heading = (f"{load.describe()}. {results.repetitions} interleaved repetition(s) per "
                    f"configuration; ratios against {comparison.baseline}.")
         table_md = (heading + "\n\n" + markdown_table(comparison) + "\nThe workload's own timing (work: the rounds "
                     "without their pauses; checked: runs whose printed sizes and checksum matched):\n\n"
                     + work_table(comparison, checks, comparison.baseline))
-        outcome = Outcome(repetitions=repetitions, table_md=table_md, files=files, failures=failures, notes=notes,
-                          claims=claims(comparison, comparison.baseline, checked=context.mode != SMOKE))
-        report = out / "report.md"
-        report.write_text(f"# {self.title} ({self.paper})\n\n{datetime.now().isoformat(timespec='seconds')}, "
-                          f"mode {context.mode}\n\n" + table_md + "\n## Claims\n\n" + claims_table(outcome.claims)
-                          + ("\n## Notes\n\n" + "\n".join(f"- {note}" for note in notes) + "\n")
-                          + ("\n## Failures\n\n" + "\n".join(f"- {line}" for line in failures) + "\n"
-                             if failures else "")
-                          + "\n![PSS over time](memory.svg)\n")
-        outcome.files.append(report)
-        return outcome
+        written = out / "report.md"
+        written.write_text(f"# {self.title} ({self.paper})\n\n{datetime.now().isoformat(timespec='seconds')}, "
+                           f"mode {session.context.mode}\n\n" + table_md + "\n## Claims\n\n" + claims_table(found)
+                           + ("\n## Notes\n\n" + "\n".join(f"- {note}" for note in session.notes) + "\n")
+                           + ("\n## Failures\n\n" + "\n".join(f"- {line}" for line in session.failures) + "\n"
+                              if session.failures else "")
+                           + "\n![PSS over time](memory.svg)\n")
+        return Report(table_md, files=files + [written])
 
 
 EXPERIMENT = RubyStrings(name=NAME, title="Ruby string retention", paper="Mesh §6.3, figure 8")

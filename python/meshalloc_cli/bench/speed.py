@@ -13,30 +13,28 @@ during the timing pass would read /proc/PID/smaps_rollup, which takes the progra
 against the very mmap/munmap/madvise calls that distinguish allocators, and on a 2-CPU machine
 the sampler also takes CPU from the two-thread workloads: the slowdown would differ by
 allocator, a bias rather than noise, on runs of a tenth of a second. Both passes run on the
-one scheduler (schedule.py), interleaved.
+driver (driver.py) as two passes of the one scheduler, interleaved.
 """
 
 from __future__ import annotations
 
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..allocators import Allocator
 from ..allocators import MESH_DEFAULT
 from ..measure import MIB
-from . import schedule
 from .claims import Claims, claims_table
-from .common import (KEY_VALUE, ExperimentBase, check_configurations, checked_repetitions, choose_allocators,
-                     machine_notes, names_from)
-from .framework import FULL, QUICK, SMOKE, Claim, Context, ExperimentUnavailable, Outcome
+from .common import KEY_VALUE, ExperimentBase, check_configurations, names_from
+from .framework import (FULL, QUICK, SMOKE, STDERR, TIMED, Claim, Command, Context, Declared,
+                        ExperimentUnavailable, Parameters, Pass, Report, Results, Run, RunFailed, Session)
 from .report import (NO_VALUE, BarPanel, allocator_json, geomean_claim_text, geomean_text, markdown_table,
-                     notes_section, number, ratio_bar_chart, stat_text, write_summary_json, write_tsv)
+                     notes_section, number, ratio_bar_chart, stat_text, write_tsv)
 from .stats import Geomean, Stat, geomean_of, paired_ratios, ratio
-from .programs import (MICRO_INTERVAL_S, PROGRAM, PROGRAM_INTERVAL_S, MemoryRecord, Workload, available_programs,
-                       memory_pass, program_workloads, shown_command, timed_run)
+from .programs import (MICRO_INTERVAL_S, PROGRAM, PROGRAM_INTERVAL_S, Workload, available_programs, memory_figures,
+                       memory_progress, program_workloads, shown_command)
 
 NAME = "speed"
 ST, MT = "st", "mt"  # the microbenchmarks' kinds; programs.PROGRAM is the real programs'
@@ -229,38 +227,34 @@ def parse_line(text: str) -> Dict[str, str]:
     return {}
 
 
-def time_pass(context: Context, workloads: Sequence[Workload], allocators: Sequence[Allocator], repetitions: int,
-              timeout: float) -> List[TimeRecord]:
-    checksums: Dict[str, str] = {}  # workload -> the first run's checksum, which every run must match
+def time_figures(session: Session, run: Run) -> Dict[str, Any]:
+    """A timed run's figures: a microbenchmark's own seconds (its checksum held to the first
+    good run's, session.state["checksums"]), a program's fork-to-exit seconds (its output held
+    to its output without preload)."""
+    workload = run.workload
+    if not run.ok:
+        return {"detail": run.output(STDERR)}
+    if not workload.reports_time:
+        if run.stdout.strip() != workload.reference:
+            raise RunFailed("output differs from a run without preload")
+        return {"seconds": run.seconds}
+    fields = parse_line(run.stdout)
+    figures = {"detail": " ".join(f"{key}={value}" for key, value in fields.items()),
+               "checksum": fields.get("checksum", ""), "maxrss_kb": _float(fields.get("maxrss_kb"))}
+    seconds = _float(fields.get("seconds"))
+    if seconds is None:
+        raise RunFailed("no seconds= in its output", figures)
+    checksums: Dict[str, str] = session.state.setdefault("checksums", {})
+    if checksums.setdefault(workload.name, figures["checksum"]) != figures["checksum"]:
+        raise RunFailed(f"checksum {figures['checksum']} differs from the first run's", figures)
+    return dict(figures, seconds=seconds)
 
-    def execute(slot: schedule.Slot) -> TimeRecord:
-        workload, allocator = slot.workload, slot.allocator
-        run = timed_run(workload.command, allocator, workload.cwd, workload.env, timeout)
-        record = TimeRecord(workload.name, allocator.name, slot.repetition, slot.order, run.status, None,
-                            detail=run.stderr_tail)
-        if run.ok and workload.reports_time:
-            fields = parse_line(run.stdout)
-            record.detail = " ".join(f"{key}={value}" for key, value in fields.items())
-            record.checksum = fields.get("checksum", "")
-            record.maxrss_kb = _float(fields.get("maxrss_kb"))
-            record.seconds = _float(fields.get("seconds"))
-            if record.seconds is None:
-                record.status = "no seconds= in its output"
-            elif checksums.setdefault(workload.name, record.checksum) != record.checksum:
-                record.status, record.seconds = f"checksum {record.checksum} differs from the first run's", None
-        elif run.ok:
-            record.seconds = run.seconds
-            if run.stdout.strip() != workload.reference:
-                record.status, record.seconds = "output differs from a run without preload", None
-        return record
 
-    def describe(done: schedule.Done[TimeRecord]) -> str:
-        record = done.result
-        return f"{record.allocator}={record.seconds:.3f}" if record.ok else f"{record.allocator}={record.status}"
-
-    done = schedule.run(schedule.plan(workloads, allocators, repetitions), execute, context.log, describe,
-                        group=lambda slot: f"time {slot.workload.name} [{slot.repetition}/{repetitions}]")
-    return [finished.result for finished in done]
+def time_record(run: Run) -> TimeRecord:
+    """A timed run as the tables take it."""
+    return TimeRecord(run.workload_name, run.allocator.name, run.repetition, run.order, run.status,
+                      run.metric("seconds") if run.ok else None, run.metric("maxrss_kb"),
+                      str(run.figures.get("checksum", "")), str(run.figures.get("detail", "")))
 
 
 def _float(text: Optional[str]) -> Optional[float]:
@@ -274,15 +268,15 @@ def _float(text: Optional[str]) -> Optional[float]:
 # Numbers
 
 def build_table(workloads: Sequence[Workload], allocators: Sequence[str], baseline: Optional[str],
-                times: Sequence[TimeRecord], memory: Sequence[MemoryRecord]) -> Table:
+                times: Sequence[TimeRecord], memory: Sequence[Run]) -> Table:
     table: Table = {}
     for workload in workloads:
         row: Dict[str, Cell] = {}
         for name in allocators:
             mine = [record for record in times if record.workload == workload.name and record.allocator == name]
             good = [record for record in mine if record.ok]
-            peaks = [record.metric("peak_pss") for record in memory
-                     if record.workload == workload.name and record.allocator == name and record.ok]
+            peaks = [run.metric("peak_pss") for run in memory
+                     if run.workload_name == workload.name and run.allocator.name == name and run.ok]
             row[name] = Cell(time=Stat.of([record.seconds for record in good]),
                              seconds={record.repetition: record.seconds for record in good},
                              peak_pss=Stat.of(peaks), runs=len(mine), succeeded=len(good))
@@ -466,7 +460,7 @@ def _geomean_between(table: Table, rows: Sequence[str], mine: str, theirs: str) 
 # ---------------------------------------------------------------------------------------------
 # Files
 
-def write_runs(out: Path, times: Sequence[TimeRecord], memory: Sequence[MemoryRecord]) -> List[Path]:
+def write_runs(out: Path, times: Sequence[TimeRecord], memory: Sequence[Run]) -> List[Path]:
     time_tsv = write_tsv(out / "runs.tsv", ["workload", "allocator", "repetition", "order", "status", "seconds",
                                            "maxrss_kb", "checksum", "detail"],
                          ([record.workload, record.allocator, str(record.repetition), str(record.order),
@@ -475,14 +469,11 @@ def write_runs(out: Path, times: Sequence[TimeRecord], memory: Sequence[MemoryRe
     memory_tsv = write_tsv(out / "memory-runs.tsv", ["workload", "allocator", "repetition", "order", "status",
                                                      "peak_pss_bytes", "mean_pss_bytes", "cgroup_peak_bytes",
                                                      "wall_s", "samples", "hz", "samples_tsv"],
-                           ([record.workload, record.allocator, str(record.repetition), str(record.order),
-                             record.status, number(record.metric("peak_pss")), number(record.metric("mean_pss")),
-                             number(record.metric("cgroup_peak")),
-                             number(record.result.wall_time if record.result else None),
-                             str(len(record.result.samples)) if record.result else "",
-                             number(record.metric("hz")),
-                             str((record.directory / "samples.tsv").relative_to(out)) if record.result else ""]
-                            for record in memory))
+                           ([run.workload_name, run.allocator.name, str(run.repetition), str(run.order), run.status,
+                             *(number(run.metric(key)) for key in ("peak_pss", "mean_pss", "cgroup_peak", "wall_s")),
+                             str(run.figures.get("samples", "")), number(run.metric("hz")),
+                             str(run.figures.get("samples_tsv", ""))]
+                            for run in memory))
     return [time_tsv, memory_tsv]
 
 
@@ -531,14 +522,32 @@ def figure(out: Path, workloads: Sequence[Workload], names: Sequence[str], basel
 # ---------------------------------------------------------------------------------------------
 # The experiment
 
-class Speed(ExperimentBase):
-    def run(self, context: Context) -> Outcome:
-        repetitions = checked_repetitions(context, TIME_REPETITIONS)
-        memory_repetitions = min(repetitions, MEMORY_REPETITIONS[context.mode])
-        timeout = TIMEOUT_S[context.mode]
-        threads = thread_count()
-        load_start = schedule.load_average()
+@dataclass(frozen=True)
+class SpeedParameters(Parameters):
+    memory_repetitions: int = 1  # the memory pass's, at most the timing pass's
+    timeout_s: float = 300.0
 
+
+PARAMETERS = {mode: SpeedParameters(TIME_REPETITIONS[mode], memory_repetitions=MEMORY_REPETITIONS[mode],
+                                    timeout_s=TIMEOUT_S[mode]) for mode in TIME_REPETITIONS}
+TIME, MEMORY = "time", "memory"  # the passes
+
+
+class Speed(ExperimentBase, Declared):
+    modes = PARAMETERS
+    allocators = ALLOCATORS
+    smoke_allocators = SMOKE_ALLOCATORS
+    alias = ALLOCATORS_VARIABLE
+    baselines = (BASELINE,)
+    reference = BASELINE
+
+    def passes(self, params: SpeedParameters) -> List[Pass]:
+        """Time first, with nothing watching; then memory, sampled, in a pass of its own."""
+        return [Pass(TIME, params.repetitions, directory=TIME),
+                Pass(MEMORY, min(params.repetitions, params.memory_repetitions), directory=MEMORY)]
+
+    def workloads(self, session: Session) -> List[Workload]:
+        context, threads = session.context, thread_count()
         workloads = microbenchmark_workloads(context, threads)
         programs, missing_programs = available_programs()
         wanted = names_from(WORKLOADS_VARIABLE)
@@ -550,85 +559,102 @@ class Speed(ExperimentBase):
                                             f"(known here: {', '.join(known)})")
             workloads = [workload for workload in workloads if workload.name in wanted]
             programs = [program for program in programs if program.name in wanted]
+        session.notes += [f"Skipped program {line}" for line in missing_programs]
+        session.notes += check_configurations(session.selection.allocators)
+        program_rows, program_failures = program_workloads(context, programs, session.scratch,
+                                                           session.params.timeout_s)
+        session.failures += program_failures
+        workloads += program_rows
+        if not workloads:
+            raise ExperimentUnavailable("nothing to run: " + "; ".join(program_failures or ["no workloads"]))
+        return workloads
 
-        selection = choose_allocators(context, ALLOCATORS, SMOKE_ALLOCATORS, ALLOCATORS_VARIABLE, (BASELINE,))
-        allocators, allocator_names, baseline = selection.allocators, selection.names, selection.baseline
-        notes = selection.notes(BASELINE) + [f"Skipped program {line}" for line in missing_programs]
-        notes += check_configurations(allocators)
+    def command(self, session: Session, workload: Workload, allocator: Allocator) -> Command:
+        if session.current_pass.name == TIME:
+            return Command(workload.command, workload.env, workload.cwd, measure=TIMED,
+                           timeout_s=session.params.timeout_s)
+        interval = PROGRAM_INTERVAL_S if workload.kind == PROGRAM else MICRO_INTERVAL_S
+        return Command(workload.command, workload.env, workload.cwd, interval_s=interval,
+                       timeout_s=session.params.timeout_s)
 
-        failures: List[str] = []
-        with tempfile.TemporaryDirectory(prefix="meshalloc-speed-") as scratch:
-            program_rows, program_failures = program_workloads(context, programs, Path(scratch), timeout)
-            failures += program_failures
-            workloads = workloads + program_rows
-            if not workloads:
-                raise ExperimentUnavailable("nothing to run: " + "; ".join(program_failures or ["no workloads"]))
-            context.log(f"{len(workloads)} workloads × {len(allocators)} allocators: {repetitions} timed "
-                        f"repetition(s), then {memory_repetitions} for memory; {threads} threads")
-            times = time_pass(context, workloads, allocators, repetitions, timeout)
-            memory = memory_pass(context, workloads, allocators, memory_repetitions, timeout)
+    def parse(self, session: Session, run: Run) -> Dict[str, Any]:
+        if run.pass_name == TIME:
+            return time_figures(session, run)
+        return memory_figures(run, session.out)
 
-        failures += [f"time: {record.workload} under {record.allocator} (repetition {record.repetition}): "
-                     f"{record.status}" + (f": {record.detail[:200]}" if record.detail else "")
-                     for record in times if not record.ok]
-        failures += [f"memory: {record.workload} under {record.allocator} (repetition {record.repetition}): "
-                     f"{record.status}" for record in memory if not record.ok]
-        unsampled = [f"{record.workload} under {record.allocator}" for record in memory
-                     if record.ok and record.metric("peak_pss") is None]
+    def progress(self, run: Run) -> str:
+        if run.pass_name == TIME:
+            seconds = run.metric("seconds")
+            return f"{run.allocator.name}={seconds:.3f}" if run.ok and seconds is not None else \
+                f"{run.allocator.name}={run.status}"
+        return memory_progress(run)
+
+    def machine_threads(self, session: Session) -> int:
+        return thread_count()
+
+    def records(self, results: Results) -> Tuple[List[TimeRecord], List[Run]]:
+        """The timing pass's runs as the tables take them, and the memory pass's runs."""
+        return ([time_record(run) for run in results.runs if run.pass_name == TIME],
+                [run for run in results.runs if run.pass_name == MEMORY])
+
+    def table(self, results: Results) -> Table:
+        return build_table(results.workloads, results.names, results.baseline, *self.records(results))
+
+    def claims(self, session: Session, results: Results) -> List[Claim]:
+        return claims(results.workloads, self.table(results), results.baseline, checked=session.checked)
+
+    def notes(self, session: Session, results: Results) -> List[str]:
+        notes = []
+        unsampled = [f"{run.workload_name} under {run.allocator.name}" for run in self.records(results)[1]
+                     if run.ok and run.metric("peak_pss") is None]
         if unsampled:
             notes.append("Ended before the memory sampler's first sample (no peak PSS): " + ", ".join(unsampled))
-        table = build_table(workloads, allocator_names, baseline, times, memory)
-        found = claims(workloads, table, baseline, checked=context.mode != SMOKE)
+        if session.context.mode == QUICK:
+            notes.append("Quick mode: the microbenchmarks do a quarter of their full work and the programs a quarter "
+                         "to a third, so start-up and first-touch page faults weigh more than in a full run.")
+        if session.context.mode == SMOKE:
+            notes.append("Smoke mode: tiny parameters, one repetition — a check that everything runs, not a "
+                         "measurement.")
+        memory_repetitions = self.passes(session.params)[1].repetitions
+        notes.append(f"Memory: peak PSS from a separate pass of {memory_repetitions} run(s) per workload and "
+                     f"allocator, sampled every {MICRO_INTERVAL_S * 1000:g} ms (microbenchmarks) or "
+                     f"{PROGRAM_INTERVAL_S * 1000:g} ms (programs); the timing pass is not sampled (docs/speed.md).")
+        return notes
 
-        main = ratio_table(workloads, allocator_names, baseline, table)
+    def report(self, session: Session, results: Results, found: Sequence[Claim]) -> Report:
+        out, workloads, names, baseline = session.out, results.workloads, results.names, results.baseline
+        repetitions, memory_repetitions = results.repetitions, self.passes(session.params)[1].repetitions
+        table = self.table(results)
+        main = ratio_table(workloads, names, baseline, table)
         caption = (f"Time of each allocator over {baseline}'s (median of {repetitions} interleaved repetition(s); "
                    "in brackets the range of the per-repetition ratios); lower is faster. Microbenchmarks: the "
                    "wall time of their measured work; programs: fork to exit. Geomeans are over the rows each "
                    "allocator completed.") if baseline else "No baseline ran: no ratios."
-        if context.mode == QUICK:
-            notes.append("Quick mode: the microbenchmarks do a quarter of their full work and the programs a quarter "
-                         "to a third, so start-up and first-touch page faults weigh more than in a full run.")
-        if context.mode == SMOKE:
-            notes.append("Smoke mode: tiny parameters, one repetition — a check that everything runs, not a "
-                         "measurement.")
-        notes.append(f"Memory: peak PSS from a separate pass of {memory_repetitions} run(s) per workload and "
-                     f"allocator, sampled every {MICRO_INTERVAL_S * 1000:g} ms (microbenchmarks) or "
-                     f"{PROGRAM_INTERVAL_S * 1000:g} ms (programs); the timing pass is not sampled (docs/speed.md).")
-        notes += machine_notes(allocators, threads, load_start)
-
-        out = context.out
-        files = write_runs(out, times, memory)
-        files.append(write_table_tsv(out, workloads, allocator_names, table))
+        files = write_runs(out, *self.records(results))
+        files.append(write_table_tsv(out, workloads, names, table))
         markdown = "\n".join([
-            f"# Allocator speed ({context.mode} mode)", "",
+            f"# Allocator speed ({session.context.mode} mode)", "",
             caption, "", main,
-            f"## Median seconds (min–max over {repetitions} run(s))", "", seconds_table(workloads, allocator_names,
-                                                                                      table),
+            f"## Median seconds (min–max over {repetitions} run(s))", "", seconds_table(workloads, names, table),
             f"## Peak PSS, MiB (median, min–max over {memory_repetitions} run(s) of the memory pass)", "",
-            memory_table(workloads, allocator_names, baseline, table),
+            memory_table(workloads, names, baseline, table),
             "## Claims", "",
             claims_table(found, "paper / target"),
             "## Workloads", "", workloads_table(workloads),
-            *notes_section(notes, failures),
+            *notes_section(session.notes, session.failures),
         ])
-        table_md = out / "table.md"
-        table_md.write_text(markdown)
-        files.append(table_md)
-        files += figure(out, workloads, allocator_names, baseline, table, repetitions)
-        files.append(write_summary(out, context, workloads, allocators, repetitions, memory_repetitions, threads,
-                                   found))
-        files.append(out / "memory")
-        return Outcome(repetitions=repetitions, claims=found, table_md=caption + "\n\n" + main, files=files,
-                       failures=failures, notes=notes)
+        return Report(caption + "\n\n" + main, markdown, files)
 
+    def figures(self, session: Session, results: Results) -> List[Path]:
+        return figure(session.out, results.workloads, results.names, results.baseline, self.table(results),
+                      results.repetitions)
 
-def write_summary(out: Path, context: Context, workloads: Sequence[Workload], allocators: Sequence[Allocator],
-                  repetitions: int, memory_repetitions: int, threads: int, found: Sequence[Claim]) -> Path:
-    return write_summary_json(
-        out, NAME, context.mode, repetitions, found, memory_repetitions=memory_repetitions, threads=threads,
-        allocators=[allocator_json(allocator) for allocator in allocators],
-        workloads=[{"name": workload.name, "kind": workload.kind, "command": workload.command,
-                    "pattern": workload.pattern, "reference_output": workload.reference} for workload in workloads])
+    def summary_details(self, session: Session, results: Results) -> Dict[str, Any]:
+        return {"memory_repetitions": self.passes(session.params)[1].repetitions, "threads": thread_count(),
+                "allocators": [allocator_json(allocator) for allocator in results.allocators],
+                "workloads": [{"name": workload.name, "kind": workload.kind, "command": workload.command,
+                               "pattern": workload.pattern, "reference_output": workload.reference}
+                              for workload in results.workloads]}
 
 
 EXPERIMENT = Speed(name=NAME, title="Allocator speed: microbenchmarks and real programs",

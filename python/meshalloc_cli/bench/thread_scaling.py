@@ -21,19 +21,19 @@ cgroup's high-water mark, page tables and mappings over the whole run.
 from __future__ import annotations
 
 import subprocess
-import tempfile
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ..allocators import MESH_DEFAULT, MESH_OFF, Allocator
-from ..measure import KIB, MIB, RunResult, measure
+from ..measure import KIB, MIB, RunResult
 from . import schedule
-from .common import KEY_VALUE, ExperimentBase, built, check_configurations, choose_allocators
+from .common import KEY_VALUE, ExperimentBase, built, check_configurations
 from .claims import summary_claims_table
 from .report import markdown_table, size_text, write_tsv
 from .stats import Stat
-from .framework import FULL, QUICK, SMOKE, Claim, Context, ExperimentUnavailable, Outcome
+from .framework import (FULL, QUICK, SMOKE, Claim, Command, Declared, ExperimentUnavailable, Parameters, Report,
+                        Results, Run, RunFailed, Session)
 
 NAME = "thread-scaling"
 BINARY = Path("bench") / "thread_scaling"  # inside the build directory
@@ -129,7 +129,6 @@ MIN_POINTS_FOR_R2 = 3  # a line through two points always has R^2 = 1
 # The program's one line is `threads=T live_bytes=... pss_bytes=... ...` (common.KEY_VALUE).
 INTEGER_FIELDS = ("threads", "live_bytes", "pss_bytes", "pte_bytes", "base_pss_bytes", "mappings", "retained",
                   "alive_pss_bytes", "alive_pte_bytes")
-STDERR_EXCERPT = 300  # characters of a failed run's stderr kept in the failure line
 
 RUN_COLUMNS = ("allocator", "threads", "repetition", "status", "live_bytes", "pss_bytes", "base_pss_bytes",
                "pte_bytes", "alive_pss_bytes", "alive_pte_bytes", "mappings", "seconds", "peak_pss_bytes",
@@ -192,28 +191,11 @@ def parse_line(output: str) -> Tuple[Dict[str, float], str]:
     return fields, line
 
 
-def run_once(binary: Path, allocator: Allocator, workload: Workload, threads: int, repetition: int) -> ScalingRun:
-    run = ScalingRun(allocator.name, threads, repetition, status="ok")
-    command = [str(binary), *workload.arguments(threads)]
-    with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
-        result = measure(command, allocator, interval=SAMPLE_INTERVAL_S, stdin=subprocess.DEVNULL, stdout=stdout,
-                         stderr=stderr)
-        stdout.seek(0)
-        stderr.seek(0)
-        output = stdout.read().decode(errors="replace")
-        errors = stderr.read().decode(errors="replace")
-    run.result = result
-    if result.interrupted:
-        raise KeyboardInterrupt
-    run.fields, run.line = parse_line(output)
-    if not result.succeeded:
-        run.status = result.describe_exit()
-    elif not run.fields.get("pss_bytes", 0) > 0 or "live_bytes" not in run.fields:
-        run.status = "no result line"
-    if not run.ok:
-        excerpt = " ".join(errors.split())[:STDERR_EXCERPT]
-        run.status += f": {excerpt}" if excerpt else ""
-    return run
+def scaling_run(run: Run) -> ScalingRun:
+    """A driver's run as the analysis takes it."""
+    fields = {key: value for key, value in run.figures.items() if key != "line"}
+    return ScalingRun(run.allocator.name, run.workload, run.repetition, run.status, fields,
+                      str(run.figures.get("line", "")), run.result)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -802,67 +784,90 @@ def write_markdown(analysis: Analysis, claims: Sequence[Claim], workload: Worklo
 # The experiment
 
 
-class ThreadScaling(ExperimentBase):
-    def run(self, context: Context) -> Outcome:
-        binary = built(context, BINARY)
-        workload = context.pick(SMOKE_WORKLOAD, STUDY_WORKLOAD, STUDY_WORKLOAD)
-        threads = list(context.pick(*(THREADS[mode] for mode in (SMOKE, QUICK, FULL))))
-        repetitions = context.repetitions(*(REPETITIONS[mode] for mode in (SMOKE, QUICK, FULL)))
-        notes: List[str] = [f"workload: {workload.describe()}",
-                            f"threads: {', '.join(map(str, threads))}; {repetitions} repetition(s), allocators "
-                            "interleaved within each"]
-        failures: List[str] = []
-        load_start = schedule.load_average()
+@dataclass(frozen=True)
+class ScalingParameters(Parameters):
+    threads: Tuple[int, ...] = STUDY_THREADS
+    workload: Workload = STUDY_WORKLOAD
 
-        selection = choose_allocators(context, ALLOCATORS)
-        for note in selection.notes():
-            context.log(note)
-            notes.append(note)
+
+PARAMETERS = {SMOKE: ScalingParameters(1, threads=THREADS[SMOKE], workload=SMOKE_WORKLOAD),
+              QUICK: ScalingParameters(2, threads=THREADS[QUICK]), FULL: ScalingParameters(3)}
+
+
+class ThreadScaling(ExperimentBase, Declared):
+    modes = PARAMETERS
+    allocators = ALLOCATORS
+
+    def workloads(self, session: Session) -> List[int]:
+        """The thread counts. A meshalloc allocator that would not run as its spec says is
+        left out, with a failure line."""
+        built(session.context, BINARY)
+        params, selection = session.params, session.selection
         wrong = check_configurations(selection.allocators)
-        failures += [f"{line}; not run" for line in wrong]
-        chosen = [allocator for allocator in selection.allocators if not any(
+        session.failures += [f"{line}; not run" for line in wrong]
+        selection.allocators = [allocator for allocator in selection.allocators if not any(
             line.startswith(f"warning: {allocator.name} ") for line in wrong)]
-        if not chosen:
-            raise ExperimentUnavailable("no allocator to run: " + "; ".join(selection.skipped + failures))
-        context.log(f"threads {' '.join(map(str, threads))}; {repetitions} repetition(s); "
-                    f"allocators: {' '.join(allocator.name for allocator in chosen)}; PSS {ALIVE}/{EXIT}")
+        if not selection.allocators:
+            raise ExperimentUnavailable("no allocator to run: " + "; ".join(selection.skipped + session.failures))
+        session.notes[:0] = [f"workload: {params.workload.describe()}",
+                             f"threads: {', '.join(map(str, params.threads))}; {params.repetitions} repetition(s), "
+                             "allocators interleaved within each"]
+        return list(params.threads)
 
-        def execute(slot: schedule.Slot) -> ScalingRun:
-            return run_once(binary, slot.allocator, workload, slot.workload, slot.repetition)
+    def workload_name(self, threads: int) -> str:
+        return f"T={threads}"
 
-        def describe(done: schedule.Done[ScalingRun]) -> str:
-            run = done.result
-            if not run.ok:
-                return f"{run.allocator}=FAILED"
-            alive = run.value(PSS_FIELD[ALIVE])
-            alive_text = f"{alive / MIB:.1f}/" if alive is not None else ""
-            return f"{run.allocator}={alive_text}{run.value('pss_bytes') / MIB:.1f}MiB"
+    def command(self, session: Session, threads: int, allocator: Allocator) -> Command:
+        # No time limit here: the program ends itself (--time-limit) and reports it.
+        return Command([str(session.context.build_dir / BINARY), *session.params.workload.arguments(threads)],
+                       interval_s=SAMPLE_INTERVAL_S, timeout_s=None)
 
-        done = schedule.run(schedule.plan(threads, chosen, repetitions), execute, context.log, describe,
-                            group=lambda slot: f"T={slot.workload} [{slot.repetition}/{repetitions}]")
-        runs = [finished.result for finished in done]
-        failures += [f"{run.allocator} T={run.threads} repetition {run.repetition}: {run.status}"
-                     for run in runs if not run.ok]
+    def parse(self, session: Session, run: Run) -> Dict[str, Any]:
+        fields, line = parse_line(run.stdout)
+        figures: Dict[str, Any] = dict(fields, line=line)
+        if not fields.get("pss_bytes", 0) > 0 or "live_bytes" not in fields:
+            raise RunFailed("no result line", figures)
+        return figures
 
-        names = [allocator.name for allocator in chosen]
-        analysis = analyse(runs, names, threads, repetitions)
+    def progress(self, run: Run) -> str:
+        if not run.ok:
+            return f"{run.allocator.name}=FAILED"
+        alive = run.metric(PSS_FIELD[ALIVE])
+        alive_text = f"{alive / MIB:.1f}/" if alive is not None else ""
+        return f"{run.allocator.name}={alive_text}{run.metric('pss_bytes') / MIB:.1f}MiB"
+
+    def analysis(self, session: Session, results: Results) -> Analysis:
+        return analyse([scaling_run(run) for run in results.runs], results.names, list(session.params.threads),
+                       results.repetitions)
+
+    def claims(self, session: Session, results: Results) -> List[Claim]:
+        return build_claims(self.analysis(session, results), session.context.mode)
+
+    def notes(self, session: Session, results: Results) -> List[str]:
+        analysis = self.analysis(session, results)
+        notes = []
         if analysis.live_disagree:
             notes.append(f"live bytes differ between allocators at T={analysis.live_disagree}: the workload "
                          "should be deterministic")
-        claims = build_claims(analysis, context.mode)
-        environment = [f"{allocator.name}: {origin(allocator)}" for allocator in chosen]
-        load_end = schedule.load_average()
-        environment.append(f"load average (1/5/15 min) at the start {load_start}, at the end {load_end}")
-        notes.append(f"load average at the start {load_start}, at the end {load_end} (2 CPUs are "
-                     "time-sliced between up to 48 threads: a busy machine adds noise)")
+        notes.append(f"load average at the start {session.load_start}, at the end {schedule.load_average()} (2 CPUs "
+                     "are time-sliced between up to 48 threads: a busy machine adds noise)")
+        return notes
 
-        out = context.out
+    def report(self, session: Session, results: Results, found: Sequence[Claim]) -> Report:
+        analysis, out = self.analysis(session, results), session.out
+        environment = [f"{allocator.name}: {origin(allocator)}" for allocator in results.allocators]
+        environment.append(f"load average (1/5/15 min) at the start {session.load_start}, at the end "
+                           f"{schedule.load_average()}")
+        runs = [scaling_run(run) for run in results.runs]
         files = write_runs(runs, out) + write_summary_tsv(analysis, out)
-        files.append(write_markdown(analysis, claims, workload, environment, out))
-        if any(analysis.pss(name, count) is not None for name in names for count in threads):
-            files += plot(analysis, out / FIGURE_STEM, workload)
-        return Outcome(repetitions=repetitions, claims=claims, table_md=table_md(analysis), files=files,
-                       failures=failures, notes=notes)
+        files.append(write_markdown(analysis, found, session.params.workload, environment, out))
+        return Report(table_md(analysis), files=files)
+
+    def figures(self, session: Session, results: Results) -> List[Path]:
+        analysis = self.analysis(session, results)
+        if any(analysis.pss(name, count) is not None for name in results.names for count in session.params.threads):
+            return plot(analysis, session.out / FIGURE_STEM, session.params.workload)
+        return []
 
 
 EXPERIMENT = ThreadScaling(name=NAME, title="Thread scaling: memory against the number of threads",
