@@ -512,6 +512,12 @@ uint64_t Arena::entryAtOrBelow(uintptr_t address) {
   }
 }
 
+const heap::ForkParticipant& Arena::forkParticipant() {
+  static constexpr heap::ForkParticipant kParticipant =
+      heap::mutexForkParticipant<lock_>("arena", heap::ForkRank::kArena);
+  return kParticipant;
+}
+
 size_t Arena::mapResidentBytes() {
   LockGuard guard(lock_);
   size_t tableBytes = kTopEntries * sizeof(uintptr_t);

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "heap/fork.h"
 #include "platform/os.h"
 #include "support/list.h"
 #include "support/lock.h"
@@ -189,15 +190,8 @@ class Arena {
   // are reserved whole but only the pages written are backed). For statistics; slow.
   static size_t mapResidentBytes();
 
-  static void lockForFork() {
-    lock_.lock();
-  }
-  static void unlockAfterFork() {
-    lock_.unlock();
-  }
-  static void resetAfterFork() {
-    lock_.resetAfterFork();
-  }
+  // Its lock, for fork (heap/fork.cc).
+  static const heap::ForkParticipant& forkParticipant();
 
  private:
   struct Segment {

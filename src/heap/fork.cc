@@ -22,9 +22,6 @@ constexpr ForkParticipant kHeapParticipants[] = {
      ThreadHeap::unlockRegistry, ThreadHeap::resetRegistryAfterFork},
     {"global heap", ForkRank::kGlobalHeap, GlobalHeap::lockForFork, GlobalHeap::unlockAfterFork,
      GlobalHeap::resetAfterFork},
-    {"arena", ForkRank::kArena, Arena::lockForFork, Arena::unlockAfterFork, Arena::resetAfterFork},
-    {"internal heap", ForkRank::kInternalHeap, InternalHeap::lockForFork,
-     InternalHeap::unlockAfterFork, InternalHeap::resetAfterFork},
 };
 
 constinit ForkParticipants gForkParticipants;
@@ -77,6 +74,12 @@ ForkParticipants& forkParticipants() {
 void registerHeapForkParticipants() {
   for (const ForkParticipant& participant : kHeapParticipants) {
     bool added = gForkParticipants.add(participant);
+    MESHALLOC_ASSERT(added);
+  }
+  // Components whose fork protocol is their one lock declare it themselves.
+  for (const ForkParticipant* participant :
+       {&Arena::forkParticipant(), &InternalHeap::forkParticipant()}) {
+    bool added = gForkParticipants.add(*participant);
     MESHALLOC_ASSERT(added);
   }
 }

@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "support/lock.h"
+
 namespace meshalloc::heap {
 
 // The lock order: `prepare` runs from the first rank to the last. Participants of one rank
@@ -32,6 +34,13 @@ struct ForkParticipant {
   void (*parent)();   // in the parent after fork: release them (nullptr: nothing)
   void (*child)();    // in the child, where only the forking thread exists: reset them
 };
+
+// The participant of a component whose whole fork protocol is one mutex: taken before fork,
+// released in the parent, reset in the child (where its holder may not exist).
+template <Mutex& kLock>
+constexpr ForkParticipant mutexForkParticipant(const char* name, ForkRank rank) {
+  return {name, rank, [] { kLock.lock(); }, [] { kLock.unlock(); }, [] { kLock.resetAfterFork(); }};
+}
 
 // A fixed-capacity list of participants kept in lock order; it never allocates. Changed only
 // at start-up (or by tests on a list of their own): not safe against a concurrent fork.

@@ -66,6 +66,12 @@ size_t InternalHeap::bytesTouched() {
   return mapped_ - static_cast<size_t>(bumpEnd_ - bump_);
 }
 
+const heap::ForkParticipant& InternalHeap::forkParticipant() {
+  static constexpr heap::ForkParticipant kParticipant =
+      heap::mutexForkParticipant<lock_>("internal heap", heap::ForkRank::kInternalHeap);
+  return kParticipant;
+}
+
 size_t InternalHeap::bytesMapped() {
   LockGuard guard(lock_);
   return mapped_;

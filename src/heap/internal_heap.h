@@ -5,6 +5,7 @@
 
 #include <cstddef>
 
+#include "heap/fork.h"
 #include "support/lock.h"
 
 namespace meshalloc {
@@ -27,9 +28,8 @@ class InternalHeap {
   // was never touched, so not resident). For statistics.
   static size_t bytesTouched();
 
-  static void lockForFork() { lock_.lock(); }
-  static void unlockAfterFork() { lock_.unlock(); }
-  static void resetAfterFork() { lock_.resetAfterFork(); }
+  // Its lock, for fork (heap/fork.cc).
+  static const heap::ForkParticipant& forkParticipant();
 
  private:
   struct FreeBlock {

@@ -140,12 +140,6 @@ void forkSnapshotChild() {
 constexpr heap::ForkParticipant kForkMesher = {"mesher", heap::ForkRank::kBeforeHeapLocks,
                                                Mesher::lockForFork, Mesher::unlockAfterFork,
                                                forkMesherChild};
-constexpr heap::ForkParticipant kForkSpanBacking = {"span backing", heap::ForkRank::kSpanBacking,
-                                                    SpanBacking::lock, SpanBacking::unlock,
-                                                    SpanBacking::resetLockAfterFork};
-constexpr heap::ForkParticipant kForkRetiredSpans = {
-    "retired spans", heap::ForkRank::kAfterHeapLocks, RetiredSpans::lockForFork,
-    RetiredSpans::unlockAfterFork, RetiredSpans::resetAfterFork};
 constexpr heap::ForkParticipant kForkSnapshot = {
     "meshed-span snapshot", heap::ForkRank::kAfterHeapLocks, forkSnapshotPrepare,
     forkSnapshotParent, forkSnapshotChild};
@@ -156,8 +150,8 @@ void MeshPolicy::init() {
   if (gInitialized.exchange(true)) return;
   gBudgetClockNs.store(earliestBudgetClock(os::monotonicNanos()), std::memory_order_relaxed);
   heap::forkParticipants().add(kForkMesher);
-  heap::forkParticipants().add(kForkSpanBacking);
-  heap::forkParticipants().add(kForkRetiredSpans);
+  heap::forkParticipants().add(SpanBacking::forkParticipant());
+  heap::forkParticipants().add(RetiredSpans::forkParticipant());
   heap::forkParticipants().add(kForkSnapshot);
   RetiredSpans::install();
   heap::setRefillHook(onRefill);

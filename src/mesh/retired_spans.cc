@@ -89,14 +89,11 @@ void RetiredSpans::setHook(bool (*hook)(bool wake)) {
   gHook = hook;
 }
 
-void RetiredSpans::lockForFork() {
-  gLock.lock();
-}
-void RetiredSpans::unlockAfterFork() {
-  gLock.unlock();
-}
-void RetiredSpans::resetAfterFork() {
-  gLock.resetAfterFork();
+const heap::ForkParticipant& RetiredSpans::forkParticipant() {
+  // After every heap lock: retire() takes it under a class lock.
+  static constexpr heap::ForkParticipant kParticipant =
+      heap::mutexForkParticipant<gLock>("retired spans", heap::ForkRank::kAfterHeapLocks);
+  return kParticipant;
 }
 
 }  // namespace meshalloc

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "heap/fork.h"
 #include "heap/mini_heap.h"
 
 namespace meshalloc {
@@ -41,9 +42,8 @@ class RetiredSpans {
   // false if the caller must. Called with a class lock held: it may only signal.
   static void setHook(bool (*hook)(bool wake));
 
-  static void lockForFork();
-  static void unlockAfterFork();
-  static void resetAfterFork();
+  // Its lock, for fork (registered by MeshPolicy::init).
+  static const heap::ForkParticipant& forkParticipant();
 };
 
 }  // namespace meshalloc

@@ -221,6 +221,13 @@ void SpanBacking::releasePages(MiniHeap* span) {
   info->pagesReleased = true;
 }
 
+const heap::ForkParticipant& SpanBacking::forkParticipant() {
+  // Between the global heap's locks and the arena's: the internal heap's lock is taken inside it.
+  static constexpr heap::ForkParticipant kParticipant =
+      heap::mutexForkParticipant<lock_>("span backing", heap::ForkRank::kSpanBacking);
+  return kParticipant;
+}
+
 SpanBackingStats SpanBacking::stats() {
   LockGuard guard(lock_);
   return stats_;

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "heap/fork.h"
 #include "heap/mini_heap.h"
 #include "support/list.h"
 #include "support/lock.h"
@@ -90,9 +91,8 @@ class SpanBacking {
   static void protectAllForFork();
   static void unprotectAllAfterFork();
   static void copyToPrivateFileInChild();
-  static void lock() { lock_.lock(); }
-  static void unlock() { lock_.unlock(); }
-  static void resetLockAfterFork() { lock_.resetAfterFork(); }
+  // Its lock, for fork (registered by MeshPolicy::init).
+  static const heap::ForkParticipant& forkParticipant();
 
  private:
   static bool ensureFile();
