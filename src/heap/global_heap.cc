@@ -307,7 +307,7 @@ bool GlobalHeap::resizeLargeInPlace(MiniHeap* heap, size_t bytes) {
 }
 
 size_t GlobalHeap::takeMeshCandidates(unsigned sizeClass, uint32_t maxLive, MiniHeap** out,
-                                      size_t max) {
+                                      size_t max, uint32_t minLive) {
   ClassState& state = classes_[sizeClass];
   LockGuard guard(state.lock);
   size_t count = 0;
@@ -326,7 +326,8 @@ size_t GlobalHeap::takeMeshCandidates(unsigned sizeClass, uint32_t maxLive, Mini
         MiniHeap* next = state.partial[bin].next(heap);
         uint32_t live = heap->liveCount.load(std::memory_order_acquire);
         MESHALLOC_ASSERT(heap->state == SpanState::kPartial && heap->occupancyBin == bin);
-        if (live > 0 && live <= maxLive && !heap->pinned.load(std::memory_order_relaxed)) {
+        if (live > 0 && live >= minLive && live <= maxLive &&
+            !heap->pinned.load(std::memory_order_relaxed)) {
           state.partial[bin].remove(heap);
           heap->state = SpanState::kMeshing;
           heap->meshSweep = state.meshSweep;

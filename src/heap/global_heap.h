@@ -79,8 +79,10 @@ class GlobalHeap {
   // so a heap freed down after filling sits in the fullest bin, and candidates that failed to
   // mesh (refiled by their true, lower occupancy) would otherwise be taken again every round
   // ahead of spans never tried.
-  static size_t takeMeshCandidates(unsigned sizeClass, uint32_t maxLive, MiniHeap** out,
-                                   size_t max);
+  // With `minLive` above 1, only spans holding at least that many objects are taken (the mesher
+  // trims spans too full to mesh, mesh/mesher.cc).
+  static size_t takeMeshCandidates(unsigned sizeClass, uint32_t maxLive, MiniHeap** out, size_t max,
+                                   uint32_t minLive = 1);
   // Hands spans taken above back to the lists (an empty one is freed).
   static void returnMeshCandidates(unsigned sizeClass, MiniHeap* const* spans, size_t count);
   // Forgets a span whose objects and virtual span now belong to another (meshed into it).

@@ -452,7 +452,20 @@ size_t Mesher::compactClassRound(unsigned sizeClass, long* mappingBudget, size_t
   return released;
 }
 
+void Mesher::trimFullerSpans(unsigned sizeClass) {
+  const SpanPlan& plan = SizeClasses::plan(sizeClass);
+  // Below a quarter of a page, a page is empty only when four or more neighbours all are.
+  if (static_cast<size_t>(plan.objectSize) * kTrimObjectsPerPage < Arena::pageSize()) return;
+  uint32_t maxLive =
+      static_cast<uint32_t>(plan.objectCount * gHeapConfig.meshOccupancyPercent / 100);
+  if (maxLive + 1 >= plan.objectCount) return;
+  size_t count = GlobalHeap::takeMeshCandidates(sizeClass, plan.objectCount - 1, gCandidates,
+                                                kMaxCandidatesPerClass, maxLive + 1);
+  returnCandidates(sizeClass, gCandidates, count);
+}
+
 size_t Mesher::compactClass(unsigned sizeClass, long* mappingBudget) {
+  trimFullerSpans(sizeClass);
   size_t released = 0;
   for (unsigned round = 0; round < kMaxRoundsPerClass; round++) {
     if (*mappingBudget < kMappingsPerMesh * 2 || gForkPending.load(std::memory_order_relaxed))

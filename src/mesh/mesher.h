@@ -55,6 +55,8 @@ class Mesher {
   // Source spans meshed per batch (long chains are split across batches): bounds a pause to a
   // few copies and mapping calls.
   static constexpr size_t kSourcesPerBatch = 4;
+  // Spans too full to mesh are trimmed only in classes with at most this many objects per page.
+  static constexpr size_t kTrimObjectsPerPage = 4;
   // Mapping budget: stay this far under vm.max_map_count (the larger of the two).
   static constexpr long kMappingMarginMin = 1024;
   static constexpr long kMappingMarginDivisor = 8;
@@ -95,6 +97,9 @@ class Mesher {
   // object lies, and records their slot bytes in span->trimmedBytes. Returns the bytes newly
   // given back.
   static size_t trimFreePages(MiniHeap* span);
+  // Trims the spans of `sizeClass` too full to be mesh candidates, in classes whose objects are
+  // large enough for a freed one to leave a page empty.
+  static void trimFullerSpans(unsigned sizeClass);
   // Hands the candidates of a round back to the lists, trimmed first.
   static void returnCandidates(unsigned sizeClass, MiniHeap** spans, size_t count);
   // With guarded operations paused: the source's live slots and virtual span go over to the

@@ -619,6 +619,65 @@ TEST_F(MeshTest, UnpairedCandidatesGiveBackTheirFreePages) {
   }
 }
 
+// Spans too full to be mesh candidates are trimmed too when a freed object can leave a page
+// empty: a span of page-sized objects with one object freed gives that page back.
+TEST_F(MeshTest, SpansTooFullToMeshGiveBackTheirFreePages) {
+  const size_t kSize = Arena::pageSize();
+  const SpanPlan& plan = SizeClasses::plan(SizeClasses::classOf(kSize));
+  const size_t perSpan = plan.objectCount;
+  ASSERT_GT(perSpan * gHeapConfig.meshOccupancyPercent / 100 + 1, 1u);
+  ASSERT_LT(perSpan * gHeapConfig.meshOccupancyPercent / 100 + 1, perSpan);
+  // Span `full` keeps every object but slot 1; span `sparse` keeps slot 0 only, so that the class
+  // has two partial spans and a span's worth of free slots (what makes a pass visit it).
+  std::vector<Survivor> survivors;
+  HeapConfig saved = gHeapConfig;
+  gHeapConfig.randomization = Randomization::kNone;
+  std::thread([&] {
+    std::map<uintptr_t, std::vector<void*>> bySpan;
+    std::vector<void*> release;
+    size_t filled = 0;
+    constexpr size_t kMaxBlocks = 1 << 16;
+    for (size_t n = 0; filled < 2 && n < kMaxBlocks; n++) {
+      void* p = heap::allocate(kSize);
+      std::vector<void*>& objects = bySpan[spanStartOf(p)];
+      objects.push_back(p);
+      if (objects.size() == perSpan) filled++;
+    }
+    size_t chosen = 0;
+    for (auto& [start, objects] : bySpan) {
+      bool keep = chosen < 2 && objects.size() == perSpan;
+      for (void* p : objects) {
+        size_t slot = (reinterpret_cast<uintptr_t>(p) - start) / kSize;
+        bool kept = keep && (chosen == 0 ? slot != 1 : slot == 0);
+        if (kept) {
+          fill(p, kSize, 1);
+          survivors.push_back({p, start, slot});
+        } else {
+          release.push_back(p);
+        }
+      }
+      if (keep) chosen++;
+    }
+    for (void* p : release) heap::deallocate(p);
+  }).join();
+  gHeapConfig = saved;
+  ASSERT_EQ(survivors.size(), perSpan);
+  MeshPolicy::compactNow();
+  MiniHeap* full = ownerOf(survivors.front().spanStart);
+  ASSERT_EQ(full->spanStart, survivors.front().spanStart);
+  EXPECT_EQ(full->trimmedBytes, kSize);
+  std::vector<unsigned char> resident(full->spanPages);
+  ASSERT_EQ(
+      mincore(reinterpret_cast<void*>(full->spanStart), full->spanBytes(kSize), resident.data()),
+      0);
+  for (size_t page = 0; page < perSpan; page++)
+    EXPECT_EQ(resident[page] & 1, page == 1 ? 0 : 1) << "page " << page;
+  for (const Survivor& s : survivors) {
+    EXPECT_TRUE(holds(s.pointer, kSize, 1, reinterpret_cast<uintptr_t>(s.pointer)));
+    heap::deallocate(s.pointer);
+  }
+}
+
 TEST_F(MeshTest, OverlappingSpansAreNotMeshable) {
   constexpr size_t kSize = 80;
   auto survivors = makeDisjointSpans(kSize, 2);
