@@ -129,6 +129,46 @@ void useOnAThread(size_t size, size_t count, uint64_t generation) {
   }).join();
 }
 
+// Fills two fresh spans of `size` on a short-lived thread, in address order, and keeps in span
+// k (0 or 1) the slots for which keep(k, slot) holds, filled with generation 1; the rest is
+// freed. The thread exits, so the spans are detached.
+template <typename Keep>
+std::vector<Survivor> keepInTwoSpans(size_t size, Keep keep) {
+  const size_t perSpan = SizeClasses::plan(SizeClasses::classOf(size)).objectCount;
+  std::vector<Survivor> survivors;
+  HeapConfig saved = gHeapConfig;
+  gHeapConfig.randomization = Randomization::kNone;
+  std::thread([&] {
+    std::map<uintptr_t, std::vector<void*>> bySpan;
+    std::vector<void*> release;
+    size_t filled = 0;
+    constexpr size_t kMaxBlocks = 1 << 16;
+    for (size_t n = 0; filled < 2 && n < kMaxBlocks; n++) {
+      void* p = heap::allocate(size);
+      std::vector<void*>& objects = bySpan[spanStartOf(p)];
+      objects.push_back(p);
+      if (objects.size() == perSpan) filled++;
+    }
+    size_t chosen = 0;
+    for (auto& [start, objects] : bySpan) {
+      bool full = chosen < 2 && objects.size() == perSpan;
+      for (void* p : objects) {
+        size_t slot = (reinterpret_cast<uintptr_t>(p) - start) / size;
+        if (full && keep(chosen, slot)) {
+          fill(p, size, 1);
+          survivors.push_back({p, start, slot});
+        } else {
+          release.push_back(p);
+        }
+      }
+      if (full) chosen++;
+    }
+    for (void* p : release) heap::deallocate(p);
+  }).join();
+  gHeapConfig = saved;
+  return survivors;
+}
+
 class MeshTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -553,38 +593,9 @@ TEST_F(MeshTest, UnpairedCandidatesGiveBackTheirFreePages) {
   ASSERT_GE(plan.objectCount, 4u);
   const size_t perSpan = plan.objectCount;
   // Two spans whose survivors sit at the same slots (the first and the last), so they cannot
-  // mesh; a short-lived thread fills them, in address order, so that they end up detached.
-  std::vector<Survivor> survivors;
-  HeapConfig saved = gHeapConfig;
-  gHeapConfig.randomization = Randomization::kNone;
-  std::thread([&] {
-    std::map<uintptr_t, std::vector<void*>> bySpan;
-    std::vector<void*> release;
-    size_t filled = 0;
-    constexpr size_t kMaxBlocks = 1 << 16;
-    for (size_t n = 0; filled < 2 && n < kMaxBlocks; n++) {
-      void* p = heap::allocate(kSize);
-      std::vector<void*>& objects = bySpan[spanStartOf(p)];
-      objects.push_back(p);
-      if (objects.size() == perSpan) filled++;
-    }
-    size_t chosen = 0;
-    for (auto& [start, objects] : bySpan) {
-      bool keep = chosen < 2 && objects.size() == perSpan;
-      for (void* p : objects) {
-        size_t slot = (reinterpret_cast<uintptr_t>(p) - start) / kSize;
-        if (keep && (slot == 0 || slot == perSpan - 1)) {
-          fill(p, kSize, 1);
-          survivors.push_back({p, start, slot});
-        } else {
-          release.push_back(p);
-        }
-      }
-      if (keep) chosen++;
-    }
-    for (void* p : release) heap::deallocate(p);
-  }).join();
-  gHeapConfig = saved;
+  // mesh.
+  std::vector<Survivor> survivors =
+      keepInTwoSpans(kSize, [&](size_t, size_t slot) { return slot == 0 || slot == perSpan - 1; });
   ASSERT_EQ(survivors.size(), 4u);
 
   uint64_t trimmedBefore = Mesher::stats().trimmedBytes;
@@ -627,40 +638,10 @@ TEST_F(MeshTest, SpansTooFullToMeshGiveBackTheirFreePages) {
   const size_t perSpan = plan.objectCount;
   ASSERT_GT(perSpan * gHeapConfig.meshOccupancyPercent / 100 + 1, 1u);
   ASSERT_LT(perSpan * gHeapConfig.meshOccupancyPercent / 100 + 1, perSpan);
-  // Span `full` keeps every object but slot 1; span `sparse` keeps slot 0 only, so that the class
-  // has two partial spans and a span's worth of free slots (what makes a pass visit it).
-  std::vector<Survivor> survivors;
-  HeapConfig saved = gHeapConfig;
-  gHeapConfig.randomization = Randomization::kNone;
-  std::thread([&] {
-    std::map<uintptr_t, std::vector<void*>> bySpan;
-    std::vector<void*> release;
-    size_t filled = 0;
-    constexpr size_t kMaxBlocks = 1 << 16;
-    for (size_t n = 0; filled < 2 && n < kMaxBlocks; n++) {
-      void* p = heap::allocate(kSize);
-      std::vector<void*>& objects = bySpan[spanStartOf(p)];
-      objects.push_back(p);
-      if (objects.size() == perSpan) filled++;
-    }
-    size_t chosen = 0;
-    for (auto& [start, objects] : bySpan) {
-      bool keep = chosen < 2 && objects.size() == perSpan;
-      for (void* p : objects) {
-        size_t slot = (reinterpret_cast<uintptr_t>(p) - start) / kSize;
-        bool kept = keep && (chosen == 0 ? slot != 1 : slot == 0);
-        if (kept) {
-          fill(p, kSize, 1);
-          survivors.push_back({p, start, slot});
-        } else {
-          release.push_back(p);
-        }
-      }
-      if (keep) chosen++;
-    }
-    for (void* p : release) heap::deallocate(p);
-  }).join();
-  gHeapConfig = saved;
+  // The first span keeps every object but slot 1, the second slot 0 only, so that the class has
+  // two partial spans and a span's worth of free slots (what makes a pass visit it).
+  std::vector<Survivor> survivors = keepInTwoSpans(
+      kSize, [](size_t span, size_t slot) { return span == 0 ? slot != 1 : slot == 0; });
   ASSERT_EQ(survivors.size(), perSpan);
   MeshPolicy::compactNow();
   MiniHeap* full = ownerOf(survivors.front().spanStart);
