@@ -46,10 +46,10 @@ bool start() {
   return started;
 }
 
-void run(void (*job)(void*), void* arg) {
+bool run(void (*job)(void*), void* arg) {
   if (!gRunning.load(std::memory_order_acquire)) {
     job(arg);
-    return;
+    return false;
   }
   gJob = job;
   gJobArgument = arg;
@@ -58,6 +58,7 @@ void run(void (*job)(void*), void* arg) {
   for (uint32_t state; (state = gState.load(std::memory_order_acquire)) != kDone;)
     os::futexWait(&gState, state);
   gState.store(kIdle, std::memory_order_relaxed);
+  return true;
 }
 
 void forgetAfterFork() {

@@ -36,7 +36,9 @@ struct MeshStats {
   uint64_t pauseWaitMaxNs;
   // The longest batch: a thread writing into a span of a batch may wait this long.
   uint64_t barrierMaxNs;
-  uint64_t cpuNs;  // time spent in passes, restores of retired spans excepted
+  uint64_t cpuNs;  // time spent in passes, restores of retired spans excepted, batches included
+  // Of it, batches run on the commit thread (Mesher::meshBatch) rather than the mesher's own.
+  uint64_t batchCpuNs;
   // Remapping meshed spans that died, during passes: work the freeing threads would do
   // otherwise, so the CPU budget does not charge it to meshing.
   uint64_t restoreCpuNs;
@@ -84,7 +86,18 @@ class Mesher {
  private:
   static size_t compactClass(unsigned sizeClass, long* mappingBudget);
   static size_t compactClassRound(unsigned sizeClass, long* mappingBudget, size_t* meshed);
+  // One batch, run on the commit thread (runBatch → meshBatchHere): write barrier up over its
+  // spans, copies and mapping calls, then the commit under the pause.
   static size_t meshBatch(unsigned sizeClass, MeshGroup* groups, size_t count, bool* merged);
+  struct BatchJob {
+    MeshGroup* groups;
+    size_t count;
+    bool* mergedFlags;
+    size_t released;  // out
+    uint64_t cpuNs;   // out: CPU time of the thread that ran it
+  };
+  static void runBatch(void* job);
+  static size_t meshBatchHere(MeshGroup* groups, size_t count, bool* merged);
   // Copies each source's objects into the destination and maps the destination's pages over
   // the source (merged[i] says which succeeded); the page map is not changed yet.
   static bool meshGroup(MeshGroup& group, bool* merged);

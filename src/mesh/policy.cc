@@ -196,12 +196,15 @@ void MeshPolicy::runPassWithinBudget() {
   // (likely with many threads on few cores) costs the program nothing.
   uint64_t start = os::threadCpuNanos();
   uint64_t restoreStart = Mesher::stats().restoreCpuNs;
+  uint64_t batchStart = Mesher::stats().batchCpuNs;
   bool changed = gHeapChanged.exchange(false, std::memory_order_relaxed);
   gFreedIntoBytes.store(0, std::memory_order_relaxed);
   gFreeWakeSent.store(false, std::memory_order_relaxed);
   size_t released = Mesher::compact(gHeapConfig.meshMinGainBytes);
   // Restoring spans that died is the freeing threads' work done for them, not meshing.
-  uint64_t spent = os::threadCpuNanos() - start - (Mesher::stats().restoreCpuNs - restoreStart);
+  // Batches run on the commit thread: their CPU is the pass's all the same.
+  uint64_t spent = os::threadCpuNanos() - start - (Mesher::stats().restoreCpuNs - restoreStart) +
+                   (Mesher::stats().batchCpuNs - batchStart);
   unsigned shift = gIdleBackoffShift.load(std::memory_order_relaxed);
   if (released > 0 || changed) {
     shift = 0;
