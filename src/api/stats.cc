@@ -280,9 +280,13 @@ void collectHandleStatistics(HandleStatistic (&out)[kHandleStatisticCount]) {
       {"passes", gCounters.passes.load(std::memory_order_relaxed)},
       {"released", gCounters.releasedBytes.load(std::memory_order_relaxed)},
       {"cpu_ns", gCounters.cpuNs.load(std::memory_order_relaxed)},
-      {"pauses", gCounters.waits.load(std::memory_order_relaxed)},
-      {"pause_total_ns", gCounters.waitTotalNs.load(std::memory_order_relaxed)},
-      {"pause_max_ns", gCounters.waitMaxNs.load(std::memory_order_relaxed)},
+      {"pauses", gCounters.moverWaits.count.load(std::memory_order_relaxed)},
+      {"pause_total_ns", gCounters.moverWaits.totalNs.load(std::memory_order_relaxed)},
+      {"pause_max_ns", gCounters.moverWaits.maxNs.load(std::memory_order_relaxed)},
+      {"pause_p9999_ns", gCounters.moverWaits.quantileNs(9999)},
+      {"lock_waits", gCounters.otherWaits.count.load(std::memory_order_relaxed)},
+      {"lock_wait_max_ns", gCounters.otherWaits.maxNs.load(std::memory_order_relaxed)},
+      {"lock_wait_p9999_ns", gCounters.otherWaits.quantileNs(9999)},
       {"move_hold_max_ns", gCounters.moveHoldMaxNs.load(std::memory_order_relaxed)},
   };
   static_assert(sizeof(statistics) / sizeof(statistics[0]) == kHandleStatisticCount);

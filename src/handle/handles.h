@@ -12,6 +12,21 @@
 
 namespace meshalloc::handles {
 
+// Waits of mutator threads, by powers of two of nanoseconds, for the statistics' maximum and
+// 99.99th percentile.
+struct WaitRecord {
+  static constexpr unsigned kBuckets = 48;
+  std::atomic<uint64_t> count{0};
+  std::atomic<uint64_t> totalNs{0};
+  std::atomic<uint64_t> maxNs{0};
+  std::atomic<uint64_t> buckets[kBuckets] = {};
+
+  void record(uint64_t ns);
+  // The upper bound of the bucket that holds the `permyriad` / 10,000 quantile of the waits
+  // recorded (0 if none).
+  uint64_t quantileNs(uint64_t permyriad) const;
+};
+
 // Counters shared by the operations, the defragmenter and the statistics.
 struct Counters {
   std::atomic<uint64_t> movedObjects{0};
@@ -20,13 +35,27 @@ struct Counters {
   std::atomic<uint64_t> passes{0};
   std::atomic<uint64_t> releasedBytes{0};  // given back to the OS by passes
   std::atomic<uint64_t> cpuNs{0};          // CPU time of passes
-  std::atomic<uint64_t> waits{0};          // a pin, free or realloc waited for a move
-  std::atomic<uint64_t> waitMaxNs{0};
-  std::atomic<uint64_t> waitTotalNs{0};
+  // Mutators that waited because of the defragmenter: for a class lock a move held when they
+  // asked for it (no operation waits for an entry a move holds: docs/handles.md, "Pinning and
+  // moving").
+  WaitRecord moverWaits;
+  // Every other wait of a mutator in the handle layer: class locks other mutators held, and
+  // entries another thread was resizing.
+  WaitRecord otherWaits;
   // The longest a move held its class's lock (allocation and freeing in the class wait that
   // long at most, unless the mover is preempted meanwhile, which this includes).
   std::atomic<uint64_t> moveHoldMaxNs{0};
 };
+
+// The move that has committed and is publishing its copy (passes run one at a time, so there is
+// at most one): an operation that finds an entry with kCommitBit and without kResizeBit, while
+// it holds a pin on it, finds the copy's object word here instead of waiting for the mover to
+// store it in the entry (committedObject, handles.cc). Written before the commit.
+struct PublishingMove {
+  std::atomic<uint32_t> index{~uint32_t{0}};
+  std::atomic<uint64_t> object{0};
+};
+inline PublishingMove gPublishing;
 
 // Raises `maximum` to `value`.
 inline void raiseMaximum(std::atomic<uint64_t>& maximum, uint64_t value) {

@@ -3,8 +3,10 @@
 #include <errno.h>
 #include <string.h>
 
+#include "handle/handles.h"
 #include "handle/thread_cache.h"
 #include "heap/arena.h"
+#include "platform/os.h"
 #include "support/assert.h"
 
 namespace meshalloc::handles {
@@ -125,11 +127,44 @@ void Store::releaseChunkLocked(ClassStore& c, Chunk* chunk, bool keepAsSpare) {
     c.spare = chunk;
     return;
   }
-  const ClassLayout& l = layouts_[chunk->sizeClass];
   c.chunks.fetch_sub(1, std::memory_order_relaxed);
-  // Not into the dirty cache: the point of emptying a chunk is to give its pages back, and
-  // aligned requests are never served from the cache anyway.
-  Arena::release(reinterpret_cast<uintptr_t>(chunk), l.chunkBytes >> Arena::pageShift(), false);
+  chunk->next = c.toRelease;
+  c.toRelease = chunk;
+}
+
+Store::ClassGuard::ClassGuard(unsigned sizeClass, Holder holder)
+    : sizeClass_(sizeClass), holder_(holder) {
+  Mutex& lock = classes_[sizeClass].lock;
+  if (!lock.tryLock()) {
+    uint64_t start = os::monotonicNanos();
+    bool mover = moverHolds_.load(std::memory_order_relaxed) == sizeClass + 1;
+    lock.lock();
+    if (holder == Holder::kMutator)
+      (mover ? gCounters.moverWaits : gCounters.otherWaits).record(os::monotonicNanos() - start);
+  }
+  if (holder == Holder::kMover) {
+    moverHolds_.store(sizeClass + 1, std::memory_order_relaxed);
+    lockedAtNs_ = os::monotonicNanos();
+  }
+}
+
+Store::ClassGuard::~ClassGuard() {
+  ClassStore& c = classes_[sizeClass_];
+  if (holder_ == Holder::kMover) {
+    raiseMaximum(gCounters.moveHoldMaxNs, os::monotonicNanos() - lockedAtNs_);
+    moverHolds_.store(0, std::memory_order_relaxed);
+  }
+  Chunk* chunk = c.toRelease;
+  c.toRelease = nullptr;
+  c.lock.unlock();
+  size_t pages = layouts_[sizeClass_].chunkBytes >> Arena::pageShift();
+  while (chunk) {
+    Chunk* next = chunk->next;
+    // Not into the dirty cache: the point of emptying a chunk is to give its pages back, and
+    // aligned requests are never served from the cache anyway.
+    Arena::release(reinterpret_cast<uintptr_t>(chunk), pages, false);
+    chunk = next;
+  }
 }
 
 uintptr_t Store::takeSlot(Chunk* chunk, uint32_t owner) {
@@ -175,7 +210,7 @@ uint64_t Store::allocate(size_t size, uint32_t owner, bool zero) {
   ClassStore& c = classes_[sizeClass];
   uintptr_t address;
   {
-    LockGuard guard(c.lock);
+    ClassGuard guard(sizeClass, Holder::kMutator);
     address = takeSlotLocked(c, sizeClass, owner);
   }
   if (!address) {
@@ -188,7 +223,7 @@ uint64_t Store::allocate(size_t size, uint32_t owner, bool zero) {
 
 unsigned Store::takeSlots(unsigned sizeClass, uintptr_t* slots, unsigned count) {
   ClassStore& c = classes_[sizeClass];
-  LockGuard guard(c.lock);
+  ClassGuard guard(sizeClass, Holder::kMutator);
   unsigned taken = 0;
   while (taken < count && (slots[taken] = takeSlotLocked(c, sizeClass, kNoOwner))) taken++;
   return taken;
@@ -196,7 +231,7 @@ unsigned Store::takeSlots(unsigned sizeClass, uintptr_t* slots, unsigned count) 
 
 void Store::returnSlots(unsigned sizeClass, const uintptr_t* slots, unsigned count) {
   if (count == 0) return;
-  LockGuard guard(classes_[sizeClass].lock);
+  ClassGuard guard(sizeClass, Holder::kMutator);
   for (unsigned i = 0; i < count; i++) {
     Chunk* chunk = chunkOf(slots[i], sizeClass);
     freeSlotLocked(chunk, slotOf(chunk, slots[i]));
@@ -258,7 +293,7 @@ void Store::free(uint64_t object) {
     return;
   }
   Chunk* chunk = chunkOf(address, sizeClass);
-  LockGuard guard(classes_[sizeClass].lock);
+  ClassGuard guard(sizeClass, Holder::kMutator);
   freeSlotLocked(chunk, slotOf(chunk, address));
 }
 
@@ -271,9 +306,11 @@ size_t Store::usableSize(uint64_t object) {
 
 Chunk* Store::takeSourceLocked(unsigned sizeClass, unsigned maxSourceBin) {
   ClassStore& c = classes_[sizeClass];
+  unsigned probes = 0;
   for (unsigned bin = 0; bin < maxSourceBin && bin < kOccupancyBins; bin++) {
     // The first chunk of the lowest bin is about the sparsest (within an eighth).
-    for (Chunk* chunk = c.bins[bin]; chunk; chunk = chunk->next) {
+    for (Chunk* chunk = c.bins[bin]; chunk && probes < kMaxSourceProbes;
+         chunk = chunk->next, probes++) {
       uint32_t free = layouts_[sizeClass].slotCount - chunk->liveCount;
       if (c.freeSlots - free < chunk->liveCount) continue;  // its objects would not fit elsewhere
       unlink(c, chunk);
@@ -298,7 +335,7 @@ size_t Store::releaseSpares(bool all) {
   size_t released = 0;
   for (unsigned sizeClass = 0; sizeClass < kNumSizeClasses; sizeClass++) {
     ClassStore& c = classes_[sizeClass];
-    LockGuard guard(c.lock);
+    ClassGuard guard(sizeClass, Holder::kMover);
     Chunk* spare = c.spare;
     bool aged = spare == c.agedSpare;
     c.agedSpare = spare;

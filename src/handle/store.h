@@ -47,6 +47,7 @@ class Store {
   static constexpr unsigned kFullBin = kOccupancyBins;
   static constexpr unsigned kBinLists = kOccupancyBins + 1;
   static constexpr uint32_t kEvacuating = kBinLists;  // a defragmenter's source, on no list
+  static constexpr unsigned kMaxSourceProbes = 16;
 
   // Plans the chunk layouts (after SizeClasses::init). Idempotent.
   static void init();
@@ -105,8 +106,26 @@ class Store {
     return __atomic_load_n(&owners(chunk)[slot], __ATOMIC_RELAXED);
   }
 
-  // --- For the defragmenter, with the class's lock held ---
-  static Mutex& classLock(unsigned sizeClass) { return classes_[sizeClass].lock; }
+  // Who takes a class's lock. The defragmenter's holds are timed and marked, so that a mutator
+  // that finds the lock held by one counts its wait as caused by a move (gCounters.moverWaits;
+  // other waits go to gCounters.otherWaits).
+  enum class Holder { kMutator, kMover };
+  // A class's lock for the guard's scope. Chunks emptied meanwhile go back to the arena after
+  // it is released: no system call is made under a class lock, only under a guard's lifetime.
+  class ClassGuard {
+   public:
+    ClassGuard(unsigned sizeClass, Holder holder);
+    ~ClassGuard();
+    ClassGuard(const ClassGuard&) = delete;
+    ClassGuard& operator=(const ClassGuard&) = delete;
+
+   private:
+    unsigned sizeClass_;
+    Holder holder_;
+    uint64_t lockedAtNs_ = 0;
+  };
+
+  // --- For the defragmenter, with the class's lock held (a ClassGuard) ---
   // Takes a free slot in the fullest chunk with room other than evacuating ones, for `owner`;
   // 0 if no chunk has room (a move never makes a new chunk).
   static uintptr_t takeSlotInUsedChunkLocked(unsigned sizeClass, uint32_t owner);
@@ -114,7 +133,8 @@ class Store {
   static void freeSlotLocked(Chunk* chunk, uint32_t slot);
   // The sparsest chunk whose live objects fit in the free slots of the class's other chunks,
   // taken off its list for evacuation; nullptr if none. Only chunks in bins below
-  // `maxSourceBin` qualify.
+  // `maxSourceBin` qualify, and only the first kMaxSourceProbes of them are looked at (the lock
+  // is held for a bounded time, however many chunks the class has).
   static Chunk* takeSourceLocked(unsigned sizeClass, unsigned maxSourceBin);
   // Ends an evacuation: an empty source is released to the OS at once, anything else goes back
   // on its list.
@@ -147,6 +167,9 @@ class Store {
     Chunk* bins[kBinLists] = {};
     Chunk* spare = nullptr;      // one empty chunk kept, so that 0 -> 1 -> 0 makes no syscalls
     Chunk* agedSpare = nullptr;  // the spare at the last releaseSpares
+    // Chunks emptied under the lock, given back by the ClassGuard once it is released (linked
+    // through `next`; empty whenever the lock is free).
+    Chunk* toRelease = nullptr;
     std::atomic<size_t> chunks{0};
     // Slots taken from the chunks: live objects and slots thread caches hold.
     std::atomic<size_t> takenSlots{0};
@@ -176,6 +199,8 @@ class Store {
   static inline std::atomic<size_t> largeObjects_{0};
   static inline std::atomic<size_t> largeBytes_{0};      // pages held
   static inline std::atomic<size_t> largeLiveBytes_{0};  // usable bytes
+  // The class whose lock the defragmenter holds, plus one (0: none).
+  static inline std::atomic<unsigned> moverHolds_{0};
 };
 
 }  // namespace meshalloc::handles
