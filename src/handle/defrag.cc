@@ -108,12 +108,11 @@ bool Defragmenter::copyAndPublish(const Move& move) {
   uint64_t held = move.state | kMovingBit;
   uint64_t from = makeObject(move.from, move.sizeClass);
   uint64_t to = makeObject(move.to, move.sizeClass);
-  // The copy's address, for whoever finds the entry committed before it is published. The fence
-  // keeps these stores after the previous move's end of publication (objectUnderPin).
-  std::atomic_thread_fence(std::memory_order_release);
+  // The copy's address, for whoever finds the entry committed before it is published. Release:
+  // whoever reads these sees the previous move's end of publication (objectUnderPin).
   gPublishing.index.store(static_cast<uint32_t>(move.entry - &Table::at(0)),
-                          std::memory_order_relaxed);
-  gPublishing.object.store(to, std::memory_order_relaxed);
+                          std::memory_order_release);
+  gPublishing.object.store(to, std::memory_order_release);
   // Commit only if no pin arrived (a pin holds the count up, a cancelled one left its bit) and
   // no free or resize took the entry (then it is not live, or holds other bits).
   if (entry.state.compare_exchange_strong(held, held | kCommitBit, std::memory_order_acq_rel)) {
@@ -147,6 +146,7 @@ bool Defragmenter::evacuate(Chunk* source, uint64_t deadlineNs, size_t maxMovedB
       Store::ClassGuard guard(sizeClass, Store::Holder::kMover);
       slot = nextUsedSlot(source, slot);
       began = slot < slotCount ? beginMoveLocked(source, slot, move) : Begin::kBusy;
+      pauseFor(holdDelayNs_.load(std::memory_order_relaxed));
     }
     if (slot == slotCount) return !skipped;
     if (began == Begin::kBusy) return false;

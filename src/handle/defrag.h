@@ -49,6 +49,9 @@ class Defragmenter {
   // Tests only: every committed move waits this long before publishing its copy, as a mover
   // preempted there would.
   static void delayPublicationsForTesting(uint64_t ns) { publishDelayNs_.store(ns); }
+  // Tests only: the mover waits this long while holding a class's lock to begin a move, as a
+  // mover preempted there would.
+  static void delayLockHoldsForTesting(uint64_t ns) { holdDelayNs_.store(ns); }
 
  private:
   // A move under way: the entry held with the moving bit, a destination slot taken.
@@ -79,6 +82,7 @@ class Defragmenter {
   static inline bool corruptMoves_ = false;
   static inline std::atomic<uint64_t> copyDelayNs_{0};
   static inline std::atomic<uint64_t> publishDelayNs_{0};
+  static inline std::atomic<uint64_t> holdDelayNs_{0};
 };
 
 }  // namespace meshalloc::handles

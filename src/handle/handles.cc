@@ -67,15 +67,16 @@ __attribute__((noinline)) uint64_t waitForResize(Entry& entry) {
 // was taken (acquire). While the pin is held no move can begin or commit (both need a pin count
 // of 0) and no resize can start, so the only change left is a committed move's publication:
 // with kCommitBit set the copy is in gPublishing (written before the commit, and overwritten
-// only after the entry's kCommitBit is cleared, behind a release fence), else in the entry.
+// only after the entry's kCommitBit is cleared, with release stores), else in the entry.
 // `state` is updated to the state the answer was checked against.
 uint64_t objectUnderPin(Entry& entry, uint32_t index, uint64_t& state) {
   for (;;) {
     if ((state & (kCommitBit | kResizeBit)) != kCommitBit)
       return entry.object.load(std::memory_order_relaxed);
-    uint32_t published = gPublishing.index.load(std::memory_order_relaxed);
-    uint64_t object = gPublishing.object.load(std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_acquire);
+    // Acquire: a record written after this entry's publication ended (release stores) makes
+    // that end visible to the load of the state below.
+    uint32_t published = gPublishing.index.load(std::memory_order_acquire);
+    uint64_t object = gPublishing.object.load(std::memory_order_acquire);
     uint64_t again = entry.state.load(std::memory_order_acquire);
     if (again == state && published == index) return object;
     state = again;
@@ -122,10 +123,11 @@ uint64_t takeExclusive(Entry& entry, uint64_t handle, const char* operation) {
   }
 }
 
+}  // namespace
+
 // A new handle and object; the entry is published live only once its object word is set, so
-// that a defragmenter pass finding the slot's owner meanwhile leaves it alone. With a thread
-// cache, a small object takes no lock and no atomic read-modify-write.
-uint64_t allocateBytes(size_t size, bool zero) {
+// that a defragmenter pass finding the slot's owner meanwhile leaves it alone.
+uint64_t allocateSlow(size_t size, bool zero) {
   if (size > heap::kMaxRequest || !ensureInitialized()) {
     errno = ENOMEM;
     return 0;
@@ -167,11 +169,11 @@ uint64_t allocateBytes(size_t size, bool zero) {
   Entry& entry = Table::at(index);
   entry.object.store(object, std::memory_order_relaxed);
   entry.state.store((handle & kGenerationMask) | kLiveBit, std::memory_order_release);
+  // Here rather than on the fast path: every thread's first allocation, and one in every
+  // cache refill, comes here (a fork child's first ones too).
   Controller::noteAllocation();
   return handle;
 }
-
-}  // namespace
 
 void WaitRecord::record(uint64_t ns) {
   count.fetch_add(1, std::memory_order_relaxed);
@@ -210,17 +212,13 @@ void reportInvalid(uint64_t handle, const char* operation) {
   reportHeapError(HeapError::kInvalidHandle, operation, reinterpret_cast<void*>(handle));
 }
 
-uint64_t allocate(size_t size) {
-  return allocateBytes(size, false);
-}
-
 uint64_t allocateZeroed(size_t count, size_t size) {
   size_t bytes;
   if (__builtin_mul_overflow(count, size, &bytes)) {
     errno = ENOMEM;
     return 0;
   }
-  return allocateBytes(bytes, true);
+  return allocateSlow(bytes, true);
 }
 
 uint64_t reallocate(uint64_t handle, size_t size) {
@@ -273,7 +271,7 @@ bool freePublishing(Entry& entry, uint64_t handle, uint64_t* object) {
   }
 }
 
-void free(uint64_t handle) {
+void freeSlow(uint64_t handle) {
   if (handle == 0) return;
   Entry& entry = entryOf(handle, "mh_free");
   uint64_t state = entry.state.load(std::memory_order_acquire);
@@ -307,6 +305,10 @@ void free(uint64_t handle) {
       break;
     }
   }
+  releaseObject(object, indexOf(handle));
+}
+
+void releaseObject(uint64_t object, uint32_t index) {
   unsigned storeClass = classOfObject(object);
   ThreadCache* cache = ThreadCache::current();
   if (cache && storeClass != kLargeStoreClass) {
@@ -314,7 +316,6 @@ void free(uint64_t handle) {
   } else {
     Store::free(object);
   }
-  uint32_t index = indexOf(handle);
   if (cache) {
     cache->giveEntry(index);
   } else {

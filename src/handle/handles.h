@@ -8,7 +8,9 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "handle/store.h"
 #include "handle/table.h"
+#include "handle/thread_cache.h"
 
 namespace meshalloc::handles {
 
@@ -74,11 +76,60 @@ inline bool ensureInitialized() {
   return initialize();
 }
 
-// MH_NULL (0) with errno ENOMEM on failure.
-uint64_t allocate(size_t size);
+// The slow paths of allocate and free: no thread cache, or one that must go to the shared
+// structures, and every case of a free but the common one.
+uint64_t allocateSlow(size_t size, bool zero);
+void freeSlow(uint64_t handle);
+// Gives back the object and the entry of a handle just freed.
+void releaseObject(uint64_t object, uint32_t index);
+
+// MH_NULL (0) with errno ENOMEM on failure. The common case, inline: a small object from the
+// thread's cache, with no lock and no atomic read-modify-write; the entry is published live
+// (release) only once its object word is set, so that a defragmenter pass finding the slot's
+// owner meanwhile leaves it alone.
+inline uint64_t allocate(size_t size) {
+  ThreadCache* cache = ThreadCache::existing();
+  if (__builtin_expect(cache != nullptr && size <= kMaxSmallSize, 1)) {
+    unsigned sizeClass = SizeClasses::classOf(size);
+    uint32_t index;
+    uintptr_t slot;
+    if (__builtin_expect(cache->takeFast(sizeClass, index, slot), 1)) {
+      Entry& entry = Table::at(index);
+      uint64_t generation = Table::nextGeneration(entry.state.load(std::memory_order_relaxed));
+      Store::setOwner(slot, sizeClass, index);
+      entry.object.store(makeObject(slot, sizeClass), std::memory_order_relaxed);
+      entry.state.store(generation | kLiveBit, std::memory_order_release);
+      return makeHandle(index, generation);
+    }
+  }
+  return allocateSlow(size, false);
+}
 uint64_t allocateZeroed(size_t count, size_t size);
 uint64_t reallocate(uint64_t handle, size_t size);
-void free(uint64_t handle);
+// The common case, inline: a live, unpinned entry that no move or resize holds goes to not
+// live with one compare-and-swap (which orders it against a move's), and the slot and entry to
+// the thread's cache.
+inline void free(uint64_t handle) {
+  Entry* entry = Table::find(handle);
+  if (__builtin_expect(entry != nullptr, 1)) {
+    uint64_t expected = (handle & kGenerationMask) | kLiveBit;
+    // Not live, the generation kept: a later use of the handle finds it stale.
+    if (__builtin_expect(entry->state.compare_exchange_strong(expected, handle & kGenerationMask,
+                                                              std::memory_order_acquire),
+                         1)) {
+      uint64_t object = entry->object.load(std::memory_order_relaxed);
+      ThreadCache* cache = ThreadCache::existing();
+      unsigned storeClass = classOfObject(object);
+      if (__builtin_expect(cache != nullptr && storeClass != kLargeStoreClass &&
+                               cache->giveFast(storeClass, indexOf(handle), addressOf(object)),
+                           1))
+        return;
+      releaseObject(object, indexOf(handle));
+      return;
+    }
+  }
+  freeSlow(handle);
+}
 size_t usableSize(uint64_t handle);
 // One defragmentation pass until `deadlineNs` (monotonic; 0: until done), after the calling
 // thread gave back what its cache holds (mh_compact, handles.compact): the bytes given back.

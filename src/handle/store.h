@@ -26,7 +26,7 @@ struct Chunk {
   Chunk* next;
   uint32_t sizeClass;
   uint32_t liveCount;
-  uint32_t bin;         // the list it is on (ClassStore::bins_ index, or kEvacuating)
+  uint32_t bin;         // the list it is on (ClassStore::bins_ index, kEvacuating, kUnlinked)
   uint32_t hintWord;    // the first bitmap word that may have a free slot
   uint64_t freeBits[];  // then owners[], then the slots (see ClassLayout)
 };
@@ -47,6 +47,9 @@ class Store {
   static constexpr unsigned kFullBin = kOccupancyBins;
   static constexpr unsigned kBinLists = kOccupancyBins + 1;
   static constexpr uint32_t kEvacuating = kBinLists;  // a defragmenter's source, on no list
+  // A chunk a thread made while the defragmenter held the class's lock, on no list until the
+  // next holder links it (ClassStore::newChunks).
+  static constexpr uint32_t kUnlinked = kBinLists + 1;
   static constexpr unsigned kMaxSourceProbes = 16;
 
   // Plans the chunk layouts (after SizeClasses::init). Idempotent.
@@ -107,21 +110,30 @@ class Store {
   }
 
   // Who takes a class's lock. The defragmenter's holds are timed and marked, so that a mutator
-  // that finds the lock held by one counts its wait as caused by a move (gCounters.moverWaits;
-  // other waits go to gCounters.otherWaits).
+  // that finds the lock held by one goes around it; the time it polled before noticing is
+  // counted as a wait caused by a move (gCounters.moverWaits), any other wait for the lock in
+  // gCounters.otherWaits.
+  // A mutator never waits for a lock the defragmenter holds: the guard is then not held, and
+  // the caller goes around the lock (deferSlots, takeSlotsAround).
   enum class Holder { kMutator, kMover };
-  // A class's lock for the guard's scope. Chunks emptied meanwhile go back to the arena after
-  // it is released: no system call is made under a class lock, only under a guard's lifetime.
+  // A class's lock for the guard's scope. Whoever takes it first applies what threads did around
+  // it while the defragmenter held it (deferred frees, new chunks to link). Chunks emptied
+  // meanwhile go back to the arena after it is released: no system call is made under a class
+  // lock, only under a guard's lifetime.
   class ClassGuard {
    public:
     ClassGuard(unsigned sizeClass, Holder holder);
     ~ClassGuard();
     ClassGuard(const ClassGuard&) = delete;
     ClassGuard& operator=(const ClassGuard&) = delete;
+    bool held() const { return held_; }
 
    private:
+    static bool lockUnlessMover(unsigned sizeClass);
+
     unsigned sizeClass_;
     Holder holder_;
+    bool held_ = true;
     uint64_t lockedAtNs_ = 0;
   };
 
@@ -170,6 +182,12 @@ class Store {
     // Chunks emptied under the lock, given back by the ClassGuard once it is released (linked
     // through `next`; empty whenever the lock is free).
     Chunk* toRelease = nullptr;
+    // What threads did around the lock while the defragmenter held it, applied by the next
+    // holder: slots given back (still taken in their chunks; linked through their first word,
+    // and a refill going around the lock may take them again), and chunks made (kUnlinked,
+    // linked through `next`).
+    std::atomic<uintptr_t> deferredSlots{0};
+    std::atomic<Chunk*> newChunks{nullptr};
     std::atomic<size_t> chunks{0};
     // Slots taken from the chunks: live objects and slots thread caches hold.
     std::atomic<size_t> takenSlots{0};
@@ -186,12 +204,18 @@ class Store {
   static void link(ClassStore& c, Chunk* chunk, unsigned bin);
   static void unlink(ClassStore& c, Chunk* chunk);
   static void rebin(ClassStore& c, Chunk* chunk);
+  static Chunk* makeChunk(unsigned sizeClass);
   static Chunk* newChunkLocked(ClassStore& c, unsigned sizeClass);
   static void releaseChunkLocked(ClassStore& c, Chunk* chunk, bool keepAsSpare);
   static uintptr_t takeSlot(Chunk* chunk, uint32_t owner);
   static uintptr_t takeSlotLocked(ClassStore& c, unsigned sizeClass, uint32_t owner);
   static size_t classLiveSlots(unsigned sizeClass);
   static uint64_t allocateLarge(size_t size, uint32_t owner, bool zero);
+  static void applyDeferredLocked(ClassStore& c);
+  static void deferSlots(ClassStore& c, const uintptr_t* slots, unsigned count);
+  static void pushDeferred(ClassStore& c, uintptr_t first, uintptr_t last);
+  static unsigned takeSlotsAround(ClassStore& c, unsigned sizeClass, uintptr_t* slots,
+                                  unsigned count);
 
   static inline constinit ClassLayout layouts_[kNumSizeClasses] = {};
   static ClassStore classes_[kNumSizeClasses];  // defined in store.cc (constinit)
@@ -199,7 +223,7 @@ class Store {
   static inline std::atomic<size_t> largeObjects_{0};
   static inline std::atomic<size_t> largeBytes_{0};      // pages held
   static inline std::atomic<size_t> largeLiveBytes_{0};  // usable bytes
-  // The class whose lock the defragmenter holds, plus one (0: none).
+  // The class whose lock the defragmenter holds or is taking, plus one (0: none).
   static inline std::atomic<unsigned> moverHolds_{0};
 };
 

@@ -79,13 +79,16 @@ class Table {
   // sets the object word, then the live bit.
   static uint64_t renew(uint32_t index) {
     Entry& entry = entries_[index];
-    // Never 0, so that no handle of a never-used entry is valid.
-    uint64_t generation = ((entry.state.load(std::memory_order_relaxed) & kGenerationMask) +
-                           (uint64_t{1} << kGenerationShift)) &
-                          kGenerationMask;
-    if (generation == 0) generation = uint64_t{1} << kGenerationShift;
+    uint64_t generation = nextGeneration(entry.state.load(std::memory_order_relaxed));
     entry.state.store(generation, std::memory_order_relaxed);
     return makeHandle(index, generation);
+  }
+  // The generation after the one in `state` (in place, bits 32..62), never 0, so that no
+  // handle of a never-used entry is valid.
+  static uint64_t nextGeneration(uint64_t state) {
+    uint64_t generation =
+        ((state & kGenerationMask) + (uint64_t{1} << kGenerationShift)) & kGenerationMask;
+    return generation ? generation : uint64_t{1} << kGenerationShift;
   }
 
   // The entry of `handle`, or nullptr if it does not name an entry ever handed out (no tag, or
