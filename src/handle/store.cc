@@ -51,6 +51,8 @@ void Store::init() {
     size_t slots = chunkBytes / l.slotSize;
     while (headerBytes(slots) + slots * l.slotSize > chunkBytes) slots--;
     l.chunkBytes = chunkBytes;
+    l.chunkMask = ~(chunkBytes - 1);
+    l.reciprocal = SizeClasses::plan(c).reciprocal;
     l.slotCount = static_cast<uint32_t>(slots);
     l.bitmapWords = static_cast<uint32_t>((slots + 63) / 64);
     l.ownersOffset = static_cast<uint32_t>(sizeof(Chunk) + l.bitmapWords * sizeof(uint64_t));

@@ -31,13 +31,16 @@ struct Chunk {
   uint64_t freeBits[];  // then owners[], then the slots (see ClassLayout)
 };
 
-struct ClassLayout {
+// One cache line per class, so that the allocation path's owner store reads one line.
+struct alignas(64) ClassLayout {
   uint32_t slotSize;
   uint32_t slotCount;
   uint32_t firstSlot;     // offset of slot 0 from the chunk's start
   uint32_t ownersOffset;  // offset of the uint32_t owner array
   uint32_t bitmapWords;
-  size_t chunkBytes;  // also the chunk's alignment
+  uint32_t reciprocal;  // the class's (SpanPlan): (delta * reciprocal) >> 32 == delta / slotSize
+  size_t chunkBytes;    // also the chunk's alignment
+  uintptr_t chunkMask;  // ~(chunkBytes - 1): an address's chunk is address & chunkMask
 };
 
 class Store {
@@ -64,16 +67,17 @@ class Store {
 
   // The chunk holding a small object's address, its slot, and the reverse.
   static Chunk* chunkOf(uintptr_t address, unsigned sizeClass) {
-    return reinterpret_cast<Chunk*>(address & ~(layouts_[sizeClass].chunkBytes - 1));
+    return reinterpret_cast<Chunk*>(address & layouts_[sizeClass].chunkMask);
   }
   static uint32_t slotOf(const Chunk* chunk, uintptr_t address) {
     return slotOf(chunk, address, chunk->sizeClass);
   }
   // The same without reading the chunk's header (a cache miss on the allocation path).
   static uint32_t slotOf(const Chunk* chunk, uintptr_t address, unsigned sizeClass) {
-    uint64_t delta = address - reinterpret_cast<uintptr_t>(chunk) - layouts_[sizeClass].firstSlot;
+    const ClassLayout& l = layouts_[sizeClass];
+    uint64_t delta = address - reinterpret_cast<uintptr_t>(chunk) - l.firstSlot;
     // A multiply by the class's reciprocal, exact for multiples of the size (SpanPlan).
-    return static_cast<uint32_t>((delta * SizeClasses::plan(sizeClass).reciprocal) >> 32);
+    return static_cast<uint32_t>((delta * l.reciprocal) >> 32);
   }
   static uintptr_t slotAddress(const Chunk* chunk, uint32_t slot) {
     const ClassLayout& l = layouts_[chunk->sizeClass];
@@ -100,10 +104,11 @@ class Store {
   // meanwhile (under the class lock, which the cache does not take); the move then validates
   // the owner against its entry (Defragmenter::beginMoveLocked).
   static void setOwner(uintptr_t address, unsigned sizeClass, uint32_t owner) {
-    Chunk* chunk = chunkOf(address, sizeClass);
-    uint32_t* owners = reinterpret_cast<uint32_t*>(reinterpret_cast<char*>(chunk) +
-                                                   layouts_[sizeClass].ownersOffset);
-    __atomic_store_n(&owners[slotOf(chunk, address, sizeClass)], owner, __ATOMIC_RELAXED);
+    const ClassLayout& l = layouts_[sizeClass];
+    uintptr_t chunk = address & l.chunkMask;
+    uint64_t slot = ((address - chunk - l.firstSlot) * uint64_t{l.reciprocal}) >> 32;
+    auto* owners = reinterpret_cast<uint32_t*>(chunk + l.ownersOffset);
+    __atomic_store_n(&owners[slot], owner, __ATOMIC_RELAXED);
   }
   static uint32_t ownerOf(Chunk* chunk, uint32_t slot) {
     return __atomic_load_n(&owners(chunk)[slot], __ATOMIC_RELAXED);
