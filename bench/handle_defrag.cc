@@ -137,6 +137,9 @@ int defrag(int seconds) {
       (unsigned long long)stat("handles.lock_waits"),
       double(stat("handles.lock_wait_p9999_ns")) / 1e3,
       double(stat("handles.lock_wait_max_ns")) / 1e3);
+  printf("CPU budget shared with meshing: meshing charged %.0f ms, the defragmenter %.0f ms\n",
+         double(stat("handles.budget_meshing_ns")) / 1e6,
+         double(stat("handles.budget_handles_ns")) / 1e6);
   printf("handle calls: %llu pins; 99.99th percentile under %.1f us, longest %.1f us\n",
          (unsigned long long)gOps.load(), quantileUs(0.9999), double(gMaxOpNs.load()) / 1e3);
   printf("at the end: committed %.1f MiB, live %.1f MiB (%.2fx)\n", double(committed) / 1048576,

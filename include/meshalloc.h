@@ -71,8 +71,11 @@ extern "C" {
  *   "handles.lock_waits" / "handles.lock_wait_max_ns" / "handles.lock_wait_p9999_ns"  every
  *                                 other wait of a handle call (class locks other threads held,
  *                                 another thread's mh_realloc of the same handle)
- *   "handles.move_hold_max_ns"    the longest a move held its size class's lock (what an
- *                                 mh_alloc or mh_free of that class can wait for one)
+ *   "handles.move_hold_max_ns"    the longest the defragmenter held a size class's lock
+ *   "handles.budget_meshing_ns" / "handles.budget_handles_ns" / "handles.budget_ahead_ns"  the
+ *                                 CPU budget meshing and the defragmenter share: the CPU time
+ *                                 each charged to it, and how far its clock is ahead of the wall
+ *                                 clock now (neither starts a pass before it has caught up)
  * Actions (no value): "arena.<i>.purge", "arena.<i>.decay", "thread.tcache.flush",
  *   "mesh.compact", "handles.compact" (a full pass; reads the bytes released as size_t).
  * Diagnostics: "debug.class_dump" (write an unsigned class index j) prints every span of

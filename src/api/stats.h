@@ -97,7 +97,7 @@ struct HandleStatistic {
   const char* name;
   uint64_t value;
 };
-constexpr size_t kHandleStatisticCount = 20;
+constexpr size_t kHandleStatisticCount = 23;
 void collectHandleStatistics(HandleStatistic (&out)[kHandleStatisticCount]);
 
 // Computed on demand, never maintained on the fast path: walks the global heap's lists, every

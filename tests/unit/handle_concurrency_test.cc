@@ -337,7 +337,7 @@ TEST(HandleConcurrencyTest, AMoverNeverHoldsAClassLockAcrossACopy) {
 }
 
 // A thread never waits for a class lock the mover holds, even when the mover stops while
-// holding it (20 ms here, as a preempted mover would): its refills and flushes go around the
+// holding it (100 ms here, as a preempted mover would): its refills and flushes go around the
 // lock (slots given back are applied by the next holder, a refill takes those or a chunk of its
 // own), so it keeps allocating without a pause, and the time it spent before noticing the mover,
 // which the statistics count as waits caused by a move, stays short. Made to wait for the lock,
@@ -345,7 +345,7 @@ TEST(HandleConcurrencyTest, AMoverNeverHoldsAClassLockAcrossACopy) {
 TEST(HandleConcurrencyTest, AThreadGoesAroundALockTheMoverHolds) {
   gHeapConfig.handlesDefrag = false;
   ASSERT_TRUE(ensureInitialized());
-  constexpr uint64_t kHoldNs = 20000000;
+  constexpr uint64_t kHoldNs = 100000000;
   std::vector<uint64_t> kept = sparseClass(20000);
   Defragmenter::delayLockHoldsForTesting(kHoldNs);
   uint64_t movedBefore = gCounters.movedObjects.load();
@@ -354,9 +354,10 @@ TEST(HandleConcurrencyTest, AThreadGoesAroundALockTheMoverHolds) {
   std::thread mover([] { Defragmenter::pass(0, 0); });
   std::vector<uint64_t> mine;
   size_t allocations = 0;
-  // Rounds that took half a hold or more: a wait for the mover, or a preemption of this thread.
+  // Rounds that took half a hold or more: a wait for the mover, or a preemption of this thread
+  // (on a loaded machine, some of those last tens of milliseconds).
   size_t slowRounds = 0;
-  auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(300);
+  auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(1200);
   for (auto start = std::chrono::steady_clock::now(); start < end;) {
     // Flushes (this thread's slots go back) and refills, in the class being evacuated.
     ThreadCache::flushCurrent();
@@ -381,7 +382,7 @@ TEST(HandleConcurrencyTest, AThreadGoesAroundALockTheMoverHolds) {
   mover.join();
   EXPECT_GT(gCounters.movedObjects.load(), movedBefore + 5);
   EXPECT_GT(allocations, 200u);
-  EXPECT_LE(slowRounds, 2u);
+  EXPECT_LE(slowRounds, 1u);
   EXPECT_GT(gCounters.moverWaits.count.load(), moverWaitsBefore);
   EXPECT_LT(gCounters.moverWaits.maxNs.load(), kHoldNs / 5);
   size_t wrong = 0;
