@@ -3,8 +3,9 @@
 // bench/handle_cache/handle_ops's.
 //   defrag   mutator threads pinning and writing, and replacing most of their objects by ones
 //            of another size range every few milliseconds, under the default controller: its
-//            CPU share of wall time, the longest wait of a mutator for a move, and the longest
-//            call of any handle operation (which includes waits for a class lock a move holds,
+//            CPU share of wall time, the waits of mutators caused by moves (class locks a move
+//            held) and the others (class locks other mutators held), as the library times
+//            them, and the longest call of any handle operation (which includes those waits
 //            and the machine's preemptions)
 //   compact  a heap of handles of 16-512 bytes fragmented ten to one, then one full
 //            mh_compact: committed against live bytes (run it with MESHALLOC_HANDLES_DEFRAG=0,
@@ -125,9 +126,20 @@ int defrag(int seconds) {
   printf("defrag CPU %.2f %% of wall time (%.0f ms of %.0f ms), %llu passes, %llu MiB moved\n",
          100 * cpu / wall, cpu / 1e6, wall / 1e6, (unsigned long long)stat("handles.passes"),
          (unsigned long long)(stat("handles.moved_bytes") >> 20));
-  printf("waits for a move: %llu, longest %.1f us; longest class-lock hold by a move %.1f us\n",
-         (unsigned long long)stat("handles.pauses"), double(stat("handles.pause_max_ns")) / 1e3,
-         double(stat("handles.move_hold_max_ns")) / 1e3);
+  printf(
+      "waits caused by a move: %llu, 99.99th percentile under %.1f us, longest %.1f us; longest "
+      "class-lock hold by a move %.1f us\n",
+      (unsigned long long)stat("handles.pauses"), double(stat("handles.pause_p9999_ns")) / 1e3,
+      double(stat("handles.pause_max_ns")) / 1e3, double(stat("handles.move_hold_max_ns")) / 1e3);
+  printf(
+      "other waits (class locks of other threads): %llu, 99.99th percentile under %.1f us, "
+      "longest %.1f us\n",
+      (unsigned long long)stat("handles.lock_waits"),
+      double(stat("handles.lock_wait_p9999_ns")) / 1e3,
+      double(stat("handles.lock_wait_max_ns")) / 1e3);
+  printf("CPU budget shared with meshing: meshing charged %.0f ms, the defragmenter %.0f ms\n",
+         double(stat("handles.budget_meshing_ns")) / 1e6,
+         double(stat("handles.budget_handles_ns")) / 1e6);
   printf("handle calls: %llu pins; 99.99th percentile under %.1f us, longest %.1f us\n",
          (unsigned long long)gOps.load(), quantileUs(0.9999), double(gMaxOpNs.load()) / 1e3);
   printf("at the end: committed %.1f MiB, live %.1f MiB (%.2fx)\n", double(committed) / 1048576,

@@ -64,10 +64,18 @@ extern "C" {
  *   "handles.moves_abandoned"     moves dropped because a pin arrived during the copy
  *   "handles.passes" / "handles.released" / "handles.cpu_ns"  defragmentation passes, the
  *                                 bytes they gave back to the OS, their CPU time
- *   "handles.pauses" / "handles.pause_total_ns" / "handles.pause_max_ns"  waits of mh_pin,
- *                                 mh_free, mh_realloc and mh_usable_size for a move in progress
- *   "handles.move_hold_max_ns"    the longest a move held its size class's lock (what an
- *                                 mh_alloc or mh_free of that class can wait for one)
+ *   "handles.pauses" / "handles.pause_total_ns" / "handles.pause_max_ns" /
+ *   "handles.pause_p9999_ns"      waits of handle calls caused by the defragmenter (for a class
+ *                                 lock a move held; no call waits for an entry a move holds),
+ *                                 and their 99.99th percentile (a power of two of ns)
+ *   "handles.lock_waits" / "handles.lock_wait_max_ns" / "handles.lock_wait_p9999_ns"  every
+ *                                 other wait of a handle call (class locks other threads held,
+ *                                 another thread's mh_realloc of the same handle)
+ *   "handles.move_hold_max_ns"    the longest the defragmenter held a size class's lock
+ *   "handles.budget_meshing_ns" / "handles.budget_handles_ns" / "handles.budget_ahead_ns"  the
+ *                                 CPU budget meshing and the defragmenter share: the CPU time
+ *                                 each charged to it, and how far its clock is ahead of the wall
+ *                                 clock now (neither starts a pass before it has caught up)
  * Actions (no value): "arena.<i>.purge", "arena.<i>.decay", "thread.tcache.flush",
  *   "mesh.compact", "handles.compact" (a full pass; reads the bytes released as size_t).
  * Diagnostics: "debug.class_dump" (write an unsigned class index j) prints every span of

@@ -5,6 +5,7 @@
 #include "handle/table.h"
 #include "heap/arena.h"
 #include "heap/config.h"
+#include "heap/cpu_budget.h"
 #include "heap/heap.h"
 #include "heap/internal_heap.h"
 #include "heap/thread_heap.h"
@@ -272,6 +273,8 @@ void collectHandleStatistics(HandleStatistic (&out)[kHandleStatisticCount]) {
   using handles::gCounters;
   size_t committed = handles::Store::committedBytes();
   size_t live = handles::Store::liveBytes();
+  uint64_t budgetAhead = CpuBudget::clock();
+  uint64_t now = os::monotonicNanos();
   const HandleStatistic statistics[] = {
       {"live", handles::Store::liveObjects()},
       {"live_bytes", live},
@@ -285,10 +288,17 @@ void collectHandleStatistics(HandleStatistic (&out)[kHandleStatisticCount]) {
       {"passes", gCounters.passes.load(std::memory_order_relaxed)},
       {"released", gCounters.releasedBytes.load(std::memory_order_relaxed)},
       {"cpu_ns", gCounters.cpuNs.load(std::memory_order_relaxed)},
-      {"pauses", gCounters.waits.load(std::memory_order_relaxed)},
-      {"pause_total_ns", gCounters.waitTotalNs.load(std::memory_order_relaxed)},
-      {"pause_max_ns", gCounters.waitMaxNs.load(std::memory_order_relaxed)},
+      {"pauses", gCounters.moverWaits.count.load(std::memory_order_relaxed)},
+      {"pause_total_ns", gCounters.moverWaits.totalNs.load(std::memory_order_relaxed)},
+      {"pause_max_ns", gCounters.moverWaits.maxNs.load(std::memory_order_relaxed)},
+      {"pause_p9999_ns", gCounters.moverWaits.quantileNs(9999)},
+      {"lock_waits", gCounters.otherWaits.count.load(std::memory_order_relaxed)},
+      {"lock_wait_max_ns", gCounters.otherWaits.maxNs.load(std::memory_order_relaxed)},
+      {"lock_wait_p9999_ns", gCounters.otherWaits.quantileNs(9999)},
       {"move_hold_max_ns", gCounters.moveHoldMaxNs.load(std::memory_order_relaxed)},
+      {"budget_meshing_ns", CpuBudget::spentNs(CpuBudget::kMeshing)},
+      {"budget_handles_ns", CpuBudget::spentNs(CpuBudget::kHandles)},
+      {"budget_ahead_ns", budgetAhead > now ? budgetAhead - now : 0},
   };
   static_assert(sizeof(statistics) / sizeof(statistics[0]) == kHandleStatisticCount);
   for (size_t i = 0; i < kHandleStatisticCount; i++) out[i] = statistics[i];

@@ -99,7 +99,7 @@ struct HandleStatistic {
   const char* name;
   uint64_t value;
 };
-constexpr size_t kHandleStatisticCount = 16;
+constexpr size_t kHandleStatisticCount = 23;
 void collectHandleStatistics(HandleStatistic (&out)[kHandleStatisticCount]);
 
 // Computed on demand, never maintained on the fast path: walks the global heap's lists, every

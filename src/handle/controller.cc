@@ -3,6 +3,7 @@
 #include "handle/defrag.h"
 #include "handle/store.h"
 #include "heap/config.h"
+#include "heap/cpu_budget.h"
 #include "platform/os.h"
 #include "support/lock.h"
 
@@ -54,10 +55,20 @@ void* Controller::main(void*) {
     if (committed == stuckCommitted && live == stuckLive) continue;
     active = shouldRun(committed, live, active);
     if (!active) continue;
+    // Not before the budget shared with meshing allows.
+    uint64_t due = CpuBudget::clock();
+    uint64_t now = os::monotonicNanos();
+    if (due > now) {
+      os::sleepNanos(due - now);
+      continue;
+    }
     size_t maxMoved = committed / kPermille * config.handlesMovePermille;
     uint64_t cpuStart = os::threadCpuNanos();
     PassResult result = Defragmenter::pass(0, maxMoved ? maxMoved : 1);
     uint64_t cpu = os::threadCpuNanos() - cpuStart;
+    // Charged from the pass's start with no credit: the clock goes at least as far as the wall
+    // clock, so that the defragmenter's share stays under its budget over every interval.
+    uint64_t clock = CpuBudget::charge(CpuBudget::kHandles, cpu, budget, now, 0);
     if (result.releasedBytes == 0) {
       active = false;
       stuckCommitted = Store::committedBytes();
@@ -65,10 +76,11 @@ void* Controller::main(void*) {
     } else {
       stuckCommitted = stuckLive = 0;
     }
-    // CPU over wall time stays within the budget: cpu / (cpu + sleep) <= budget / 1000.
-    uint64_t rest = cpu * (kPermille - budget) / budget;
+    // CPU over wall time stays within the budget: the next pass waits for the clock, which
+    // this pass moved cpu x 1000 / budget past its start (or past meshing's passes).
     uint64_t period = config.handlesPeriodMs * kNanosPerMilli;
-    if (rest > period) os::sleepNanos(rest - period);
+    now = os::monotonicNanos();
+    if (clock > now + period) os::sleepNanos(clock - now - period);
   }
   return nullptr;
 }

@@ -15,6 +15,11 @@ namespace {
 // Chunks fuller than this are not evacuated: the copies would cost more than the chunk gives.
 constexpr unsigned kMaxSourceBin = Store::kOccupancyBins - 1;
 
+// Tests' fault points: the mover stops there, as if it were preempted.
+void pauseFor(uint64_t ns) {
+  if (ns) os::sleepNanos(ns);
+}
+
 bool outOfBudget(const PassResult& result, uint64_t deadlineNs, size_t maxMovedBytes) {
   if (maxMovedBytes && result.movedBytes >= maxMovedBytes) return true;
   return deadlineNs && os::monotonicNanos() >= deadlineNs;
@@ -46,10 +51,21 @@ __attribute__((no_sanitize("thread"))) void copyObject(uintptr_t to, uintptr_t f
 
 // Ends a hold that did not commit: clears the held bits, unless the entry was freed meanwhile
 // (a free does not wait for a copy) and possibly reused, when the bits, if any, are another
-// operation's.
+// operation's, or a resize has taken the entry over (it clears them when done).
 void releaseHeld(Entry& entry, uint64_t heldState) {
   uint64_t state = entry.state.load(std::memory_order_relaxed);
   while (!((state ^ heldState) & kGenerationMask) && (state & kLiveBit) && (state & kHeldBits) &&
+         !(state & kResizeBit) &&
+         !entry.state.compare_exchange_weak(state, state & ~kHeldBits, std::memory_order_release)) {
+  }
+}
+
+// Ends a committed move's publication: clears the held bits, unless a free or a resize took the
+// entry over meanwhile (they do not wait for the mover: handles.cc, objectUnderPin).
+void endPublication(Entry& entry, uint64_t heldState) {
+  uint64_t state = entry.state.load(std::memory_order_relaxed);
+  while (!((state ^ heldState) & kGenerationMask) && (state & kLiveBit) &&
+         (state & (kCommitBit | kResizeBit)) == kCommitBit &&
          !entry.state.compare_exchange_weak(state, state & ~kHeldBits, std::memory_order_release)) {
   }
 }
@@ -87,16 +103,23 @@ bool Defragmenter::copyAndPublish(const Move& move) {
   size_t bytes = Store::layout(move.sizeClass).slotSize;
   copyObject(move.to, move.from, bytes);
   if (corruptMoves_) reinterpret_cast<unsigned char*>(move.to)[bytes / 2] ^= 1;
-  if (uint64_t delay = copyDelayNs_.load(std::memory_order_relaxed)) {
-    for (uint64_t end = os::monotonicNanos() + delay; os::monotonicNanos() < end;) cpuRelax();
-  }
+  pauseFor(copyDelayNs_.load(std::memory_order_relaxed));
   Entry& entry = *move.entry;
   uint64_t held = move.state | kMovingBit;
+  uint64_t from = makeObject(move.from, move.sizeClass);
+  uint64_t to = makeObject(move.to, move.sizeClass);
+  // The copy's address, for whoever finds the entry committed before it is published. Release:
+  // whoever reads these sees the previous move's end of publication (objectUnderPin).
+  gPublishing.index.store(static_cast<uint32_t>(move.entry - &Table::at(0)),
+                          std::memory_order_release);
+  gPublishing.object.store(to, std::memory_order_release);
   // Commit only if no pin arrived (a pin holds the count up, a cancelled one left its bit) and
-  // no free took the entry (then it is not live).
+  // no free or resize took the entry (then it is not live, or holds other bits).
   if (entry.state.compare_exchange_strong(held, held | kCommitBit, std::memory_order_acq_rel)) {
-    entry.object.store(makeObject(move.to, move.sizeClass), std::memory_order_relaxed);
-    entry.state.fetch_and(~kHeldBits, std::memory_order_release);
+    pauseFor(publishDelayNs_.load(std::memory_order_relaxed));
+    // A resize that took the entry over may have stored the copy already, and replaced it since.
+    entry.object.compare_exchange_strong(from, to, std::memory_order_relaxed);
+    endPublication(entry, move.state);
     return true;
   }
   // A pin came (it holds the count up, or left the cancel bit), or a free took the entry.
@@ -115,15 +138,16 @@ bool Defragmenter::evacuate(Chunk* source, uint64_t deadlineNs, size_t maxMovedB
       result.budgetExhausted = true;
       return false;
     }
-    // The class's lock is held to pick the slots and to free one of them, not for the copy.
+    // The class's lock is held to pick the slots and to free one of them, not for the copy:
+    // each hold is a bounded amount of work for one object.
     Move move;
-    Mutex& lock = Store::classLock(sizeClass);
-    lock.lock();
-    uint64_t start = os::monotonicNanos();
-    slot = nextUsedSlot(source, slot);
-    Begin began = slot < slotCount ? beginMoveLocked(source, slot, move) : Begin::kBusy;
-    raiseMaximum(gCounters.moveHoldMaxNs, os::monotonicNanos() - start);
-    lock.unlock();
+    Begin began;
+    {
+      Store::ClassGuard guard(sizeClass, Store::Holder::kMover);
+      slot = nextUsedSlot(source, slot);
+      began = slot < slotCount ? beginMoveLocked(source, slot, move) : Begin::kBusy;
+      pauseFor(holdDelayNs_.load(std::memory_order_relaxed));
+    }
     if (slot == slotCount) return !skipped;
     if (began == Begin::kBusy) return false;
     if (began == Begin::kNoObject) {
@@ -134,13 +158,13 @@ bool Defragmenter::evacuate(Chunk* source, uint64_t deadlineNs, size_t maxMovedB
       continue;
     }
     bool published = copyAndPublish(move);
-    LockGuard guard(lock);
-    start = os::monotonicNanos();
-    // The slot the object no longer needs: the destination if a pin came first (it keeps the
-    // object where it was), else the source.
-    Chunk* freed = published ? source : Store::chunkOf(move.to, sizeClass);
-    Store::freeSlotLocked(freed, published ? slot : Store::slotOf(freed, move.to));
-    raiseMaximum(gCounters.moveHoldMaxNs, os::monotonicNanos() - start);
+    {
+      Store::ClassGuard guard(sizeClass, Store::Holder::kMover);
+      // The slot the object no longer needs: the destination if a pin came first (it keeps the
+      // object where it was), else the source.
+      Chunk* freed = published ? source : Store::chunkOf(move.to, sizeClass);
+      Store::freeSlotLocked(freed, published ? slot : Store::slotOf(freed, move.to));
+    }
     if (!published) {
       gCounters.abandonedMoves.fetch_add(1, std::memory_order_relaxed);
       return false;
@@ -167,12 +191,12 @@ PassResult Defragmenter::pass(uint64_t deadlineNs, size_t maxMovedBytes) {
            Store::classCommittedBytes(sizeClass) >= Store::classLiveBytes(sizeClass) + chunkBytes) {
       Chunk* source;
       {
-        LockGuard guard(Store::classLock(sizeClass));
+        Store::ClassGuard guard(sizeClass, Store::Holder::kMover);
         source = Store::takeSourceLocked(sizeClass, kMaxSourceBin);
       }
       if (!source) break;
       evacuate(source, deadlineNs, maxMovedBytes, result);
-      LockGuard guard(Store::classLock(sizeClass));
+      Store::ClassGuard guard(sizeClass, Store::Holder::kMover);
       if (source->liveCount == 0) {
         result.releasedBytes += chunkBytes;
         Store::endEvacuationLocked(source);
@@ -183,8 +207,9 @@ PassResult Defragmenter::pass(uint64_t deadlineNs, size_t maxMovedBytes) {
         blocked = source;
       }
     }
-    LockGuard guard(Store::classLock(sizeClass));
+    // One chunk per hold.
     while (blocked) {
+      Store::ClassGuard guard(sizeClass, Store::Holder::kMover);
       Chunk* next = blocked->next;
       Store::endEvacuationLocked(blocked);
       blocked = next;

@@ -5,8 +5,9 @@
 // pin does not wait for the copy, it cancels the move and uses the object where it is (the
 // copy is dropped). A free does not wait either: it takes the entry, and the commit fails.
 // Only a pin or free that arrives in the few instructions between the commit and the new
-// address's publication waits, for that entry. Pinned objects are never moved. The class's
-// lock is held to choose the slots and to free one, never during a copy.
+// address's publication finds the copy in the mover's record instead of waiting. Pinned objects
+// are never moved. The class's lock is held to choose the slots and to free one, for one object
+// at a time, never during a copy.
 #pragma once
 
 #include <atomic>
@@ -45,6 +46,12 @@ class Defragmenter {
   static void corruptMovesForTesting(bool on) { corruptMoves_ = on; }
   // Tests only: every copy takes at least this long, so that pins land in the middle of moves.
   static void delayCopiesForTesting(uint64_t ns) { copyDelayNs_.store(ns); }
+  // Tests only: every committed move waits this long before publishing its copy, as a mover
+  // preempted there would.
+  static void delayPublicationsForTesting(uint64_t ns) { publishDelayNs_.store(ns); }
+  // Tests only: the mover waits this long while holding a class's lock to begin a move, as a
+  // mover preempted there would.
+  static void delayLockHoldsForTesting(uint64_t ns) { holdDelayNs_.store(ns); }
 
  private:
   // A move under way: the entry held with the moving bit, a destination slot taken.
@@ -74,6 +81,8 @@ class Defragmenter {
   static inline Mutex stepLock_{LockRank::kHandleStep};  // held while one class is evacuated
   static inline bool corruptMoves_ = false;
   static inline std::atomic<uint64_t> copyDelayNs_{0};
+  static inline std::atomic<uint64_t> publishDelayNs_{0};
+  static inline std::atomic<uint64_t> holdDelayNs_{0};
 };
 
 }  // namespace meshalloc::handles

@@ -8,9 +8,26 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "handle/store.h"
 #include "handle/table.h"
+#include "handle/thread_cache.h"
 
 namespace meshalloc::handles {
+
+// Waits of mutator threads, by powers of two of nanoseconds, for the statistics' maximum and
+// 99.99th percentile.
+struct WaitRecord {
+  static constexpr unsigned kBuckets = 48;
+  std::atomic<uint64_t> count{0};
+  std::atomic<uint64_t> totalNs{0};
+  std::atomic<uint64_t> maxNs{0};
+  std::atomic<uint64_t> buckets[kBuckets] = {};
+
+  void record(uint64_t ns);
+  // The upper bound of the bucket that holds the `permyriad` / 10,000 quantile of the waits
+  // recorded (0 if none).
+  uint64_t quantileNs(uint64_t permyriad) const;
+};
 
 // Counters shared by the operations, the defragmenter and the statistics.
 struct Counters {
@@ -20,13 +37,27 @@ struct Counters {
   std::atomic<uint64_t> passes{0};
   std::atomic<uint64_t> releasedBytes{0};  // given back to the OS by passes
   std::atomic<uint64_t> cpuNs{0};          // CPU time of passes
-  std::atomic<uint64_t> waits{0};          // a pin, free or realloc waited for a move
-  std::atomic<uint64_t> waitMaxNs{0};
-  std::atomic<uint64_t> waitTotalNs{0};
+  // Mutators that waited because of the defragmenter: for a class lock a move held when they
+  // asked for it (no operation waits for an entry a move holds: docs/handles.md, "Pinning and
+  // moving").
+  WaitRecord moverWaits;
+  // Every other wait of a mutator in the handle layer: class locks other mutators held, and
+  // entries another thread was resizing.
+  WaitRecord otherWaits;
   // The longest a move held its class's lock (allocation and freeing in the class wait that
   // long at most, unless the mover is preempted meanwhile, which this includes).
   std::atomic<uint64_t> moveHoldMaxNs{0};
 };
+
+// The move that has committed and is publishing its copy (passes run one at a time, so there is
+// at most one): an operation that finds an entry with kCommitBit and without kResizeBit, while
+// it holds a pin on it, finds the copy's object word here instead of waiting for the mover to
+// store it in the entry (committedObject, handles.cc). Written before the commit.
+struct PublishingMove {
+  std::atomic<uint32_t> index{~uint32_t{0}};
+  std::atomic<uint64_t> object{0};
+};
+inline PublishingMove gPublishing;
 
 // Raises `maximum` to `value`.
 inline void raiseMaximum(std::atomic<uint64_t>& maximum, uint64_t value) {
@@ -45,11 +76,60 @@ inline bool ensureInitialized() {
   return initialize();
 }
 
-// MH_NULL (0) with errno ENOMEM on failure.
-uint64_t allocate(size_t size);
+// The slow paths of allocate and free: no thread cache, or one that must go to the shared
+// structures, and every case of a free but the common one.
+uint64_t allocateSlow(size_t size, bool zero);
+void freeSlow(uint64_t handle);
+// Gives back the object and the entry of a handle just freed.
+void releaseObject(uint64_t object, uint32_t index);
+
+// MH_NULL (0) with errno ENOMEM on failure. The common case, inline: a small object from the
+// thread's cache, with no lock and no atomic read-modify-write; the entry is published live
+// (release) only once its object word is set, so that a defragmenter pass finding the slot's
+// owner meanwhile leaves it alone.
+inline uint64_t allocate(size_t size) {
+  ThreadCache* cache = ThreadCache::existing();
+  if (__builtin_expect(cache != nullptr && size <= kMaxSmallSize, 1)) {
+    unsigned sizeClass = SizeClasses::classOf(size);
+    uint32_t index;
+    uintptr_t slot;
+    if (__builtin_expect(cache->takeFast(sizeClass, index, slot), 1)) {
+      Entry& entry = Table::at(index);
+      uint64_t generation = Table::nextGeneration(entry.state.load(std::memory_order_relaxed));
+      Store::setOwner(slot, sizeClass, index);
+      entry.object.store(makeObject(slot, sizeClass), std::memory_order_relaxed);
+      entry.state.store(generation | kLiveBit, std::memory_order_release);
+      return makeHandle(index, generation);
+    }
+  }
+  return allocateSlow(size, false);
+}
 uint64_t allocateZeroed(size_t count, size_t size);
 uint64_t reallocate(uint64_t handle, size_t size);
-void free(uint64_t handle);
+// The common case, inline: a live, unpinned entry that no move or resize holds goes to not
+// live with one compare-and-swap (which orders it against a move's), and the slot and entry to
+// the thread's cache.
+inline void free(uint64_t handle) {
+  Entry* entry = Table::find(handle);
+  if (__builtin_expect(entry != nullptr, 1)) {
+    uint64_t expected = (handle & kGenerationMask) | kLiveBit;
+    // Not live, the generation kept: a later use of the handle finds it stale.
+    if (__builtin_expect(entry->state.compare_exchange_strong(expected, handle & kGenerationMask,
+                                                              std::memory_order_acquire),
+                         1)) {
+      uint64_t object = entry->object.load(std::memory_order_relaxed);
+      ThreadCache* cache = ThreadCache::existing();
+      unsigned storeClass = classOfObject(object);
+      if (__builtin_expect(cache != nullptr && storeClass != kLargeStoreClass &&
+                               cache->giveFast(storeClass, indexOf(handle), addressOf(object)),
+                           1))
+        return;
+      releaseObject(object, indexOf(handle));
+      return;
+    }
+  }
+  freeSlow(handle);
+}
 size_t usableSize(uint64_t handle);
 // One defragmentation pass until `deadlineNs` (monotonic; 0: until done), after the calling
 // thread gave back what its cache holds (mh_compact, handles.compact): the bytes given back.

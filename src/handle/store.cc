@@ -3,8 +3,10 @@
 #include <errno.h>
 #include <string.h>
 
+#include "handle/handles.h"
 #include "handle/thread_cache.h"
 #include "heap/arena.h"
+#include "platform/os.h"
 #include "support/assert.h"
 
 namespace meshalloc::handles {
@@ -19,6 +21,13 @@ namespace {
 constexpr size_t kMinSlotsPerChunk = 16;
 constexpr size_t kMinChunkBytes = size_t{64} << 10;
 constexpr size_t kSlotAlignment = 64;
+// A thread polls a class lock another thread holds this many times, then this many times
+// yielding the CPU in between, then sleeping in between; one the defragmenter holds, at most
+// kMoverPolls times (a few microseconds) before it goes around it.
+constexpr unsigned kLockSpins = 200;
+constexpr unsigned kMoverPolls = 64;
+constexpr unsigned kLockYields = 50;
+constexpr uint64_t kLockSleepNs = 20000;
 
 size_t alignUp(size_t value, size_t alignment) {
   return (value + alignment - 1) & ~(alignment - 1);
@@ -42,6 +51,8 @@ void Store::init() {
     size_t slots = chunkBytes / l.slotSize;
     while (headerBytes(slots) + slots * l.slotSize > chunkBytes) slots--;
     l.chunkBytes = chunkBytes;
+    l.chunkMask = ~(chunkBytes - 1);
+    l.reciprocal = SizeClasses::plan(c).reciprocal;
     l.slotCount = static_cast<uint32_t>(slots);
     l.bitmapWords = static_cast<uint32_t>((slots + 63) / 64);
     l.ownersOffset = static_cast<uint32_t>(sizeof(Chunk) + l.bitmapWords * sizeof(uint64_t));
@@ -93,26 +104,32 @@ void Store::rebin(ClassStore& c, Chunk* chunk) {
   c.bins[bin] = chunk;
 }
 
+// A chunk from the arena with every slot free, on no list; nullptr if memory is exhausted.
+Chunk* Store::makeChunk(unsigned sizeClass) {
+  const ClassLayout& l = layouts_[sizeClass];
+  bool zeroed = false;
+  uintptr_t start = Arena::allocate(l.chunkBytes >> Arena::pageShift(), l.chunkBytes, &zeroed);
+  if (!start) return nullptr;
+  Chunk* chunk = reinterpret_cast<Chunk*>(start);
+  chunk->sizeClass = sizeClass;
+  // Every slot free; the bits past the last slot stay clear.
+  memset(chunk->freeBits, 0, l.bitmapWords * sizeof(uint64_t));
+  for (uint32_t w = 0; w < l.bitmapWords; w++) {
+    uint32_t bits = l.slotCount - w * 64 >= 64 ? 64 : l.slotCount - w * 64;
+    chunk->freeBits[w] = bits == 64 ? ~uint64_t{0} : (uint64_t{1} << bits) - 1;
+  }
+  chunk->liveCount = 0;
+  chunk->hintWord = 0;
+  classes_[sizeClass].chunks.fetch_add(1, std::memory_order_relaxed);
+  return chunk;
+}
+
 Chunk* Store::newChunkLocked(ClassStore& c, unsigned sizeClass) {
   Chunk* chunk = c.spare;
   if (chunk) {
     c.spare = nullptr;
-  } else {
-    const ClassLayout& l = layouts_[sizeClass];
-    bool zeroed = false;
-    uintptr_t start = Arena::allocate(l.chunkBytes >> Arena::pageShift(), l.chunkBytes, &zeroed);
-    if (!start) return nullptr;
-    chunk = reinterpret_cast<Chunk*>(start);
-    chunk->sizeClass = sizeClass;
-    // Every slot free; the bits past the last slot stay clear.
-    memset(chunk->freeBits, 0, l.bitmapWords * sizeof(uint64_t));
-    for (uint32_t w = 0; w < l.bitmapWords; w++) {
-      uint32_t bits = l.slotCount - w * 64 >= 64 ? 64 : l.slotCount - w * 64;
-      chunk->freeBits[w] = bits == 64 ? ~uint64_t{0} : (uint64_t{1} << bits) - 1;
-    }
-    chunk->liveCount = 0;
-    chunk->hintWord = 0;
-    c.chunks.fetch_add(1, std::memory_order_relaxed);
+  } else if (!(chunk = makeChunk(sizeClass))) {
+    return nullptr;
   }
   link(c, chunk, 0);
   return chunk;
@@ -125,11 +142,77 @@ void Store::releaseChunkLocked(ClassStore& c, Chunk* chunk, bool keepAsSpare) {
     c.spare = chunk;
     return;
   }
-  const ClassLayout& l = layouts_[chunk->sizeClass];
   c.chunks.fetch_sub(1, std::memory_order_relaxed);
-  // Not into the dirty cache: the point of emptying a chunk is to give its pages back, and
-  // aligned requests are never served from the cache anyway.
-  Arena::release(reinterpret_cast<uintptr_t>(chunk), l.chunkBytes >> Arena::pageShift(), false);
+  chunk->next = c.toRelease;
+  c.toRelease = chunk;
+}
+
+Store::ClassGuard::ClassGuard(unsigned sizeClass, Holder holder)
+    : sizeClass_(sizeClass), holder_(holder) {
+  ClassStore& c = classes_[sizeClass];
+  if (holder == Holder::kMover) {
+    // Marked before it is taken: from now on, threads go around it.
+    moverHolds_.store(sizeClass + 1, std::memory_order_seq_cst);
+    c.lock.lock();
+    lockedAtNs_ = os::monotonicNanos();
+  } else if (!c.lock.tryLock() && !lockUnlessMover(sizeClass)) {
+    held_ = false;
+    return;
+  }
+  applyDeferredLocked(c);
+}
+
+// Polled rather than queued for, so that a defragmenter that holds the lock, or is about to
+// take it, is noticed: it is then given kMoverPolls short polls (its holds are one object's
+// bookkeeping), after which it is taken to be preempted and gone around. Another thread's hold
+// is waited for (polls spin, then yield the CPU, then sleep). False if gone around. The wait
+// put down to the mover is the CPU time of those polls: the machine preempting the polling
+// thread is not the mover's doing (the callers' latency, which includes it, is measured apart).
+bool Store::ClassGuard::lockUnlessMover(unsigned sizeClass) {
+  ClassStore& c = classes_[sizeClass];
+  uint64_t start = os::monotonicNanos();
+  uint64_t moverSeenCpuNs = 0;  // the thread's CPU time when the mover was first seen
+  unsigned moverPolls = 0;
+  for (unsigned tries = 0;; tries++) {
+    bool taken = c.lock.tryLock();
+    if (taken || moverPolls > kMoverPolls) {
+      if (moverPolls) {
+        gCounters.moverWaits.record(os::threadCpuNanos() - moverSeenCpuNs);
+      } else {
+        gCounters.otherWaits.record(os::monotonicNanos() - start);
+      }
+      return taken;
+    }
+    if (moverHolds_.load(std::memory_order_relaxed) == sizeClass + 1) {
+      if (moverPolls++ == 0) moverSeenCpuNs = os::threadCpuNanos();
+      cpuRelax();
+    } else if (tries < kLockSpins) {
+      cpuRelax();
+    } else if (tries < kLockSpins + kLockYields) {
+      os::yieldThread();
+    } else {
+      os::sleepNanos(kLockSleepNs);
+    }
+  }
+}
+
+Store::ClassGuard::~ClassGuard() {
+  if (!held_) return;
+  ClassStore& c = classes_[sizeClass_];
+  if (holder_ == Holder::kMover)
+    raiseMaximum(gCounters.moveHoldMaxNs, os::monotonicNanos() - lockedAtNs_);
+  Chunk* chunk = c.toRelease;
+  c.toRelease = nullptr;
+  c.lock.unlock();
+  if (holder_ == Holder::kMover) moverHolds_.store(0, std::memory_order_relaxed);
+  size_t pages = layouts_[sizeClass_].chunkBytes >> Arena::pageShift();
+  while (chunk) {
+    Chunk* next = chunk->next;
+    // Not into the dirty cache: the point of emptying a chunk is to give its pages back, and
+    // aligned requests are never served from the cache anyway.
+    Arena::release(reinterpret_cast<uintptr_t>(chunk), pages, false);
+    chunk = next;
+  }
 }
 
 uintptr_t Store::takeSlot(Chunk* chunk, uint32_t owner) {
@@ -175,8 +258,14 @@ uint64_t Store::allocate(size_t size, uint32_t owner, bool zero) {
   ClassStore& c = classes_[sizeClass];
   uintptr_t address;
   {
-    LockGuard guard(c.lock);
-    address = takeSlotLocked(c, sizeClass, owner);
+    ClassGuard guard(sizeClass, Holder::kMutator);
+    if (guard.held()) {
+      address = takeSlotLocked(c, sizeClass, owner);
+    } else if (takeSlotsAround(c, sizeClass, &address, 1)) {
+      setOwner(address, sizeClass, owner);
+    } else {
+      address = 0;
+    }
   }
   if (!address) {
     errno = ENOMEM;
@@ -188,7 +277,8 @@ uint64_t Store::allocate(size_t size, uint32_t owner, bool zero) {
 
 unsigned Store::takeSlots(unsigned sizeClass, uintptr_t* slots, unsigned count) {
   ClassStore& c = classes_[sizeClass];
-  LockGuard guard(c.lock);
+  ClassGuard guard(sizeClass, Holder::kMutator);
+  if (!guard.held()) return takeSlotsAround(c, sizeClass, slots, count);
   unsigned taken = 0;
   while (taken < count && (slots[taken] = takeSlotLocked(c, sizeClass, kNoOwner))) taken++;
   return taken;
@@ -196,10 +286,86 @@ unsigned Store::takeSlots(unsigned sizeClass, uintptr_t* slots, unsigned count) 
 
 void Store::returnSlots(unsigned sizeClass, const uintptr_t* slots, unsigned count) {
   if (count == 0) return;
-  LockGuard guard(classes_[sizeClass].lock);
+  ClassGuard guard(sizeClass, Holder::kMutator);
+  if (!guard.held()) {
+    deferSlots(classes_[sizeClass], slots, count);
+    return;
+  }
   for (unsigned i = 0; i < count; i++) {
     Chunk* chunk = chunkOf(slots[i], sizeClass);
     freeSlotLocked(chunk, slotOf(chunk, slots[i]));
+  }
+}
+
+// Slots given back stay taken in their chunks until the next holder frees them; the list is
+// linked through the slots' first words (nobody else uses a slot given back: a move still
+// copying out of it discards its copy).
+void Store::deferSlots(ClassStore& c, const uintptr_t* slots, unsigned count) {
+  for (unsigned i = 1; i < count; i++) *reinterpret_cast<uintptr_t*>(slots[i - 1]) = slots[i];
+  pushDeferred(c, slots[0], slots[count - 1]);
+}
+
+// Pushes the list first..last (linked through first words) onto the class's deferred slots.
+void Store::pushDeferred(ClassStore& c, uintptr_t first, uintptr_t last) {
+  uintptr_t head = c.deferredSlots.load(std::memory_order_relaxed);
+  do {
+    *reinterpret_cast<uintptr_t*>(last) = head;
+  } while (!c.deferredSlots.compare_exchange_weak(head, first, std::memory_order_release,
+                                                  std::memory_order_relaxed));
+}
+
+// A refill while the defragmenter holds the class's lock: slots other threads gave back around
+// it (they are still taken, as a cache's slots are), or else a chunk of its own, which the next
+// holder of the lock links.
+unsigned Store::takeSlotsAround(ClassStore& c, unsigned sizeClass, uintptr_t* slots,
+                                unsigned count) {
+  // The whole list (no pop races), what is not needed pushed back.
+  uintptr_t slot = c.deferredSlots.exchange(0, std::memory_order_acquire);
+  unsigned taken = 0;
+  for (; slot && taken < count; taken++) {
+    slots[taken] = slot;
+    slot = *reinterpret_cast<uintptr_t*>(slot);
+  }
+  if (slot) {
+    uintptr_t last = slot;
+    for (uintptr_t next; (next = *reinterpret_cast<uintptr_t*>(last)) != 0;) last = next;
+    pushDeferred(c, slot, last);
+  }
+  if (taken) return taken;
+  Chunk* chunk = makeChunk(sizeClass);
+  if (!chunk) return 0;
+  chunk->bin = kUnlinked;
+  for (; taken < count && taken < layouts_[sizeClass].slotCount; taken++)
+    slots[taken] = takeSlot(chunk, kNoOwner);
+  c.takenSlots.fetch_add(taken, std::memory_order_relaxed);
+  Chunk* head = c.newChunks.load(std::memory_order_relaxed);
+  do {
+    chunk->next = head;
+  } while (!c.newChunks.compare_exchange_weak(head, chunk, std::memory_order_release,
+                                              std::memory_order_relaxed));
+  return taken;
+}
+
+void Store::applyDeferredLocked(ClassStore& c) {
+  if (__builtin_expect(!c.deferredSlots.load(std::memory_order_relaxed) &&
+                           !c.newChunks.load(std::memory_order_relaxed),
+                       1))
+    return;
+  for (Chunk* chunk = c.newChunks.exchange(nullptr, std::memory_order_acquire); chunk;) {
+    Chunk* next = chunk->next;
+    if (chunk->liveCount == 0) {
+      releaseChunkLocked(c, chunk, true);
+    } else {
+      link(c, chunk, binFor(chunk));
+    }
+    chunk = next;
+  }
+  for (uintptr_t slot = c.deferredSlots.exchange(0, std::memory_order_acquire); slot;) {
+    uintptr_t next = *reinterpret_cast<uintptr_t*>(slot);
+    unsigned sizeClass = static_cast<unsigned>(&c - classes_);
+    Chunk* chunk = chunkOf(slot, sizeClass);
+    freeSlotLocked(chunk, slotOf(chunk, slot, sizeClass));
+    slot = next;
   }
 }
 
@@ -234,7 +400,7 @@ void Store::freeSlotLocked(Chunk* chunk, uint32_t slot) {
   if (slot / 64 < chunk->hintWord) chunk->hintWord = slot / 64;
   chunk->liveCount--;
   c.takenSlots.fetch_sub(1, std::memory_order_relaxed);
-  if (chunk->bin == kEvacuating) return;  // its evacuation releases it
+  if (chunk->bin >= kEvacuating) return;  // its evacuation, or its linking, releases it
   c.freeSlots++;
   if (chunk->liveCount == 0) {
     unlink(c, chunk);
@@ -258,7 +424,11 @@ void Store::free(uint64_t object) {
     return;
   }
   Chunk* chunk = chunkOf(address, sizeClass);
-  LockGuard guard(classes_[sizeClass].lock);
+  ClassGuard guard(sizeClass, Holder::kMutator);
+  if (!guard.held()) {
+    deferSlots(classes_[sizeClass], &address, 1);
+    return;
+  }
   freeSlotLocked(chunk, slotOf(chunk, address));
 }
 
@@ -271,9 +441,11 @@ size_t Store::usableSize(uint64_t object) {
 
 Chunk* Store::takeSourceLocked(unsigned sizeClass, unsigned maxSourceBin) {
   ClassStore& c = classes_[sizeClass];
+  unsigned probes = 0;
   for (unsigned bin = 0; bin < maxSourceBin && bin < kOccupancyBins; bin++) {
     // The first chunk of the lowest bin is about the sparsest (within an eighth).
-    for (Chunk* chunk = c.bins[bin]; chunk; chunk = chunk->next) {
+    for (Chunk* chunk = c.bins[bin]; chunk && probes < kMaxSourceProbes;
+         chunk = chunk->next, probes++) {
       uint32_t free = layouts_[sizeClass].slotCount - chunk->liveCount;
       if (c.freeSlots - free < chunk->liveCount) continue;  // its objects would not fit elsewhere
       unlink(c, chunk);
@@ -298,7 +470,7 @@ size_t Store::releaseSpares(bool all) {
   size_t released = 0;
   for (unsigned sizeClass = 0; sizeClass < kNumSizeClasses; sizeClass++) {
     ClassStore& c = classes_[sizeClass];
-    LockGuard guard(c.lock);
+    ClassGuard guard(sizeClass, Holder::kMover);
     Chunk* spare = c.spare;
     bool aged = spare == c.agedSpare;
     c.agedSpare = spare;

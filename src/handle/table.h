@@ -22,15 +22,18 @@ constexpr uint64_t kIndexMask = (uint64_t{1} << 32) - 1;
 
 // The state word: the pin count in bits 0..23, then the flags, the generation in bits 32..62.
 constexpr uint64_t kPinMask = (uint64_t{1} << 24) - 1;
-// Set while a move or a resize holds the entry. A move alone can be cancelled: a pin that finds
-// kMovingBit without kCommitBit sets kCancelBit and uses the object where it is (the mover
-// publishes nothing then). kCommitBit is set by a move that is publishing its copy, and by a
-// resize from start to end: a pin that finds it waits, for that entry only.
+// Set while a move or a resize holds the entry. A move can be cancelled until it commits: a pin
+// that finds kMovingBit without kCommitBit sets kCancelBit and uses the object where it is (the
+// mover publishes nothing then). kCommitBit is set by a move that has committed and is
+// publishing its copy: nobody waits for it, the copy's address is in the mover's record
+// (handles::gPublishing). kResizeBit (with the other two) is held by a resize from start to
+// end: a pin that finds it waits, for that entry only (a resize is the program's own call).
 constexpr uint64_t kMovingBit = uint64_t{1} << 24;
 constexpr uint64_t kLiveBit = uint64_t{1} << 25;
 constexpr uint64_t kCommitBit = uint64_t{1} << 26;
 constexpr uint64_t kCancelBit = uint64_t{1} << 27;
-constexpr uint64_t kHeldBits = kMovingBit | kCommitBit | kCancelBit;
+constexpr uint64_t kResizeBit = uint64_t{1} << 28;
+constexpr uint64_t kHeldBits = kMovingBit | kCommitBit | kCancelBit | kResizeBit;
 
 // The object word: the address in bits 0..55, the store's size class in bits 56..63.
 constexpr unsigned kObjectClassShift = 56;
@@ -76,13 +79,16 @@ class Table {
   // sets the object word, then the live bit.
   static uint64_t renew(uint32_t index) {
     Entry& entry = entries_[index];
-    // Never 0, so that no handle of a never-used entry is valid.
-    uint64_t generation = ((entry.state.load(std::memory_order_relaxed) & kGenerationMask) +
-                           (uint64_t{1} << kGenerationShift)) &
-                          kGenerationMask;
-    if (generation == 0) generation = uint64_t{1} << kGenerationShift;
+    uint64_t generation = nextGeneration(entry.state.load(std::memory_order_relaxed));
     entry.state.store(generation, std::memory_order_relaxed);
     return makeHandle(index, generation);
+  }
+  // The generation after the one in `state` (in place, bits 32..62), never 0, so that no
+  // handle of a never-used entry is valid.
+  static uint64_t nextGeneration(uint64_t state) {
+    uint64_t generation =
+        ((state & kGenerationMask) + (uint64_t{1} << kGenerationShift)) & kGenerationMask;
+    return generation ? generation : uint64_t{1} << kGenerationShift;
   }
 
   // The entry of `handle`, or nullptr if it does not name an entry ever handed out (no tag, or

@@ -16,8 +16,11 @@ namespace {
 constexpr size_t kCacheBytesPerClass = 64 << 10;
 constexpr uint32_t kMinSlots = 4;
 
+// Every cache ever made, pushed under the lock (which also guards inUse_); caches are never
+// freed and next_ never changes once pushed, so cachedSlots walks the list without the lock (the
+// defragmenter calls it, and must not hold up threads starting or exiting).
 Mutex gRegistryLock{LockRank::kHandleCaches};
-ThreadCache* gRegistry = nullptr;  // guarded by gRegistryLock
+std::atomic<ThreadCache*> gRegistry{nullptr};
 
 }  // namespace
 
@@ -39,7 +42,7 @@ ThreadCache* ThreadCache::currentSlow() {
   ThreadCache* cache = nullptr;
   {
     LockGuard guard(gRegistryLock);
-    for (ThreadCache* c = gRegistry; c; c = c->next_) {
+    for (ThreadCache* c = gRegistry.load(std::memory_order_relaxed); c; c = c->next_) {
       if (!c->inUse_) {
         cache = c;
         cache->inUse_ = true;
@@ -54,8 +57,8 @@ ThreadCache* ThreadCache::currentSlow() {
     cache = new (storage) ThreadCache;
     cache->inUse_ = true;
     LockGuard guard(gRegistryLock);
-    cache->next_ = gRegistry;
-    gRegistry = cache;
+    cache->next_ = gRegistry.load(std::memory_order_relaxed);
+    gRegistry.store(cache, std::memory_order_release);
   }
   tls_ = cache;
   return cache;
@@ -151,8 +154,7 @@ void ThreadCache::onThreadExit() {
 
 size_t ThreadCache::cachedSlots(unsigned sizeClass) {
   size_t total = 0;
-  LockGuard guard(gRegistryLock);
-  for (ThreadCache* c = gRegistry; c; c = c->next_)
+  for (ThreadCache* c = gRegistry.load(std::memory_order_acquire); c; c = c->next_)
     total += c->magazines_[sizeClass].countFromAnotherThread();
   return total;
 }

@@ -42,6 +42,43 @@ class ThreadCache {
     return currentSlow();
   }
 
+  // The calling thread's cache if it has one in use (nullptr otherwise): the fast paths'.
+  static ThreadCache* existing() {
+    ThreadCache* cache = tls_;
+    return __builtin_expect(reinterpret_cast<uintptr_t>(cache) > kExited, 1) ? cache : nullptr;
+  }
+
+  // The fast paths of mh_alloc and mh_free: a free entry and a slot of the class, or an entry
+  // and a slot back, when both fit without going to the shared structures; false (nothing
+  // taken or kept) when the slow path (takeEntry, takeSlot, giveSlot, giveEntry) is needed.
+  bool takeFast(unsigned sizeClass, uint32_t& index, uintptr_t& slot) {
+    Magazine& m = magazines_[sizeClass];
+    uint32_t count = m.count;
+    if (__builtin_expect(
+            count == 0 || entryCount_ == 0 ||
+                m.seenRequests != returnRequests_[sizeClass].load(std::memory_order_relaxed),
+            0))
+      return false;
+    m.setCount(count - 1);
+    slot = m.slots[count - 1];
+    index = entries_[--entryCount_];
+    return true;
+  }
+  bool giveFast(unsigned sizeClass, uint32_t index, uintptr_t slot) {
+    Magazine& m = magazines_[sizeClass];
+    uint32_t count = m.count;
+    if (__builtin_expect(
+            !inRunChunk(m, sizeClass, slot) || count == capacity_[sizeClass] ||
+                entryCount_ == kEntryCapacity ||
+                m.seenRequests != returnRequests_[sizeClass].load(std::memory_order_relaxed),
+            0))
+      return false;
+    m.slots[count] = slot;
+    m.setCount(count + 1);
+    entries_[entryCount_++] = index;
+    return true;
+  }
+
   // A free entry (not live), or kNoEntry when the table is full.
   uint32_t takeEntry() {
     if (__builtin_expect(entryCount_ == 0, 0)) return refillEntries();
@@ -70,9 +107,7 @@ class ThreadCache {
   void giveSlot(unsigned sizeClass, uintptr_t slot) {
     Magazine& m = magazines_[sizeClass];
     uint32_t count = m.count;
-    uintptr_t chunk = slot & chunkMask_[sizeClass];
-    bool inRun = m.runChunks[0] == chunk || m.runChunks[1] == chunk || m.runChunks[2] == chunk ||
-                 m.runChunks[3] == chunk;
+    bool inRun = inRunChunk(m, sizeClass, slot);
     if (__builtin_expect(
             !inRun || count == capacity_[sizeClass] ||
                 m.seenRequests != returnRequests_[sizeClass].load(std::memory_order_relaxed),
@@ -120,6 +155,12 @@ class ThreadCache {
   };
 
   static constexpr uintptr_t kExited = 1;  // tls_ of a thread whose cache was retired
+
+  static bool inRunChunk(const Magazine& m, unsigned sizeClass, uintptr_t slot) {
+    uintptr_t chunk = slot & chunkMask_[sizeClass];
+    return m.runChunks[0] == chunk || m.runChunks[1] == chunk || m.runChunks[2] == chunk ||
+           m.runChunks[3] == chunk;
+  }
 
   static ThreadCache* currentSlow();
   static void onThreadExit();

@@ -6,6 +6,7 @@
 
 #include "heap/arena.h"
 #include "heap/config.h"
+#include "heap/cpu_budget.h"
 #include "heap/fork.h"
 #include "heap/global_heap.h"
 #include "heap/heap.h"
@@ -29,24 +30,17 @@ std::atomic<bool> gThreadStarted{false};
 std::atomic<bool> gThreadFailed{false};
 std::atomic<unsigned> gRefills{0};
 std::atomic<uint64_t> gNextPassNs{0};
-// The budget is kept as a virtual clock (the generic cell rate algorithm): each pass advances
-// it by its CPU time divided by the budget share, and a pass may start once the wall clock has
-// caught up with it. A program that has not meshed for a while keeps up to this much wall
-// time of unspent budget, so the first pass after its heap turns sparse is not held back by
-// its own cost: in Redis LRU the spans freed by the second phase's evictions were otherwise
-// meshed a second after the insertion, 50 times a small early pass's cost later. Over any
-// interval of length T meshing uses at most budget x (T + this), plus the pass in progress (a
-// pass is not cut short: thread-scaling's exit pass needs more). The bucket starts full, as
-// token buckets do: a program's first passes (thread-scaling's threads exiting 0.3 s after
-// start) are not held back by the passes it made while it grew.
+// The budget is kept as a virtual clock (the generic cell rate algorithm), the one the handle
+// defragmenter charges too (heap/cpu_budget.h): each pass advances it by its CPU time divided by
+// the budget share, and a pass may start once the wall clock has caught up with it. A program that
+// has not meshed for a while keeps up to this much wall time of unspent budget, so the first pass
+// after its heap turns sparse is not held back by its own cost: in Redis LRU the spans freed by the
+// second phase's evictions were otherwise meshed a second after the insertion, 50 times a small
+// early pass's cost later. Over any interval of length T meshing uses at most budget x (T + this),
+// plus the pass in progress (a pass is not cut short: thread-scaling's exit pass needs more). The
+// bucket starts full, as token buckets do: a program's first passes (thread-scaling's threads
+// exiting 0.3 s after start) are not held back by the passes it made while it grew.
 constexpr uint64_t kBudgetCreditNs = 5000 * kNanosPerMilli;
-// Written only by the thread running a pass (one at a time); atomic because inline passes run
-// on whichever thread refills.
-std::atomic<uint64_t> gBudgetClockNs{0};
-// The budget clock never lags the wall clock by more than the credit.
-uint64_t earliestBudgetClock(uint64_t nowNs) {
-  return nowNs > kBudgetCreditNs ? nowNs - kBudgetCreditNs : 0;
-}
 // Bumped (and futex-woken) to wake the background thread: to bring its next pass forward
 // (gPassWakeups bumped too) or to restore retired meshed spans (gRestoreWakeup set).
 std::atomic<uint32_t> gWakeups{0};
@@ -148,7 +142,7 @@ constexpr heap::ForkParticipant kForkSnapshot = {
 
 void MeshPolicy::init() {
   if (gInitialized.exchange(true)) return;
-  gBudgetClockNs.store(earliestBudgetClock(os::monotonicNanos()), std::memory_order_relaxed);
+  CpuBudget::start(os::monotonicNanos(), kBudgetCreditNs);
   heap::forkParticipants().add(kForkMesher);
   heap::forkParticipants().add(SpanBacking::forkParticipant());
   heap::forkParticipants().add(RetiredSpans::forkParticipant());
@@ -214,10 +208,7 @@ void MeshPolicy::runPassWithinBudget() {
   gIdleBackoffShift.store(shift, std::memory_order_relaxed);
   uint64_t budget = budgetPermille(Mesher::stats().lastGainBytes, Arena::stats().activeBytes);
   uint64_t now = os::monotonicNanos();
-  uint64_t earliest = earliestBudgetClock(now);
-  uint64_t clock = gBudgetClockNs.load(std::memory_order_relaxed);
-  clock = (clock > earliest ? clock : earliest) + spent * kPermille / budget;
-  gBudgetClockNs.store(clock, std::memory_order_relaxed);
+  uint64_t clock = CpuBudget::charge(CpuBudget::kMeshing, spent, budget, now, kBudgetCreditNs);
   uint64_t period = (gHeapConfig.meshPeriodMs * kNanosPerMilli) << shift;
   if (released >= gHeapConfig.meshMinGainBytes && released > 0 && period > kProductiveGapNs)
     period = kProductiveGapNs;
@@ -248,7 +239,7 @@ void MeshPolicy::endIdleBackoff() {
   // Back to one period after the last pass, unless the budget says later.
   uint64_t due =
       gLastPassNs.load(std::memory_order_relaxed) + gHeapConfig.meshPeriodMs * kNanosPerMilli;
-  uint64_t clock = gBudgetClockNs.load(std::memory_order_relaxed);
+  uint64_t clock = CpuBudget::clock();
   gNextPassNs.store(clock > due ? clock : due, std::memory_order_relaxed);
 }
 
@@ -291,8 +282,10 @@ void* MeshPolicy::backgroundMain(void*) {
     }
     // Dirty pages past their decay time go back even if the program has stopped freeing.
     Arena::purge(false);
+    // Not before the budget shared with the handle defragmenter allows either.
     if (gHeapConfig.meshing &&
-        os::monotonicNanos() >= gNextPassNs.load(std::memory_order_relaxed)) {
+        os::monotonicNanos() >= gNextPassNs.load(std::memory_order_relaxed) &&
+        os::monotonicNanos() >= CpuBudget::clock()) {
       runPassWithinBudget();
       // A productive pass wants a follow-up sooner than the next tick.
       uint64_t next = gNextPassNs.load(std::memory_order_relaxed);
@@ -341,7 +334,8 @@ void MeshPolicy::onRefill() {
   // No background thread: the same policy, run by whichever thread refills when a pass is due.
   if (!gHeapConfig.meshing) return;
   uint64_t next = gNextPassNs.load(std::memory_order_relaxed);
-  if (os::monotonicNanos() < next) return;
+  uint64_t now = os::monotonicNanos();
+  if (now < next || now < CpuBudget::clock()) return;
   if (!gNextPassNs.compare_exchange_strong(next, UINT64_MAX)) return;  // one thread runs it
   runPassWithinBudget();
 }

@@ -15,6 +15,7 @@
 #include "handle/store.h"
 #include "handle_patterns.h"
 #include "heap/config.h"
+#include "heap/cpu_budget.h"
 
 namespace meshalloc::handles {
 namespace {
@@ -256,6 +257,28 @@ TEST_F(HandleTest, ControllerRunsBetweenTheBounds) {
   EXPECT_TRUE(Controller::shouldRun(15 * kMiB, 10 * kMiB, false));
   EXPECT_TRUE(Controller::shouldRun(13 * kMiB, 10 * kMiB, true));
   EXPECT_FALSE(Controller::shouldRun(100 * kMiB + kMiB, 100 * kMiB, true));
+}
+
+// Meshing and the defragmenter charge one clock: each one's CPU time, divided by its budget,
+// moves it for both; a spender allowed credit finds it no further back than that.
+TEST_F(HandleTest, MeshingAndTheDefragmenterShareOneCpuBudget) {
+  constexpr uint64_t kMs = 1000000;
+  uint64_t before = CpuBudget::clock();
+  uint64_t now = before + 1000 * kMs;
+  uint64_t meshing = CpuBudget::spentNs(CpuBudget::kMeshing);
+  uint64_t handles = CpuBudget::spentNs(CpuBudget::kHandles);
+  // 10 ms at 100 per mille: 100 ms of budget time, from now (no credit).
+  EXPECT_EQ(CpuBudget::charge(CpuBudget::kMeshing, 10 * kMs, 100, now, 0), now + 100 * kMs);
+  // 5 ms at 50 per mille after it: 100 ms more, for both.
+  EXPECT_EQ(CpuBudget::charge(CpuBudget::kHandles, 5 * kMs, 50, now, 0), now + 200 * kMs);
+  EXPECT_EQ(CpuBudget::clock(), now + 200 * kMs);
+  // Ten seconds on, with five of credit: from five seconds back.
+  uint64_t later = now + 10000 * kMs;
+  EXPECT_EQ(CpuBudget::charge(CpuBudget::kMeshing, 1 * kMs, 100, later, 5000 * kMs),
+            later - 5000 * kMs + 10 * kMs);
+  EXPECT_EQ(CpuBudget::spentNs(CpuBudget::kMeshing), meshing + 11 * kMs);
+  EXPECT_EQ(CpuBudget::spentNs(CpuBudget::kHandles), handles + 5 * kMs);
+  CpuBudget::setClockForTesting(before);
 }
 
 }  // namespace
