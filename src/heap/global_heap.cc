@@ -87,8 +87,9 @@ void GlobalHeap::destroySpan(ClassState& state, MiniHeap* heap) {
   state.spans--;
   if (heap->mesh) {
     // Its pages are in meshing's shared file: meshing takes it from here.
-    MESHALLOC_ASSERT(meshedSpanDiedHook_ != nullptr);
-    meshedSpanDiedHook_(heap);
+    void (*died)(MiniHeap*) = meshedSpanDiedHook_.load(std::memory_order_acquire);
+    MESHALLOC_ASSERT(died != nullptr);
+    died(heap);
     return;
   }
   Arena::release(heap->spanStart, heap->spanPages, !tlsBypassDirtyCache_);

@@ -107,7 +107,10 @@ class GlobalHeap {
 
   // `hook(span)`: a span whose pages are in meshing's shared file (MiniHeap::mesh) died; the
   // hook takes it over (mesh/retired_spans.h). Called with the class lock held.
-  static void setMeshedSpanDiedHook(void (*hook)(MiniHeap* span)) { meshedSpanDiedHook_ = hook; }
+  // Atomic: every mesh pass installs it again, while other threads may be reading it.
+  static void setMeshedSpanDiedHook(void (*hook)(MiniHeap* span)) {
+    meshedSpanDiedHook_.store(hook, std::memory_order_release);
+  }
   // `hook(spanBytes)`: a detached full span just got its first free slot, i.e. it became a mesh
   // candidate (MeshPolicy wakes its thread early when a program frees a lot at once). Called
   // with the class lock held: it may only count and signal.
@@ -147,7 +150,7 @@ class GlobalHeap {
   static inline size_t largeCount_ = 0;
   static inline size_t largeRequested_ = 0;
   static inline std::atomic<size_t> pinnedSpans_{0};
-  static inline void (*meshedSpanDiedHook_)(MiniHeap* span) = nullptr;
+  static inline std::atomic<void (*)(MiniHeap* span)> meshedSpanDiedHook_{nullptr};
   static inline void (*spanFreedIntoHook_)(size_t spanBytes) = nullptr;
 };
 
