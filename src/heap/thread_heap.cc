@@ -120,14 +120,19 @@ ThreadHeap* ThreadHeap::create() {
   return heap;
 }
 
-void ThreadHeap::releaseEntryPages() {
-  for (unsigned c = 0; c < kNumSizeClasses; c++) MESHALLOC_ASSERT(vectors_[c].vector.length == 0);
+ThreadHeap::PageRange ThreadHeap::entryPages() const {
   uintptr_t pageSize = Arena::pageSize();
   uintptr_t base = reinterpret_cast<uintptr_t>(this);
   uintptr_t first = (base + sizeof(ThreadHeap) + pageSize - 1) & ~(pageSize - 1);
   uintptr_t end = (base + storageBytes()) & ~(pageSize - 1);
+  return {first, end > first ? end - first : 0};
+}
+
+void ThreadHeap::releaseEntryPages() {
+  for (unsigned c = 0; c < kNumSizeClasses; c++) MESHALLOC_ASSERT(vectors_[c].vector.length == 0);
+  PageRange pages = entryPages();
   // A refusal only leaves the pages resident.
-  if (end > first) (void)os::dropPages(reinterpret_cast<void*>(first), end - first);
+  if (pages.bytes) (void)os::dropPages(reinterpret_cast<void*>(pages.start), pages.bytes);
 }
 
 void ThreadHeap::retire() {

@@ -235,6 +235,13 @@ class ThreadHeap {
   // the scratch, whose contents no longer matter; the next refill touches them again. A heap in
   // the pool, or taken from a parked thread, otherwise kept them all (48 exited threads: 6 MiB).
   void releaseEntryPages();
+  // The whole pages of this heap's storage past the ThreadHeap object (the vectors' entries and
+  // the scratch): what releaseEntryPages gives back. Empty when there is no whole page.
+  struct PageRange {
+    uintptr_t start;
+    size_t bytes;
+  };
+  PageRange entryPages() const;
 
   ShuffleVector& vector(unsigned sizeClass) { return vectors_[sizeClass].vector; }
   // Whether any thread holds `block` among its recycled blocks of `sizeClass` (best effort

@@ -213,11 +213,14 @@ size_t Mesher::trimFreePages(MiniHeap* span) {
   // Nothing can be handed out of a candidate and frees only clear bits, so a page with no live
   // slot now stays that way until the span is attached again (which clears trimmedBytes).
   PageMask live = livePages(span, pageSize);
-  size_t freeBytes = 0;
-  forEachRun(live, span->spanPages, false, [&](size_t first, size_t count) {
+  // The bytes of slots on a run of pages (the last page may hold the span's tail).
+  auto slotBytesOn = [&](size_t first, size_t count) {
     size_t end = (first + count) * pageSize;
-    freeBytes += (end < slotBytes ? end : slotBytes) - first * pageSize;
-  });
+    return (end < slotBytes ? end : slotBytes) - first * pageSize;
+  };
+  size_t freeBytes = 0;
+  forEachRun(live, span->spanPages, false,
+             [&](size_t first, size_t count) { freeBytes += slotBytesOn(first, count); });
   // Unchanged since this span was last trimmed: those pages are gone already.
   if (freeBytes <= span->trimmedBytes) return 0;
   size_t trimmed = 0, calls = 0;
@@ -226,8 +229,7 @@ size_t Mesher::trimFreePages(MiniHeap* span) {
     if (!os::dropPages(reinterpret_cast<void*>(span->spanStart + first * pageSize),
                        count * pageSize))
       return;
-    size_t end = (first + count) * pageSize;
-    trimmed += (end < slotBytes ? end : slotBytes) - first * pageSize;
+    trimmed += slotBytesOn(first, count);
   });
   size_t gained = trimmed > span->trimmedBytes ? trimmed - span->trimmedBytes : 0;
   span->trimmedBytes = static_cast<uint32_t>(trimmed);

@@ -373,14 +373,10 @@ TEST_F(HeapTest, RecycledBlocksAreBoundedInBytes) {
 TEST_F(HeapTest, ThreadExitReturnsAttachedSpans) {
   api::HeapStats before = api::collectStats();
   ThreadHeap* exited = nullptr;
-  // Resident bytes of the whole pages of the heap's storage past the ThreadHeap object (the
-  // vectors' entries and the scratch).
+  // Resident bytes of the heap's vector pages (ThreadHeap::entryPages).
   auto residentEntryBytes = [](ThreadHeap* heap) {
-    uintptr_t pageSize = Arena::pageSize();
-    uintptr_t base = reinterpret_cast<uintptr_t>(heap);
-    uintptr_t first = (base + sizeof(ThreadHeap) + pageSize - 1) & ~(pageSize - 1);
-    uintptr_t end = (base + ThreadHeap::storageBytes()) & ~(pageSize - 1);
-    return end > first ? os::residentBytes(reinterpret_cast<void*>(first), end - first) : 0;
+    ThreadHeap::PageRange pages = heap->entryPages();
+    return pages.bytes ? os::residentBytes(reinterpret_cast<void*>(pages.start), pages.bytes) : 0;
   };
   onNewThread([&] {
     // Every class's vector is filled once, so its entries are written.

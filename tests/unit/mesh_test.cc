@@ -68,35 +68,33 @@ struct Survivor {
 };
 
 // Fills `spanCount` fresh spans of `size` on a short-lived thread, in address order, and keeps
-// in span k only the slots with slot % spanCount == k, so the survivors of different spans
-// never share an offset. The thread exits, so its spans are detached (mesh candidates).
-std::vector<Survivor> makeDisjointSpans(size_t size, size_t spanCount) {
+// in span k (0 to spanCount - 1) the slots for which keep(k, slot) holds, filled with generation
+// 1; the rest is freed. The thread exits, so its spans are detached (mesh candidates).
+template <typename Keep>
+std::vector<Survivor> keepInFullSpans(size_t size, size_t spanCount, Keep keep) {
+  const SpanPlan& plan = SizeClasses::plan(SizeClasses::classOf(size));
   std::vector<Survivor> survivors;
   HeapConfig saved = gHeapConfig;
   gHeapConfig.randomization = Randomization::kNone;
-  std::thread worker([&] {
-    size_t perSpan = SizeClasses::plan(SizeClasses::classOf(size)).objectCount;
+  std::thread([&] {
     std::map<uintptr_t, std::vector<void*>> bySpan;
-    std::vector<void*> all;
     // Until spanCount spans were filled entirely here: partial spans left by earlier tests in
     // the same process are handed out first, and never fill up.
     constexpr size_t kMaxSpansTried = 4096;
     size_t filled = 0;
     while (filled < spanCount && bySpan.size() < kMaxSpansTried) {
       void* p = heap::allocate(size);
-      all.push_back(p);
       std::vector<void*>& objects = bySpan[spanStartOf(p)];
       objects.push_back(p);
-      if (objects.size() == perSpan) filled++;
+      if (objects.size() == plan.objectCount) filled++;
     }
     size_t k = 0;
     std::vector<void*> release;
     for (auto& [start, objects] : bySpan) {
-      bool chosen = k < spanCount && objects.size() == perSpan;
+      bool chosen = k < spanCount && objects.size() == plan.objectCount;
       for (void* p : objects) {
-        size_t slot = (reinterpret_cast<uintptr_t>(p) - start) /
-                      SizeClasses::plan(SizeClasses::classOf(size)).objectSize;
-        if (chosen && slot % spanCount == k) {
+        size_t slot = (reinterpret_cast<uintptr_t>(p) - start) / plan.objectSize;
+        if (chosen && keep(k, slot)) {
           fill(p, size, 1);
           survivors.push_back({p, start, slot});
         } else {
@@ -106,10 +104,16 @@ std::vector<Survivor> makeDisjointSpans(size_t size, size_t spanCount) {
       if (chosen) k++;
     }
     for (void* p : release) heap::deallocate(p);
-  });
-  worker.join();
+  }).join();
   gHeapConfig = saved;
   return survivors;
+}
+
+// Keeps in span k only the slots with slot % spanCount == k, so the survivors of different spans
+// never share an offset.
+std::vector<Survivor> makeDisjointSpans(size_t size, size_t spanCount) {
+  return keepInFullSpans(size, spanCount,
+                         [&](size_t k, size_t slot) { return slot % spanCount == k; });
 }
 
 // Allocates `count` blocks of `size`, writes and checks each, and frees them, on a thread of its
@@ -127,46 +131,6 @@ void useOnAThread(size_t size, size_t count, uint64_t generation) {
       heap::deallocate(p);
     }
   }).join();
-}
-
-// Fills two fresh spans of `size` on a short-lived thread, in address order, and keeps in span
-// k (0 or 1) the slots for which keep(k, slot) holds, filled with generation 1; the rest is
-// freed. The thread exits, so the spans are detached.
-template <typename Keep>
-std::vector<Survivor> keepInTwoSpans(size_t size, Keep keep) {
-  const size_t perSpan = SizeClasses::plan(SizeClasses::classOf(size)).objectCount;
-  std::vector<Survivor> survivors;
-  HeapConfig saved = gHeapConfig;
-  gHeapConfig.randomization = Randomization::kNone;
-  std::thread([&] {
-    std::map<uintptr_t, std::vector<void*>> bySpan;
-    std::vector<void*> release;
-    size_t filled = 0;
-    constexpr size_t kMaxBlocks = 1 << 16;
-    for (size_t n = 0; filled < 2 && n < kMaxBlocks; n++) {
-      void* p = heap::allocate(size);
-      std::vector<void*>& objects = bySpan[spanStartOf(p)];
-      objects.push_back(p);
-      if (objects.size() == perSpan) filled++;
-    }
-    size_t chosen = 0;
-    for (auto& [start, objects] : bySpan) {
-      bool full = chosen < 2 && objects.size() == perSpan;
-      for (void* p : objects) {
-        size_t slot = (reinterpret_cast<uintptr_t>(p) - start) / size;
-        if (full && keep(chosen, slot)) {
-          fill(p, size, 1);
-          survivors.push_back({p, start, slot});
-        } else {
-          release.push_back(p);
-        }
-      }
-      if (full) chosen++;
-    }
-    for (void* p : release) heap::deallocate(p);
-  }).join();
-  gHeapConfig = saved;
-  return survivors;
 }
 
 class MeshTest : public ::testing::Test {
@@ -594,8 +558,8 @@ TEST_F(MeshTest, UnpairedCandidatesGiveBackTheirFreePages) {
   const size_t perSpan = plan.objectCount;
   // Two spans whose survivors sit at the same slots (the first and the last), so they cannot
   // mesh.
-  std::vector<Survivor> survivors =
-      keepInTwoSpans(kSize, [&](size_t, size_t slot) { return slot == 0 || slot == perSpan - 1; });
+  std::vector<Survivor> survivors = keepInFullSpans(
+      kSize, 2, [&](size_t, size_t slot) { return slot == 0 || slot == perSpan - 1; });
   ASSERT_EQ(survivors.size(), 4u);
 
   uint64_t trimmedBefore = Mesher::stats().trimmedBytes;
@@ -640,8 +604,8 @@ TEST_F(MeshTest, SpansTooFullToMeshGiveBackTheirFreePages) {
   ASSERT_LT(perSpan * gHeapConfig.meshOccupancyPercent / 100 + 1, perSpan);
   // The first span keeps every object but slot 1, the second slot 0 only, so that the class has
   // two partial spans and a span's worth of free slots (what makes a pass visit it).
-  std::vector<Survivor> survivors = keepInTwoSpans(
-      kSize, [](size_t span, size_t slot) { return span == 0 ? slot != 1 : slot == 0; });
+  std::vector<Survivor> survivors = keepInFullSpans(
+      kSize, 2, [](size_t span, size_t slot) { return span == 0 ? slot != 1 : slot == 0; });
   ASSERT_EQ(survivors.size(), perSpan);
   MeshPolicy::compactNow();
   MiniHeap* full = ownerOf(survivors.front().spanStart);
