@@ -85,4 +85,11 @@ void* Controller::main(void*) {
   return nullptr;
 }
 
+const heap::ForkParticipant& Controller::forkParticipant() {
+  static constexpr heap::ForkParticipant kParticipant = {
+      "handle controller", heap::ForkRank::kHandles, nullptr, nullptr,
+      [] { started_.store(false, std::memory_order_relaxed); }};
+  return kParticipant;
+}
+
 }  // namespace meshalloc::handles

@@ -9,6 +9,8 @@
 #include <atomic>
 #include <cstdint>
 
+#include "heap/fork.h"
+
 namespace meshalloc::handles {
 
 class Controller {
@@ -18,8 +20,9 @@ class Controller {
     if (__builtin_expect(!started_.load(std::memory_order_relaxed), 0)) start();
   }
   static bool running() { return started_.load(std::memory_order_relaxed) && !failed_; }
-  // The thread did not survive the fork: the child's next allocation starts its own.
-  static void forgetAfterFork() { started_.store(false, std::memory_order_relaxed); }
+  // For fork (registered by handles::initialize): the thread does not survive it, so the
+  // child's next allocation starts its own.
+  static const heap::ForkParticipant& forkParticipant();
 
   // The controller's decision for one wake-up, given the store's committed and live bytes and
   // whether it was active: true to run a pass. Public for tests.

@@ -224,4 +224,15 @@ PassResult Defragmenter::pass(uint64_t deadlineNs, size_t maxMovedBytes) {
   return result;
 }
 
+const heap::ForkParticipant& Defragmenter::forkParticipant() {
+  static constexpr heap::ForkParticipant kParticipant = {
+      "handle defragmenter", heap::ForkRank::kHandles, [] { stepLock_.lock(); },
+      [] { stepLock_.unlock(); },
+      [] {
+        stepLock_.resetAfterFork();
+        passLock_.resetAfterFork();
+      }};
+  return kParticipant;
+}
+
 }  // namespace meshalloc::handles

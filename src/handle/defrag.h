@@ -14,6 +14,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "heap/fork.h"
+
 #include "support/lock.h"
 
 namespace meshalloc::handles {
@@ -34,13 +36,9 @@ class Defragmenter {
   // gCounters.cpuNs.
   static PassResult pass(uint64_t deadlineNs, size_t maxMovedBytes);
 
-  // Fork: no class is half evacuated while the process is copied.
-  static void lockForFork() { stepLock_.lock(); }
-  static void unlockAfterFork() { stepLock_.unlock(); }
-  static void resetAfterFork() {
-    stepLock_.resetAfterFork();
-    passLock_.resetAfterFork();
-  }
+  // For fork (registered by handles::initialize): no class is half evacuated while the process
+  // is copied; the child, where no pass runs, resets the pass lock too.
+  static const heap::ForkParticipant& forkParticipant();
 
   // Tests only: every move copies one byte wrong (the randomised tests must then fail).
   static void corruptMovesForTesting(bool on) { corruptMoves_ = on; }

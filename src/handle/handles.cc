@@ -11,6 +11,7 @@
 #include "heap/fork.h"
 #include "heap/heap.h"
 #include "platform/os.h"
+#include "support/assert.h"
 #include "support/lock.h"
 
 namespace meshalloc::handles {
@@ -21,31 +22,6 @@ namespace {
 // preempted): spin a while, then sleep in short steps.
 constexpr int kSpinsBeforeSleeping = 2000;
 constexpr uint64_t kWaitSleepNs = 20000;
-
-void forkPrepare() {
-  Defragmenter::lockForFork();
-  Store::lockAll();
-  ThreadCache::lockForFork();
-  Table::lockForFork();
-}
-void forkParent() {
-  Table::unlockAfterFork();
-  ThreadCache::unlockAfterFork();
-  Store::unlockAll();
-  Defragmenter::unlockAfterFork();
-}
-void forkChild() {
-  Table::resetAfterFork();
-  ThreadCache::resetAfterFork();
-  Store::resetAfterFork();
-  Defragmenter::resetAfterFork();
-  Controller::forgetAfterFork();
-}
-
-// Before every heap lock: a chunk is made or released under a class lock, with the arena's
-// lock inside it.
-constexpr heap::ForkParticipant kForkHandles = {"handles", heap::ForkRank::kHandles, forkPrepare,
-                                                forkParent, forkChild};
 
 // Returns the state once no resize holds the entry (acquire: the object word is then current).
 // A resize is another thread's mh_realloc of the same handle; moves are never waited for.
@@ -203,7 +179,15 @@ bool initialize() {
   if (gInitialized.load(std::memory_order_relaxed)) return true;
   Store::init();
   ThreadCache::init();
-  heap::forkParticipants().add(kForkHandles);
+  // In the layer's lock order (prepare in this order, the child's resets in reverse), all before
+  // every heap lock: a chunk is made or released under a class lock, with the arena's lock
+  // inside it.
+  for (const heap::ForkParticipant* participant :
+       {&Controller::forkParticipant(), &Defragmenter::forkParticipant(), &Store::forkParticipant(),
+        &ThreadCache::forkParticipant(), &Table::forkParticipant()}) {
+    [[maybe_unused]] bool added = heap::forkParticipants().add(*participant);
+    MESHALLOC_ASSERT_MSG(added, "the fork participant list is full");
+  }
   gInitialized.store(true, std::memory_order_release);
   return true;
 }

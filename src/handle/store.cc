@@ -517,16 +517,22 @@ size_t Store::liveObjects() {
   return total;
 }
 
-void Store::lockAll() {
-  for (ClassStore& c : classes_) c.lock.lock();
-}
-
-void Store::unlockAll() {
-  for (unsigned c = kNumSizeClasses; c-- > 0;) classes_[c].lock.unlock();
-}
-
-void Store::resetAfterFork() {
-  for (ClassStore& c : classes_) c.lock.resetAfterFork();
+const heap::ForkParticipant& Store::forkParticipant() {
+  static constexpr heap::ForkParticipant kParticipant = {"handle store", heap::ForkRank::kHandles,
+                                                         [] {
+                                                           for (ClassStore& c : classes_)
+                                                             c.lock.lock();
+                                                         },
+                                                         [] {
+                                                           for (unsigned c = kNumSizeClasses;
+                                                                c-- > 0;)
+                                                             classes_[c].lock.unlock();
+                                                         },
+                                                         [] {
+                                                           for (ClassStore& c : classes_)
+                                                             c.lock.resetAfterFork();
+                                                         }};
+  return kParticipant;
 }
 
 }  // namespace meshalloc::handles

@@ -12,6 +12,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "heap/fork.h"
+
 #include "handle/table.h"
 #include "heap/size_class.h"
 #include "support/lock.h"
@@ -171,10 +173,9 @@ class Store {
   static size_t classLiveBytes(unsigned sizeClass);
   static size_t classCommittedBytes(unsigned sizeClass);
 
-  // --- Fork ---
-  static void lockAll();
-  static void unlockAll();
-  static void resetAfterFork();
+  // Every class lock, for fork (registered by handles::initialize): no chunk is half made or
+  // released while the process is copied.
+  static const heap::ForkParticipant& forkParticipant();
 
  private:
   // Constant-initialised: no constructor runs at load time, where it would wipe what a handle

@@ -50,14 +50,10 @@ void Table::releaseBatch(const uint32_t* indices, unsigned count) {
   freeCount_ += count;
 }
 
-void Table::lockForFork() {
-  gFreeLock.lock();
-}
-void Table::unlockAfterFork() {
-  gFreeLock.unlock();
-}
-void Table::resetAfterFork() {
-  gFreeLock.resetAfterFork();
+const heap::ForkParticipant& Table::forkParticipant() {
+  static constexpr heap::ForkParticipant kParticipant =
+      heap::mutexForkParticipant<gFreeLock>("handle table", heap::ForkRank::kHandles);
+  return kParticipant;
 }
 
 }  // namespace meshalloc::handles

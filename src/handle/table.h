@@ -10,6 +10,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "heap/fork.h"
+
 namespace meshalloc::handles {
 
 // A handle: bit 63 set (user-space pointers never have it on x86-64 and AArch64 Linux, so a
@@ -107,9 +109,8 @@ class Table {
   static size_t touchedBytes() { return size_t{highWater()} * (sizeof(Entry) + sizeof(uint32_t)); }
 
   // Fork: the free stack is not half updated while the process is copied.
-  static void lockForFork();
-  static void unlockAfterFork();
-  static void resetAfterFork();
+  // Its free-list lock, for fork (registered by handles::initialize).
+  static const heap::ForkParticipant& forkParticipant();
 
   // True if the state word of `entry` names the live object of `handle`.
   static bool matches(uint64_t state, uint64_t handle) {

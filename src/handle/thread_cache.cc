@@ -159,14 +159,10 @@ size_t ThreadCache::cachedSlots(unsigned sizeClass) {
   return total;
 }
 
-void ThreadCache::lockForFork() {
-  gRegistryLock.lock();
-}
-void ThreadCache::unlockAfterFork() {
-  gRegistryLock.unlock();
-}
-void ThreadCache::resetAfterFork() {
-  gRegistryLock.resetAfterFork();
+const heap::ForkParticipant& ThreadCache::forkParticipant() {
+  static constexpr heap::ForkParticipant kParticipant =
+      heap::mutexForkParticipant<gRegistryLock>("handle thread caches", heap::ForkRank::kHandles);
+  return kParticipant;
 }
 
 }  // namespace meshalloc::handles

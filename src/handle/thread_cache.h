@@ -16,6 +16,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "heap/fork.h"
+
 #include "heap/size_class.h"
 
 namespace meshalloc::handles {
@@ -131,9 +133,8 @@ class ThreadCache {
 
   // Fork: no cache is being made or retired while the process is copied. In the child the
   // other threads' caches stay as they were, their slots taken (docs/handles.md, "Fork").
-  static void lockForFork();
-  static void unlockAfterFork();
-  static void resetAfterFork();
+  // Its registry lock, for fork (registered by handles::initialize).
+  static const heap::ForkParticipant& forkParticipant();
 
  private:
   // No initialisers: a new cache is zero-filled memory, and only the magazines a thread uses

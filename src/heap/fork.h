@@ -46,7 +46,7 @@ constexpr ForkParticipant mutexForkParticipant(const char* name, ForkRank rank) 
 // at start-up (or by tests on a list of their own): not safe against a concurrent fork.
 class ForkParticipants {
  public:
-  static constexpr unsigned kCapacity = 16;
+  static constexpr unsigned kCapacity = 24;
 
   constexpr ForkParticipants() = default;
   ForkParticipants(const ForkParticipants&) = delete;

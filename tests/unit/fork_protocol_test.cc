@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "handle/handles.h"
 #include "heap/fork.h"
 #include "heap/heap.h"
 #include "mesh/policy.h"
@@ -115,6 +116,24 @@ TEST(ForkProtocol, TheProcessListIsTheDocumentedLockOrder) {
   EXPECT_EQ(namesOf(forkParticipants()), expected);
   for (unsigned i = 1; i < forkParticipants().count(); i++)
     EXPECT_LE(forkParticipants()[i - 1].rank, forkParticipants()[i].rank);
+}
+
+// The handle layer's components are participants of their own, after the mesher's and before
+// every heap lock, in the layer's order: the controller (which only forgets its thread in the
+// child), the defragmenter's step lock, the store's class locks, then the thread caches' and
+// the table's locks, which a class lock holder takes.
+TEST(ForkProtocol, TheHandleLayerJoinsTheListInItsOwnOrder) {
+  ASSERT_TRUE(ensureInitialized());
+  MeshPolicy::init();
+  ASSERT_TRUE(handles::initialize());
+  const std::vector<std::string> expected = {
+      "operation guard",     "mesher",        "handle controller",
+      "handle defragmenter", "handle store",  "handle thread caches",
+      "handle table",        "idle reclaim",  "thread registry",
+      "global heap",         "span backing",  "arena",
+      "internal heap",       "retired spans", "meshed-span snapshot",
+  };
+  EXPECT_EQ(namesOf(forkParticipants()), expected);
 }
 
 // fork() runs the process's list through the pthread_atfork handlers: a participant before
