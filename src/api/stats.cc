@@ -94,6 +94,9 @@ MemoryBreakdown collectBreakdown() {
   for (ThreadHeap* heap = ThreadHeap::registryHead(); heap; heap = heap->nextInRegistry()) {
     threadHeapBlocks += internalBlockBytes(storage);
     threadHeapResident += os::residentBytes(heap, roundUp(storage, pageSize));
+    // A pooled heap holds nothing, and its vectors' pages went back (ThreadHeap::retire):
+    // reading them would map the zero page, which mincore counts as resident.
+    if (!heap->inUse()) continue;
     for (unsigned c = 0; c < kNumSizeClasses; c++) {
       ShuffleVector& v = heap->vector(c);
       forEachAttachedSpan(v, [&](MiniHeap* mini) {
@@ -177,7 +180,8 @@ HeapStats collectStats() {
   // Attached spans are counted through their threads; slots waiting in a shuffle vector are free.
   ThreadHeap::lockRegistry();
   for (ThreadHeap* heap = ThreadHeap::registryHead(); heap; heap = heap->nextInRegistry()) {
-    stats.threadHeaps += heap->inUse();
+    if (!heap->inUse()) continue;  // pooled: nothing attached (and see collectBreakdown)
+    stats.threadHeaps++;
     for (unsigned c = 0; c < kNumSizeClasses; c++) {
       ShuffleVector& v = heap->vector(c);
       uint64_t live = 0;

@@ -99,7 +99,10 @@ ThreadHeap* ThreadHeap::create() {
       gPool = heap->poolNext_;
     }
   }
-  if (!heap) {
+  if (heap) {
+    // retire() gave back the vectors' pages: configure them again.
+    heap->initialize(reinterpret_cast<char*>(heap));
+  } else {
     char* storage = static_cast<char*>(InternalHeap::allocate(storageBytes()));
     if (!storage) return nullptr;
     heap = new (storage) ThreadHeap();
@@ -107,6 +110,10 @@ ThreadHeap* ThreadHeap::create() {
     LockGuard guard(gRegistryLock);
     heap->registryNext_ = gRegistry;
     gRegistry = heap;
+  }
+  for (unsigned c = 0; c < kNumSizeClasses; c++) {
+    const ShuffleVector& v = heap->vectors_[c].vector;
+    MESHALLOC_ASSERT(v.length == 0 && v.attachedCount == 0 && v.recycledCount == 0);
   }
   heap->rng_.reseed(os::entropy64() ^ reinterpret_cast<uintptr_t>(heap));
   heap->randomization_ = gHeapConfig.randomization;
@@ -128,6 +135,14 @@ ThreadHeap::PageRange ThreadHeap::entryPages() const {
   return {first, end > first ? end - first : 0};
 }
 
+ThreadHeap::PageRange ThreadHeap::vectorPages() const {
+  uintptr_t pageSize = Arena::pageSize();
+  uintptr_t base = reinterpret_cast<uintptr_t>(vectors_);
+  uintptr_t first = (base + pageSize - 1) & ~(pageSize - 1);
+  uintptr_t end = (base + sizeof(vectors_)) & ~(pageSize - 1);
+  return {first, end > first ? end - first : 0};
+}
+
 void ThreadHeap::releaseEntryPages() {
   for (unsigned c = 0; c < kNumSizeClasses; c++) MESHALLOC_ASSERT(vectors_[c].vector.length == 0);
   PageRange pages = entryPages();
@@ -138,6 +153,11 @@ void ThreadHeap::releaseEntryPages() {
 void ThreadHeap::retire() {
   detachAll();
   releaseEntryPages();
+  // Every vector is empty: what the pages held is zeros and the configuration initialize()
+  // writes again when create() takes the heap from the pool. Readers of other heaps' vectors
+  // (statistics, double-free reports) see an empty vector either way.
+  PageRange vectors = vectorPages();
+  if (vectors.bytes) (void)os::dropPages(reinterpret_cast<void*>(vectors.start), vectors.bytes);
   // A thread cancelled inside a wrapped system call (poll, accept, read: cancellation points)
   // never took its buffer back: the mesher would skip that range for good, and the next
   // thread to reuse this heap would take its own calls for nested ones and publish nothing.

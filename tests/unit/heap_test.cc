@@ -374,22 +374,44 @@ TEST_F(HeapTest, ThreadExitReturnsAttachedSpans) {
   api::HeapStats before = api::collectStats();
   ThreadHeap* exited = nullptr;
   // Resident bytes of the heap's vector pages (ThreadHeap::entryPages).
-  auto residentEntryBytes = [](ThreadHeap* heap) {
-    ThreadHeap::PageRange pages = heap->entryPages();
+  auto resident = [](ThreadHeap::PageRange pages) {
     return pages.bytes ? os::residentBytes(reinterpret_cast<void*>(pages.start), pages.bytes) : 0;
   };
+  auto residentEntryBytes = [&](ThreadHeap* heap) { return resident(heap->entryPages()); };
   onNewThread([&] {
     // Every class's vector is filled once, so its entries are written.
     for (size_t size : kSizeClassSizes) heap::deallocate(heap::allocate(size));
     EXPECT_EQ(api::collectStats().threadHeaps, before.threadHeaps + 1);
     exited = heap::currentThreadHeap();
     EXPECT_GT(residentEntryBytes(exited), 0u);
+    EXPECT_GT(resident(exited->vectorPages()), 0u);
   });
   EXPECT_EQ(api::collectStats().threadHeaps, before.threadHeaps);
-  // A heap waiting in the pool keeps no vector pages (ThreadHeap::releaseEntryPages).
+  // A heap waiting in the pool keeps neither its vectors' entries nor the vectors themselves
+  // (ThreadHeap::releaseEntryPages, ThreadHeap::retire).
   ASSERT_NE(exited, nullptr);
   EXPECT_FALSE(exited->inUse());
   EXPECT_EQ(residentEntryBytes(exited), 0u);
+  EXPECT_GT(exited->vectorPages().bytes, 0u);
+  EXPECT_EQ(resident(exited->vectorPages()), 0u);
+  // The next thread takes that heap from the pool, configured again: every class serves and
+  // takes back blocks, and its vector has the capacity and size a new heap's has.
+  onNewThread([&] {
+    for (size_t size : kSizeClassSizes) {
+      void* block = heap::allocate(size);
+      ASSERT_NE(block, nullptr);
+      memset(block, 0x5a, size);
+      heap::deallocate(block);
+    }
+    ASSERT_EQ(heap::currentThreadHeap(), exited);
+    for (unsigned c = 0; c < kNumSizeClasses; c++) {
+      const ShuffleVector& v = exited->vector(c);
+      EXPECT_EQ(v.objectSize, kSizeClassSizes[c]);
+      EXPECT_GT(v.capacity, 0u);
+      EXPECT_GT(v.recycledCapacity, 0u);
+      EXPECT_NE(v.entries, nullptr);
+    }
+  });
 }
 
 TEST_F(HeapTest, LargeObjectsAreZeroedAndResizeInPlace) {
