@@ -3,6 +3,11 @@
 #include <dlfcn.h>
 #include <elf.h>
 #include <link.h>
+#include <stdio.h>
+
+#include "api/next_symbol.h"
+#include "heap/heap.h"
+#include "mesh/mesher.h"
 
 namespace meshalloc::api {
 
@@ -40,3 +45,37 @@ bool calledFromLibcBufferFunction(const void* returnAddress) {
 }
 
 }  // namespace meshalloc::api
+
+namespace {
+
+// A buffer the program gives a stream is filled by glibc's internal read(), like the buffers
+// glibc allocates itself: its spans are pinned, and a pass that may have taken one of them
+// before is waited out.
+void pinStreamBuffer(const char* buffer, size_t size) {
+  if (!buffer || size == 0 || !meshalloc::heap::ensureInitialized()) return;
+  meshalloc::heap::pinSpansUnder(buffer, size);
+  meshalloc::Mesher::waitForPass();
+}
+
+}  // namespace
+
+#define MESHALLOC_EXPORT extern "C" __attribute__((visibility("default")))
+
+MESHALLOC_EXPORT int setvbuf(FILE* stream, char* buffer, int mode, size_t size) {
+  auto real = MESHALLOC_NEXT_SYMBOL(setvbuf);
+  if (mode != _IONBF) pinStreamBuffer(buffer, size);
+  return real(stream, buffer, mode, size);
+}
+
+// glibc's setbuf and setbuffer do not go through setvbuf's symbol.
+MESHALLOC_EXPORT void setbuf(FILE* stream, char* buffer) {
+  auto real = MESHALLOC_NEXT_SYMBOL(setbuf);
+  pinStreamBuffer(buffer, BUFSIZ);
+  real(stream, buffer);
+}
+
+MESHALLOC_EXPORT void setbuffer(FILE* stream, char* buffer, size_t size) {
+  auto real = MESHALLOC_NEXT_SYMBOL(setbuffer);
+  pinStreamBuffer(buffer, size);
+  real(stream, buffer, size);
+}

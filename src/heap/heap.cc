@@ -179,6 +179,22 @@ void* allocatePinned(size_t size) {
   return block;
 }
 
+void pinSpansUnder(const void* start, size_t bytes) {
+  if (!start || bytes == 0) return;
+  uintptr_t first = reinterpret_cast<uintptr_t>(start);
+  uintptr_t last = first + bytes - 1 < first ? UINTPTR_MAX : first + bytes - 1;
+  // Under the guard: a mesh batch rewriting the page map cannot retire the span meanwhile.
+  OperationGuard guard;
+  for (uintptr_t page = first & ~(Arena::pageSize() - 1);; page += Arena::pageSize()) {
+    uint64_t entry = Arena::entryFor(page < first ? first : page);
+    if (PageEntry::isMiniHeap(entry)) {
+      MiniHeap* span = PageEntry::miniHeap(entry);
+      if (!span->isLarge()) GlobalHeap::pin(span);
+    }
+    if (last - page < Arena::pageSize()) break;
+  }
+}
+
 void* allocateAligned(size_t size, size_t alignment) {
   if (alignment <= kMinAlignment) return allocate(size);
   if (size > kMaxRequest || alignment > kMaxRequest) return failNoMemory();

@@ -52,6 +52,11 @@ inline void* allocate(size_t size) {
 // and a write-protected span would make the read fail with EFAULT). The block comes from a span
 // this thread holds, which no mesh pass can be working on; pinning affects only its span.
 void* allocatePinned(size_t size);
+// The spans under the program's bytes [start, start + bytes) are never meshed from now on: for
+// a buffer the program gives glibc to fill with its internal read() (setvbuf). Anything else
+// (the stack, static data, glibc's memory, large objects) is left alone. A mesh pass that holds
+// one of those spans already may still mesh it: the caller waits for that pass to end.
+void pinSpansUnder(const void* start, size_t bytes);
 
 // A block of at least `size` bytes aligned to `alignment` (a power of two); nullptr + ENOMEM.
 void* allocateAligned(size_t size, size_t alignment);

@@ -479,12 +479,26 @@ void Mesher::trimFullerSpans(unsigned sizeClass) {
   uint32_t maxLive =
       static_cast<uint32_t>(plan.objectCount * gHeapConfig.meshOccupancyPercent / 100);
   if (maxLive + 1 >= plan.objectCount) return;
+  trimSpans(sizeClass, maxLive + 1);
+}
+
+void Mesher::trimSpans(unsigned sizeClass, uint32_t minLive) {
+  const SpanPlan& plan = SizeClasses::plan(sizeClass);
   size_t count = GlobalHeap::takeMeshCandidates(sizeClass, plan.objectCount - 1, gCandidates,
-                                                kMaxCandidatesPerClass, maxLive + 1);
+                                                kMaxCandidatesPerClass, minLive);
   returnCandidates(sizeClass, gCandidates, count);
 }
 
 size_t Mesher::compactClass(unsigned sizeClass, long* mappingBudget) {
+  // Objects of whole pages never share a page, so trimming a span gives back every page its
+  // free slots hold, and pairing two spans (the merged one trimmed) would give back exactly the
+  // pages trimming both does, for a copy and a remapping per span. Such classes are trimmed,
+  // never meshed: in thread-scaling they hold most of the bytes, and meshing them had taken the
+  // pass past the 300 ms a server's idle threads were given.
+  if (SizeClasses::plan(sizeClass).objectSize % Arena::pageSize() == 0) {
+    trimSpans(sizeClass, 1);
+    return 0;
+  }
   trimFullerSpans(sizeClass);
   size_t released = 0;
   for (unsigned round = 0; round < kMaxRoundsPerClass; round++) {
@@ -495,6 +509,10 @@ size_t Mesher::compactClass(unsigned sizeClass, long* mappingBudget) {
     if (meshed == 0) break;
   }
   return released;
+}
+
+void Mesher::waitForPass() {
+  LockGuard pass(gPassLock);
 }
 
 void Mesher::restoreRetiredSpans() {

@@ -113,6 +113,15 @@ class Mesher {
   // Trims the spans of `sizeClass` too full to be mesh candidates, in classes whose objects are
   // large enough for a freed one to leave a page empty.
   static void trimFullerSpans(unsigned sizeClass);
+  // Trims every partial span of `sizeClass` with at least `minLive` live objects.
+  static void trimSpans(unsigned sizeClass, uint32_t minLive);
+
+ public:
+  // Returns once no pass is in progress: a span pinned before the call is then never meshed
+  // (a pass in progress may have taken it before the pin).
+  static void waitForPass();
+
+ private:
   // Hands the candidates of a round back to the lists, trimmed first.
   static void returnCandidates(unsigned sizeClass, MiniHeap** spans, size_t count);
   // With guarded operations paused: the source's live slots and virtual span go over to the

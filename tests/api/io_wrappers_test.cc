@@ -306,6 +306,48 @@ TEST(IoWrappers, StdioBuffersLieInPinnedSpans) {
   EXPECT_EQ(readCounter("mesh.pinned_spans"), before) << "emptied spans are still pinned";
 }
 
+// A buffer the program hands a stream (setvbuf, setbuffer, setbuf) is filled by glibc's internal
+// read() just the same: its span is pinned, whatever else lies in it, and freeing the span's
+// blocks unpins it. Stack buffers and unbuffered streams pin nothing.
+TEST(IoWrappers, StreamBuffersTheProgramGivesLieInPinnedSpans) {
+  uint64_t before = readCounter("mesh.pinned_spans");
+  uint64_t during = 0, afterStack = 0;
+  std::thread([&] {
+    int fds[2];
+    ASSERT_EQ(pipe(fds), 0);
+    FILE* stream = fdopen(fds[0], "r");
+    ASSERT_NE(stream, nullptr);
+    char onStack[256];
+    ASSERT_EQ(setvbuf(stream, onStack, _IOFBF, sizeof(onStack)), 0);
+    afterStack = readCounter("mesh.pinned_spans");
+    // Three blocks of three classes, one per call, with the data read through each.
+    constexpr size_t kSizes[3] = {3000, 1500, BUFSIZ};
+    char* buffers[3];
+    for (int i = 0; i < 3; i++) {
+      buffers[i] = static_cast<char*>(malloc(kSizes[i]));
+      ASSERT_NE(buffers[i], nullptr);
+      if (i == 0) {
+        ASSERT_EQ(setvbuf(stream, buffers[i], _IOFBF, kSizes[i]), 0);
+      } else if (i == 1) {
+        setbuffer(stream, buffers[i], kSizes[i]);
+      } else {
+        setbuf(stream, buffers[i]);
+      }
+      ASSERT_EQ(write(fds[1], "line\n", 5), 5);
+      char line[8];
+      ASSERT_NE(fgets(line, sizeof(line), stream), nullptr);
+      EXPECT_STREQ(line, "line\n");
+    }
+    during = readCounter("mesh.pinned_spans");
+    fclose(stream);
+    close(fds[1]);
+    for (char* buffer : buffers) free(buffer);
+  }).join();
+  EXPECT_EQ(afterStack, before) << "a stack buffer pinned a span";
+  EXPECT_GE(during, before + 3) << "the program's stream buffers are not pinned";
+  EXPECT_EQ(readCounter("mesh.pinned_spans"), before) << "emptied spans are still pinned";
+}
+
 // The other wrapped calls, into heap buffers (they must still work) and into bad ones (they
 // must fail as the system call does).
 TEST(IoWrappers, MoreCallsIntoHeapAndBadBuffers) {

@@ -502,9 +502,11 @@ bool pageMapped(uintptr_t address) {
 }
 
 TEST_F(MeshTest, OnlyPagesWithLiveObjectsMoveIntoTheFile) {
-  // One object per page, and 4 spans of which two survive: the meshed span has live objects
-  // in half its slots, so half its pages should be holes in the file.
-  const size_t kSize = Arena::pageSize();
+  // Two objects per page, and 4 spans of which span k keeps the slots k, k + 4, ...; the spans
+  // of k = 0 and 1 survive. Meshed, they have live objects in slots 0, 1, 4, 5, ...: every
+  // other page, so half the pages should be holes in the file. (Spans of page-sized objects
+  // are trimmed rather than meshed: Mesher::trimsAsWellAsMeshing.)
+  const size_t kSize = Arena::pageSize() / 2;
   const unsigned sizeClass = SizeClasses::classOf(kSize);
   ASSERT_EQ(SizeClasses::plan(sizeClass).objectSize, kSize);
   auto survivors = makeDisjointSpans(kSize, 4);
@@ -512,11 +514,12 @@ TEST_F(MeshTest, OnlyPagesWithLiveObjectsMoveIntoTheFile) {
   std::set<uintptr_t> spans;
   for (const Survivor& s : survivors) spans.insert(s.spanStart);
   ASSERT_EQ(spans.size(), 4u);
-  uintptr_t first = *spans.begin(), second = *std::next(spans.begin());
+  uintptr_t first = 0, second = 0;
   std::vector<Survivor> kept;
   for (const Survivor& s : survivors) {
-    if (s.spanStart == first || s.spanStart == second) {
+    if (s.slot % 4 < 2) {
       kept.push_back(s);
+      (s.slot % 4 == 0 ? first : second) = s.spanStart;
     } else {
       heap::deallocate(s.pointer);
     }
@@ -525,19 +528,20 @@ TEST_F(MeshTest, OnlyPagesWithLiveObjectsMoveIntoTheFile) {
   MiniHeap* owner = ownerOf(first);
   ASSERT_EQ(owner, ownerOf(second));
   ASSERT_NE(owner->mesh, nullptr);
-  std::set<size_t> liveSlots;
-  for (const Survivor& s : kept) liveSlots.insert(s.slot);
+  std::set<size_t> livePages;
+  for (const Survivor& s : kept) livePages.insert(s.slot * kSize / Arena::pageSize());
+  ASSERT_EQ(livePages.size(), owner->spanPages / 2);
   std::vector<unsigned char> resident(owner->spanPages);
-  ASSERT_EQ(
-      mincore(reinterpret_cast<void*>(owner->spanStart), owner->spanBytes(kSize), resident.data()),
-      0);
+  ASSERT_EQ(mincore(reinterpret_cast<void*>(owner->spanStart), owner->spanBytes(Arena::pageSize()),
+                    resident.data()),
+            0);
   for (size_t page = 0; page < owner->spanPages; page++) {
-    bool live = liveSlots.count(page) != 0;
+    bool live = livePages.count(page) != 0;
     // mincore on a file mapping reports the file's page: present only if it holds data.
     EXPECT_EQ(resident[page] & 1, live ? 1 : 0) << "page " << page;
     // And every page of the file is mapped by the destination itself, so PSS counts it.
     if (live) {
-      EXPECT_TRUE(pageMapped(owner->spanStart + page * kSize)) << "page " << page;
+      EXPECT_TRUE(pageMapped(owner->spanStart + page * Arena::pageSize())) << "page " << page;
     }
   }
   for (const Survivor& s : kept) {
@@ -589,6 +593,33 @@ TEST_F(MeshTest, UnpairedCandidatesGiveBackTheirFreePages) {
   // and a span a thread attaches no longer counts its pages as given back.
   useOnAThread(kSize, 4 * perSpan, 2);
   for (const Survivor& s : survivors) {
+    EXPECT_TRUE(holds(s.pointer, kSize, 1, reinterpret_cast<uintptr_t>(s.pointer)));
+    heap::deallocate(s.pointer);
+  }
+}
+
+// Spans of whole-page objects are trimmed, never paired: two spans of page-sized objects with a
+// survivor each at different slots could mesh, but trimming gives back every free page of both
+// (meshing would give back one span's pages, at the cost of a copy and a remapping).
+TEST_F(MeshTest, SpansOfWholePageObjectsAreTrimmedNotMeshed) {
+  const size_t kSize = Arena::pageSize();
+  const SpanPlan& plan = SizeClasses::plan(SizeClasses::classOf(kSize));
+  ASSERT_EQ(plan.objectSize, kSize);
+  const size_t perSpan = plan.objectCount;
+  ASSERT_GE(perSpan, 4u);
+  std::vector<Survivor> survivors = keepInFullSpans(
+      kSize, 2, [&](size_t span, size_t slot) { return slot == (span == 0 ? 0 : perSpan - 1); });
+  ASSERT_EQ(survivors.size(), 2u);
+  uint64_t meshedBefore = Mesher::stats().meshedSpans;
+  MeshPolicy::compactNow();
+  EXPECT_EQ(Mesher::stats().meshedSpans, meshedBefore);
+  for (const Survivor& s : survivors) {
+    MiniHeap* span = ownerOf(s.spanStart);
+    ASSERT_EQ(span->spanStart, s.spanStart) << "the spans were meshed";
+    EXPECT_EQ(span->mesh, nullptr);
+    EXPECT_EQ(span->trimmedBytes, (perSpan - 1) * kSize);
+    EXPECT_EQ(os::residentBytes(reinterpret_cast<void*>(span->spanStart), span->spanBytes(kSize)),
+              kSize);
     EXPECT_TRUE(holds(s.pointer, kSize, 1, reinterpret_cast<uintptr_t>(s.pointer)));
     heap::deallocate(s.pointer);
   }
