@@ -203,6 +203,11 @@ bool initialize() {
   if (gInitialized.load(std::memory_order_relaxed)) return true;
   Store::init();
   ThreadCache::init();
+  // Registering again is harmless (the heap's OperationGuard may have). Before any handle
+  // exists, so no free has yet run under the other protocol.
+  bool asymmetric = os::registerMembarrier();
+  gFreeProtocol.fenced.store(asymmetric, std::memory_order_relaxed);
+  gFreeProtocol.asymmetric.store(asymmetric, std::memory_order_relaxed);
   heap::forkParticipants().add(kForkHandles);
   gInitialized.store(true, std::memory_order_release);
   return true;

@@ -6,6 +6,7 @@
 #include "handle/table.h"
 #include "heap/heap.h"
 #include "heap/internal_heap.h"
+#include "platform/os.h"
 #include "support/lock.h"
 
 namespace meshalloc::handles {
@@ -15,6 +16,12 @@ namespace {
 // A class's cache holds at most this many bytes of slots (and between 4 and kMaxSlots slots).
 constexpr size_t kCacheBytesPerClass = 64 << 10;
 constexpr uint32_t kMinSlots = 4;
+
+// The mover waiting for a free in flight: a few instructions, so spin; a thread preempted in the
+// middle of one is waited for yielding, then asleep.
+constexpr unsigned kSpinsBeforeYielding = 256;
+constexpr unsigned kYieldsBeforeSleeping = 16;
+constexpr uint64_t kSleepNanos = 20000;
 
 // Every cache ever made, pushed under the lock (which also guards inUse_); caches are never
 // freed and next_ never changes once pushed, so cachedSlots walks the list without the lock (the
@@ -159,6 +166,30 @@ size_t ThreadCache::cachedSlots(unsigned sizeClass) {
   return total;
 }
 
+uint64_t ThreadCache::waitForFrees(const uint64_t* handles, unsigned count) {
+  uint64_t start = 0;
+  for (ThreadCache* c = gRegistry.load(std::memory_order_acquire); c; c = c->next_) {
+    // Acquire: once the announcement has ended, so has the free's store of the state.
+    uint64_t freeing = c->freeing_.load(std::memory_order_acquire);
+    if (freeing == 0) continue;
+    bool named = false;
+    for (unsigned i = 0; i < count && !named; i++) named = handles[i] == freeing;
+    if (!named) continue;
+    if (start == 0) start = os::monotonicNanos();
+    // Until it ends: a new announcement names another handle (no handle is freed twice).
+    for (unsigned i = 0; c->freeing_.load(std::memory_order_acquire) == freeing; i++) {
+      if (i < kSpinsBeforeYielding) {
+        cpuRelax();
+      } else if (i < kSpinsBeforeYielding + kYieldsBeforeSleeping) {
+        os::yieldThread();
+      } else {
+        os::sleepNanos(kSleepNanos);
+      }
+    }
+  }
+  return start ? os::monotonicNanos() - start : 0;
+}
+
 void ThreadCache::lockForFork() {
   gRegistryLock.lock();
 }
@@ -167,6 +198,10 @@ void ThreadCache::unlockAfterFork() {
 }
 void ThreadCache::resetAfterFork() {
   gRegistryLock.resetAfterFork();
+  // A thread that was in the middle of a free at the fork does not exist here: its free never
+  // ends, and the mover must not wait for it (the entry stays live in the child).
+  for (ThreadCache* c = gRegistry.load(std::memory_order_relaxed); c; c = c->next_)
+    c->freeing_.store(0, std::memory_order_relaxed);
 }
 
 }  // namespace meshalloc::handles

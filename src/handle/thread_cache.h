@@ -119,6 +119,20 @@ class ThreadCache {
     m.setCount(count + 1);
   }
 
+  // The asymmetric free's mutator side: `handle` is being taken from live to free by this
+  // thread, with a plain load and store of its state word. No fence instruction: the mover's
+  // membarrier(2) stands in for one, so that either the mover sees this store, or the load of
+  // the state that follows it sees the mover's kMovingBit (docs/handles.md).
+  void announceFree(uint64_t handle) {
+    freeing_.store(handle, std::memory_order_relaxed);
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+  }
+  // Release: the state's store comes before, for the mover that sees the announcement end.
+  void endFree() { freeing_.store(0, std::memory_order_release); }
+  // The mover's side, after its barrier: returns once no thread announces one of `handles`
+  // (a free is a few instructions, unless its thread is preempted there). The ns waited.
+  static uint64_t waitForFrees(const uint64_t* handles, unsigned count);
+
   // The calling thread gives back every entry and slot it holds (mh_compact).
   static void flushCurrent();
   // For the defragmenter: every thread gives back its slots of the class at its next
@@ -172,7 +186,8 @@ class ThreadCache {
   void returnSlots(unsigned sizeClass, unsigned count);
   void flushAll();
 
-  ThreadCache* next_;  // every cache ever made (the registry), in use or not
+  ThreadCache* next_;              // every cache ever made (the registry), in use or not
+  std::atomic<uint64_t> freeing_;  // announceFree's handle, 0 outside a free
   bool inUse_;
   uint32_t entryCount_;
   uint32_t entries_[kEntryCapacity];

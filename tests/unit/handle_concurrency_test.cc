@@ -130,7 +130,8 @@ constexpr size_t kDefaultOperations = 20000;  // the sanitizers make each about 
 constexpr size_t kDefaultOperations = 150000;
 #endif
 
-TEST(HandleConcurrencyTest, MutatorsAndAMoverLoseNoWrite) {
+// Three mutators and a mover running passes back to back: no wrong word, every operation checked.
+void mutatorsAndAMover(size_t operations) {
   gHeapConfig.handlesDefrag = false;
   ASSERT_TRUE(ensureInitialized());
   std::mt19937_64 rng(7);
@@ -143,8 +144,6 @@ TEST(HandleConcurrencyTest, MutatorsAndAMoverLoseNoWrite) {
     while (!stop.load(std::memory_order_relaxed)) Defragmenter::pass(0, size_t{1} << 20);
   });
   Totals totals;
-  const char* ops = getenv("MESHALLOC_TEST_HANDLE_OPS");
-  const size_t operations = ops ? strtoull(ops, nullptr, 10) : kDefaultOperations;
   std::vector<std::thread> threads;
   for (uint64_t t = 0; t < 3; t++)
     threads.emplace_back(mutator, 100 + t, operations, std::cref(shared), std::ref(totals));
@@ -158,6 +157,24 @@ TEST(HandleConcurrencyTest, MutatorsAndAMoverLoseNoWrite) {
   EXPECT_EQ(totals.wrong.load(), 0u);
   EXPECT_EQ(totals.checked.load(), 3 * operations);
   EXPECT_GT(gCounters.movedObjects.load(), movedBefore);
+}
+
+TEST(HandleConcurrencyTest, MutatorsAndAMoverLoseNoWrite) {
+  const char* ops = getenv("MESHALLOC_TEST_HANDLE_OPS");
+  mutatorsAndAMover(ops ? strtoull(ops, nullptr, 10) : kDefaultOperations);
+}
+
+// The same with the protocol a process without membarrier(2) chooses at start-up: every free a
+// compare-and-swap, batches of moves without a barrier.
+TEST(HandleConcurrencyTest, MutatorsAndAMoverLoseNoWriteWithoutMembarrier) {
+  ASSERT_TRUE(ensureInitialized());
+  bool asymmetric = gFreeProtocol.asymmetric.load();
+  bool fenced = gFreeProtocol.fenced.load();
+  gFreeProtocol.asymmetric.store(false);
+  gFreeProtocol.fenced.store(false);
+  mutatorsAndAMover(kDefaultOperations / 3);
+  gFreeProtocol.fenced.store(fenced);
+  gFreeProtocol.asymmetric.store(asymmetric);
 }
 
 // Pins that land in the middle of a copy (slowed down to 50 us) cancel the move instead of
@@ -399,6 +416,72 @@ TEST(HandleConcurrencyTest, AThreadGoesAroundALockTheMoverHolds) {
   }
   EXPECT_EQ(wrong, 0u);
   for (uint64_t handle : kept) free(handle);
+}
+
+// mh_free's common path stopped between its check of the state and its store (2 ms here, as a
+// preempted thread would be): it waits for a move of its entry to commit, and counts the
+// commits it sees. With the asymmetric free the mover waits for such a free before committing
+// (its barrier and the frees' announcements), so none is ever seen: made to skip the wait, the
+// mover commits under most of these frees, which then free the source the mover also frees.
+struct StopInFree {
+  static inline std::atomic<uint64_t> committedUnder{0};  // moves that committed under a free
+  static inline std::atomic<uint64_t> heldUnder{0};       // frees a move took the entry during
+  static void inFree(Entry& entry, uint64_t object) {
+    auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(2);
+    bool held = false;
+    while (std::chrono::steady_clock::now() < end) {
+      uint64_t state = entry.state.load(std::memory_order_acquire);
+      held |= (state & kMovingBit) != 0;
+      if ((state & kCommitBit) || entry.object.load(std::memory_order_relaxed) != object) {
+        committedUnder.fetch_add(1);
+        return;
+      }
+      std::this_thread::yield();
+    }
+    if (held) heldUnder.fetch_add(1);
+  }
+};
+
+TEST(HandleConcurrencyTest, NoMoveCommitsUnderAFreeInFlight) {
+  gHeapConfig.handlesDefrag = false;
+  ASSERT_TRUE(ensureInitialized());
+  if (!gFreeProtocol.asymmetric.load()) GTEST_SKIP() << "no membarrier: frees use the CAS";
+  std::mt19937_64 rng(17);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  size_t wrong = 0;
+  // Rounds of a freshly fragmented set, freed by two threads (each free stopped in the middle)
+  // while a pass moves them, until 20 frees have had their entry taken by a move.
+  for (unsigned round = 0; StopInFree::heldUnder.load() + StopInFree::committedUnder.load() < 20 &&
+                           std::chrono::steady_clock::now() < deadline;
+       round++) {
+    std::vector<Object> objects = sparseObjects(rng, 8000, 8, round % 4);
+    ThreadCache::flushCurrent();
+    std::atomic<bool> passDone{false};
+    std::thread mover([&] {
+      Defragmenter::pass(0, 0);
+      passDone.store(true);
+    });
+    std::vector<std::thread> freers;
+    for (size_t t = 0; t < 2; t++) {
+      freers.emplace_back([&, t] {
+        ThreadCache::current();  // the common path is a cached thread's
+        for (size_t i = t; i < objects.size() && !passDone.load(); i += 2) {
+          free<StopInFree>(objects[i].handle);
+          objects[i].handle = 0;
+        }
+      });
+    }
+    for (std::thread& f : freers) f.join();
+    mover.join();
+    for (const Object& o : objects) {
+      if (!o.handle) continue;
+      wrong += checkAndWrite(o, 0);
+      free(o.handle);
+    }
+  }
+  EXPECT_EQ(StopInFree::committedUnder.load(), 0u);
+  EXPECT_GE(StopInFree::heldUnder.load(), 20u);
+  EXPECT_EQ(wrong, 0u);
 }
 
 }  // namespace
