@@ -83,10 +83,10 @@ void freeSlow(uint64_t handle);
 // Gives back the object and the entry of a handle just freed.
 void releaseObject(uint64_t object, uint32_t index);
 
-// MH_NULL (0) with errno ENOMEM on failure. The common case, inline: a small object from the
-// thread's cache, with no lock and no atomic read-modify-write; the entry is published live
-// (release) only once its object word is set, so that a defragmenter pass finding the slot's
-// owner meanwhile leaves it alone.
+// MH_NULL (0) with errno ENOMEM on failure. The common case, inline: a small object and its
+// entry from the thread's cache, with no lock and no atomic read-modify-write; the entry is
+// published live (release) only once its object word is set, so that a defragmenter pass
+// finding the slot's owner meanwhile leaves it alone.
 inline uint64_t allocate(size_t size) {
   ThreadCache* cache = ThreadCache::existing();
   if (__builtin_expect(cache != nullptr && size <= kMaxSmallSize, 1)) {
@@ -96,7 +96,7 @@ inline uint64_t allocate(size_t size) {
     if (__builtin_expect(cache->takeFast(sizeClass, index, slot), 1)) {
       Entry& entry = Table::at(index);
       uint64_t generation = Table::nextGeneration(entry.state.load(std::memory_order_relaxed));
-      Store::setOwner(slot, sizeClass, index);
+      // The slot's owner word names the entry already (ThreadCache, "paired").
       entry.object.store(makeObject(slot, sizeClass), std::memory_order_relaxed);
       entry.state.store(generation | kLiveBit, std::memory_order_release);
       return makeHandle(index, generation);
@@ -132,9 +132,9 @@ struct NoStops {
 // a plain store, announced to the mover; without it, one compare-and-swap.
 template <typename Stops = NoStops>
 inline void free(uint64_t handle) {
-  Entry* entry = Table::find(handle);
   ThreadCache* cache = ThreadCache::existing();
-  if (__builtin_expect(entry != nullptr && cache != nullptr, 1)) {
+  if (__builtin_expect(Table::names(handle) && cache != nullptr, 1)) {
+    Entry* entry = &Table::at(indexOf(handle));
     uint64_t live = (handle & kGenerationMask) | kLiveBit;
     uint64_t object;
     if (__builtin_expect(gFreeProtocol.asymmetric.load(std::memory_order_relaxed), 1)) {

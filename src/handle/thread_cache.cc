@@ -84,11 +84,17 @@ void ThreadCache::flushEntries(unsigned count) {
   entryCount_ -= count;
 }
 
+// The oldest `count` pairs of the class go back: the slots to their chunks, the entries to the
+// entries kept apart.
 void ThreadCache::returnSlots(unsigned sizeClass, unsigned count) {
   Magazine& m = magazines_[sizeClass];
   uint32_t held = m.count;
   Store::returnSlots(sizeClass, m.slots, count);
-  for (unsigned i = count; i < held; i++) m.slots[i - count] = m.slots[i];
+  for (unsigned i = 0; i < count; i++) giveEntry(m.entries[i]);
+  for (unsigned i = count; i < held; i++) {
+    m.slots[i - count] = m.slots[i];
+    m.entries[i - count] = m.entries[i];
+  }
   m.setCount(held - count);
 }
 
@@ -101,46 +107,56 @@ void ThreadCache::answerReturnRequest(unsigned sizeClass, uint32_t requests) {
   m.seenRequests = requests;
 }
 
-uintptr_t ThreadCache::refillSlots(unsigned sizeClass) {
+bool ThreadCache::refill(unsigned sizeClass) {
   Magazine& m = magazines_[sizeClass];
+  m.capacity = capacity_[sizeClass];
   uint32_t requests = returnRequests_[sizeClass].load(std::memory_order_relaxed);
   if (m.seenRequests != requests) answerReturnRequest(sizeClass, requests);
-  uint32_t taken = Store::takeSlots(sizeClass, m.slots, capacity_[sizeClass] / 2);
-  if (taken == 0) return 0;
+  uint32_t taken = Store::takeSlots(sizeClass, m.slots, m.capacity / 2);
+  // Each slot with an entry, which its owner word names from now on (a move reads it under the
+  // class lock and checks it against the entry, which is not live yet).
+  uint32_t paired = 0;
+  for (; paired < taken; paired++) {
+    uint32_t index = takeEntry();
+    if (index == kNoEntry) break;
+    m.entries[paired] = index;
+    Store::setOwner(m.slots[paired], sizeClass, index);
+  }
+  if (paired < taken) Store::returnSlots(sizeClass, m.slots + paired, taken - paired);
   // Their chunks become the run chunks whose freed slots this cache keeps.
-  for (uint32_t i = 0; i < taken; i++) {
+  for (uint32_t i = 0; i < paired; i++) {
     uintptr_t chunk = m.slots[i] & chunkMask_[sizeClass];
     bool known = false;
     for (uintptr_t run : m.runChunks) known |= run == chunk;
     if (!known) m.runChunks[m.nextRunChunk++ % kRunChunks] = chunk;
   }
-  m.setCount(taken - 1);
-  return m.slots[taken - 1];
+  m.setCount(paired);
+  return paired != 0;
 }
 
-void ThreadCache::giveSlotSlow(unsigned sizeClass, uintptr_t slot, bool inRun) {
+void ThreadCache::giveSlow(unsigned sizeClass, uint32_t index, uintptr_t slot) {
   Magazine& m = magazines_[sizeClass];
+  m.capacity = capacity_[sizeClass];
   uint32_t requests = returnRequests_[sizeClass].load(std::memory_order_relaxed);
-  if (m.seenRequests != requests) {
-    answerReturnRequest(sizeClass, requests);
-    inRun = false;
-  }
-  if (!inRun) {
+  if (m.seenRequests != requests) answerReturnRequest(sizeClass, requests);
+  if (!inRunChunk(m, sizeClass, slot)) {
     Store::returnSlots(sizeClass, &slot, 1);
+    giveEntry(index);
     return;
   }
-  if (m.count == capacity_[sizeClass]) returnSlots(sizeClass, capacity_[sizeClass] / 2);
+  if (m.count == m.capacity) returnSlots(sizeClass, m.capacity / 2);
   uint32_t count = m.count;
   m.slots[count] = slot;
+  m.entries[count] = index;
   m.setCount(count + 1);
 }
 
 void ThreadCache::flushAll() {
-  flushEntries(entryCount_);
   for (unsigned c = 0; c < kNumSizeClasses; c++) {
     returnSlots(c, magazines_[c].count);
     for (uintptr_t& chunk : magazines_[c].runChunks) chunk = 0;
   }
+  flushEntries(entryCount_);
 }
 
 void ThreadCache::flushCurrent() {

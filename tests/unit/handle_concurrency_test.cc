@@ -450,12 +450,18 @@ TEST(HandleConcurrencyTest, NoMoveCommitsUnderAFreeInFlight) {
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
   size_t wrong = 0;
   // Rounds of a freshly fragmented set, freed by two threads (each free stopped in the middle)
-  // while a pass moves them, until 20 frees have had their entry taken by a move.
+  // while a pass moves them, until 20 frees have had their entry taken by a move. Each thread
+  // frees objects the mover is about to take: further on in the chunk of one it holds.
   for (unsigned round = 0; StopInFree::heldUnder.load() + StopInFree::committedUnder.load() < 20 &&
                            std::chrono::steady_clock::now() < deadline;
        round++) {
     std::vector<Object> objects = sparseObjects(rng, 8000, 8, round % 4);
     ThreadCache::flushCurrent();
+    std::vector<std::atomic<uint64_t>> handles(objects.size());
+    for (size_t i = 0; i < objects.size(); i++) handles[i].store(objects[i].handle);
+    auto objectWord = [](uint64_t handle) {
+      return Table::at(indexOf(handle)).object.load(std::memory_order_relaxed);
+    };
     std::atomic<bool> passDone{false};
     std::thread mover([&] {
       Defragmenter::pass(0, 0);
@@ -465,18 +471,38 @@ TEST(HandleConcurrencyTest, NoMoveCommitsUnderAFreeInFlight) {
     for (size_t t = 0; t < 2; t++) {
       freers.emplace_back([&, t] {
         ThreadCache::current();  // the common path is a cached thread's
-        for (size_t i = t; i < objects.size() && !passDone.load(); i += 2) {
-          free<StopInFree>(objects[i].handle);
-          objects[i].handle = 0;
+        while (!passDone.load()) {
+          size_t next = handles.size();
+          for (size_t i = 0; i < handles.size() && next == handles.size(); i++) {
+            uint64_t held = handles[i].load();
+            if (!held || !(Table::at(indexOf(held)).state.load() & kMovingBit)) continue;
+            uint64_t object = objectWord(held);
+            uintptr_t chunk = addressOf(object) & Store::layout(classOfObject(object)).chunkMask;
+            for (size_t j = t; j < handles.size(); j += 2) {
+              uint64_t h = handles[j].load();
+              uint64_t o = h ? objectWord(h) : 0;
+              if (h && addressOf(o) > addressOf(object) &&
+                  (addressOf(o) & Store::layout(classOfObject(o)).chunkMask) == chunk &&
+                  Table::at(indexOf(h)).state.load() == ((h & kGenerationMask) | kLiveBit)) {
+                next = j;
+                break;
+              }
+            }
+          }
+          if (next == handles.size()) {
+            std::this_thread::yield();
+            continue;
+          }
+          free<StopInFree>(handles[next].exchange(0));
         }
       });
     }
     for (std::thread& f : freers) f.join();
     mover.join();
-    for (const Object& o : objects) {
-      if (!o.handle) continue;
-      wrong += checkAndWrite(o, 0);
-      free(o.handle);
+    for (size_t i = 0; i < objects.size(); i++) {
+      if (!handles[i].load()) continue;
+      wrong += checkAndWrite(objects[i], 0);
+      free(objects[i].handle);
     }
   }
   EXPECT_EQ(StopInFree::committedUnder.load(), 0u);
