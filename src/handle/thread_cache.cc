@@ -182,8 +182,7 @@ size_t ThreadCache::cachedSlots(unsigned sizeClass) {
   return total;
 }
 
-uint64_t ThreadCache::waitForFrees(const uint64_t* handles, unsigned count) {
-  uint64_t start = 0;
+void ThreadCache::waitForFrees(const uint64_t* handles, unsigned count) {
   for (ThreadCache* c = gRegistry.load(std::memory_order_acquire); c; c = c->next_) {
     // Acquire: once the announcement has ended, so has the free's store of the state.
     uint64_t freeing = c->freeing_.load(std::memory_order_acquire);
@@ -191,7 +190,6 @@ uint64_t ThreadCache::waitForFrees(const uint64_t* handles, unsigned count) {
     bool named = false;
     for (unsigned i = 0; i < count && !named; i++) named = handles[i] == freeing;
     if (!named) continue;
-    if (start == 0) start = os::monotonicNanos();
     // Until it ends: a new announcement names another handle (no handle is freed twice).
     for (unsigned i = 0; c->freeing_.load(std::memory_order_acquire) == freeing; i++) {
       if (i < kSpinsBeforeYielding) {
@@ -203,7 +201,6 @@ uint64_t ThreadCache::waitForFrees(const uint64_t* handles, unsigned count) {
       }
     }
   }
-  return start ? os::monotonicNanos() - start : 0;
 }
 
 void ThreadCache::lockForFork() {

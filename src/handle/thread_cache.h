@@ -117,8 +117,8 @@ class ThreadCache {
   // Release: the state's store comes before, for the mover that sees the announcement end.
   void endFree() { freeing_.store(0, std::memory_order_release); }
   // The mover's side, after its barrier: returns once no thread announces one of `handles`
-  // (a free is a few instructions, unless its thread is preempted there). The ns waited.
-  static uint64_t waitForFrees(const uint64_t* handles, unsigned count);
+  // (a free is a few instructions, unless its thread is preempted there).
+  static void waitForFrees(const uint64_t* handles, unsigned count);
 
   // The calling thread gives back every entry and slot it holds (mh_compact).
   static void flushCurrent();
