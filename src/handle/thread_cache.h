@@ -110,8 +110,10 @@ class ThreadCache {
   // thread, with a plain load and store of its state word. No fence instruction: the mover's
   // membarrier(2) stands in for one, so that either the mover sees this store, or the load of
   // the state that follows it sees the mover's kMovingBit (docs/handles.md).
+  // Release (a plain store on x86-64): a mover that reads this announcement instead of the end
+  // of the previous one then sees the previous free's store of its state as well.
   void announceFree(uint64_t handle) {
-    freeing_.store(handle, std::memory_order_relaxed);
+    freeing_.store(handle, std::memory_order_release);
     std::atomic_signal_fence(std::memory_order_seq_cst);
   }
   // Release: the state's store comes before, for the mover that sees the announcement end.
