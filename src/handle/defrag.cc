@@ -99,11 +99,14 @@ Defragmenter::Begin Defragmenter::beginMoveLocked(Chunk* source, uint32_t slot, 
   return Begin::kBegan;
 }
 
-bool Defragmenter::copyAndPublish(const Move& move) {
+void Defragmenter::copy(const Move& move) {
   size_t bytes = Store::layout(move.sizeClass).slotSize;
   copyObject(move.to, move.from, bytes);
   if (corruptMoves_) reinterpret_cast<unsigned char*>(move.to)[bytes / 2] ^= 1;
   pauseFor(copyDelayNs_.load(std::memory_order_relaxed));
+}
+
+bool Defragmenter::commit(const Move& move) {
   Entry& entry = *move.entry;
   uint64_t held = move.state | kMovingBit;
   uint64_t from = makeObject(move.from, move.sizeClass);
@@ -127,51 +130,116 @@ bool Defragmenter::copyAndPublish(const Move& move) {
   return false;
 }
 
+bool Defragmenter::fenceFrees(const Move* moves, unsigned count) {
+  // Without the asymmetric free ever in use, every free is a compare-and-swap, which the
+  // commit's orders by itself.
+  if (!gFreeProtocol.fenced.load(std::memory_order_relaxed)) return true;
+  if (barrierLost_) return false;
+  // The moving bits were set with locked compare-and-swaps, before this. Every thread now runs
+  // a full barrier: a free whose announcement came before it is seen below; one whose
+  // announcement came after it then loads the state and sees kMovingBit.
+  if (!membarrierLost_ && !os::membarrierAllThreads()) {
+    membarrierLost_ = true;
+    gFreeProtocol.asymmetric.store(false, std::memory_order_seq_cst);
+    static constexpr char kMessage[] =
+        "meshalloc: membarrier(2) failed after it was registered; mh_free uses a "
+        "compare-and-swap from now on\n";
+    os::writeStderr(kMessage, sizeof(kMessage) - 1);
+  }
+  if (membarrierLost_ && !os::interruptRunningThreads()) {
+    barrierLost_ = true;
+    static constexpr char kMessage[] =
+        "meshalloc: no barrier can replace membarrier(2) here; handle objects stop moving\n";
+    os::writeStderr(kMessage, sizeof(kMessage) - 1);
+    return false;
+  }
+  uint64_t handles[kBatchMoves];
+  for (unsigned i = 0; i < count; i++)
+    handles[i] = makeHandle(static_cast<uint32_t>(moves[i].entry - &Table::at(0)), moves[i].state);
+  ThreadCache::waitForFrees(handles, count);
+  return true;
+}
+
+unsigned Defragmenter::moveBatch(const Move* moves, unsigned count, PassResult& result) {
+  if (count == 0) return 0;
+  size_t slotSize = Store::layout(moves[0].sizeClass).slotSize;
+  // Copying first gives the frees in flight time to end before the barrier's wait.
+  for (unsigned i = 0; i < count; i++) copy(moves[i]);
+  bool fenced = fenceFrees(moves, count);
+  unsigned committed = 0;
+  for (unsigned i = 0; i < count; i++) {
+    const Move& move = moves[i];
+    bool published = fenced && commit(move);
+    if (!fenced) releaseHeld(*move.entry, move.state);
+    {
+      Store::ClassGuard guard(move.sizeClass, Store::Holder::kMover);
+      // The slot the object no longer needs: the destination if a pin came first (it keeps the
+      // object where it was), else the source.
+      uintptr_t freed = published ? move.from : move.to;
+      Chunk* chunk = Store::chunkOf(freed, move.sizeClass);
+      Store::freeSlotLocked(chunk, Store::slotOf(chunk, freed));
+    }
+    if (!published) {
+      gCounters.abandonedMoves.fetch_add(1, std::memory_order_relaxed);
+      continue;
+    }
+    committed++;
+    gCounters.movedObjects.fetch_add(1, std::memory_order_relaxed);
+    gCounters.movedBytes.fetch_add(slotSize, std::memory_order_relaxed);
+    result.movedBytes += slotSize;
+  }
+  return committed;
+}
+
 bool Defragmenter::evacuate(Chunk* source, uint64_t deadlineNs, size_t maxMovedBytes,
                             PassResult& result) {
   unsigned sizeClass = source->sizeClass;
   size_t slotSize = Store::layout(sizeClass).slotSize;
   uint32_t slotCount = Store::layout(sizeClass).slotCount;
+  size_t batchMoves = kBatchBytes / slotSize;
+  if (batchMoves > kBatchMoves) batchMoves = kBatchMoves;
+  if (batchMoves == 0) batchMoves = 1;
   bool skipped = false;
-  for (uint32_t slot = 0;; slot++) {
-    if (outOfBudget(result, deadlineNs, maxMovedBytes)) {
-      result.budgetExhausted = true;
-      return false;
+  uint32_t slot = 0;
+  for (;;) {
+    Move moves[kBatchMoves];
+    unsigned count = 0;
+    bool stuck = false;  // an object that cannot move, or the budget ran out
+    while (count < batchMoves) {
+      PassResult pending = result;
+      pending.movedBytes += count * slotSize;
+      if (outOfBudget(pending, deadlineNs, maxMovedBytes)) {
+        result.budgetExhausted = true;
+        stuck = true;
+        break;
+      }
+      // The class's lock is held to pick the slots of one object, not for the copy: each hold
+      // is a bounded amount of work for one object.
+      Begin began;
+      {
+        Store::ClassGuard guard(sizeClass, Store::Holder::kMover);
+        slot = nextUsedSlot(source, slot);
+        began = slot < slotCount ? beginMoveLocked(source, slot, moves[count]) : Begin::kBusy;
+        pauseFor(holdDelayNs_.load(std::memory_order_relaxed));
+      }
+      if (slot == slotCount) break;
+      slot++;
+      if (began == Begin::kBusy) {
+        stuck = true;
+        break;
+      }
+      if (began == Begin::kNoObject) {
+        // Most likely a thread cache's slot: ask for it back (the chunk empties once it comes
+        // back, if the rest has moved) and go on with the other objects.
+        if (!skipped) ThreadCache::requestReturn(sizeClass);
+        skipped = true;
+        continue;
+      }
+      count++;
     }
-    // The class's lock is held to pick the slots and to free one of them, not for the copy:
-    // each hold is a bounded amount of work for one object.
-    Move move;
-    Begin began;
-    {
-      Store::ClassGuard guard(sizeClass, Store::Holder::kMover);
-      slot = nextUsedSlot(source, slot);
-      began = slot < slotCount ? beginMoveLocked(source, slot, move) : Begin::kBusy;
-      pauseFor(holdDelayNs_.load(std::memory_order_relaxed));
-    }
-    if (slot == slotCount) return !skipped;
-    if (began == Begin::kBusy) return false;
-    if (began == Begin::kNoObject) {
-      // Most likely a thread cache's slot: ask for it back (the chunk empties once it comes
-      // back, if the rest has moved) and go on with the other objects.
-      if (!skipped) ThreadCache::requestReturn(sizeClass);
-      skipped = true;
-      continue;
-    }
-    bool published = copyAndPublish(move);
-    {
-      Store::ClassGuard guard(sizeClass, Store::Holder::kMover);
-      // The slot the object no longer needs: the destination if a pin came first (it keeps the
-      // object where it was), else the source.
-      Chunk* freed = published ? source : Store::chunkOf(move.to, sizeClass);
-      Store::freeSlotLocked(freed, published ? slot : Store::slotOf(freed, move.to));
-    }
-    if (!published) {
-      gCounters.abandonedMoves.fetch_add(1, std::memory_order_relaxed);
-      return false;
-    }
-    gCounters.movedObjects.fetch_add(1, std::memory_order_relaxed);
-    gCounters.movedBytes.fetch_add(slotSize, std::memory_order_relaxed);
-    result.movedBytes += slotSize;
+    // A pin that came first keeps its object here: the chunk cannot empty.
+    if (moveBatch(moves, count, result) < count || stuck) return false;
+    if (slot >= slotCount) return !skipped;
   }
 }
 

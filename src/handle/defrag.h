@@ -65,10 +65,21 @@ class Defragmenter {
     kBusy,      // pinned, held by another operation, or no place to go
     kNoObject,  // taken but no live entry names it: a thread cache's, or being allocated or freed
   };
+  // At most this many moves, and this many bytes, per batch: one barrier for all of them.
+  static constexpr unsigned kBatchMoves = 64;
+  static constexpr size_t kBatchBytes = 64 << 10;
   // Starts moving the object in `slot` of `source` (its class's lock held).
   static Begin beginMoveLocked(Chunk* source, uint32_t slot, Move& move);
-  // Copies without the lock and publishes the copy; false if a pin cancelled the move.
-  static bool copyAndPublish(const Move& move);
+  static void copy(const Move& move);
+  // Commits a copied move and publishes the copy; false if a pin cancelled it or a free took the
+  // entry.
+  static bool commit(const Move& move);
+  // Copies, fences and commits a batch of begun moves, and frees for each the slot the object no
+  // longer needs. How many moves committed.
+  static unsigned moveBatch(const Move* moves, unsigned count, PassResult& result);
+  // The mover's side of the asymmetric free, between a batch's moving bits and its commits:
+  // false if no barrier could be had (nothing may commit then).
+  static bool fenceFrees(const Move* moves, unsigned count);
   // Moves the objects of one source chunk; false if one could not move (slots with no live
   // object are skipped, and thread caches asked to give them back) or the budget ran out.
   static bool evacuate(Chunk* source, uint64_t deadlineNs, size_t maxMovedBytes,
@@ -81,6 +92,11 @@ class Defragmenter {
   static inline std::atomic<uint64_t> copyDelayNs_{0};
   static inline std::atomic<uint64_t> publishDelayNs_{0};
   static inline std::atomic<uint64_t> holdDelayNs_{0};
+  // membarrier(2) failed after start-up (a seccomp filter installed since, say): frees use
+  // the compare-and-swap from then on, and batches use os::interruptRunningThreads for the
+  // frees begun before; where that cannot stand in either, no move commits any more.
+  static inline bool membarrierLost_ = false;
+  static inline bool barrierLost_ = false;
 };
 
 }  // namespace meshalloc::handles

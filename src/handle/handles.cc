@@ -110,38 +110,37 @@ uint64_t allocateSlow(size_t size, bool zero) {
   }
   ThreadCache* cache = ThreadCache::current();
   uint32_t index = ThreadCache::kNoEntry;
-  if (cache) {
-    index = cache->takeEntry();
-  } else if (!Table::acquireBatch(&index, 1)) {
-    index = ThreadCache::kNoEntry;
-  }
-  if (index == ThreadCache::kNoEntry) {
-    errno = ENOMEM;
-    return 0;
-  }
-  uint64_t handle = Table::renew(index);
-  uint64_t object;
+  uint64_t object = 0;
   if (cache && size <= kMaxSmallSize) {
     unsigned sizeClass = SizeClasses::classOf(size);
-    uintptr_t address = cache->takeSlot(sizeClass);
-    if (address) {
-      Store::setOwner(address, sizeClass, index);
-      if (zero) memset(reinterpret_cast<void*>(address), 0, Store::layout(sizeClass).slotSize);
-    } else {
+    uintptr_t address;
+    if (!cache->take(sizeClass, index, address)) {
       errno = ENOMEM;
+      return 0;
     }
-    object = address ? makeObject(address, sizeClass) : 0;
+    if (zero) memset(reinterpret_cast<void*>(address), 0, Store::layout(sizeClass).slotSize);
+    object = makeObject(address, sizeClass);
   } else {
-    object = Store::allocate(size, index, zero);
-  }
-  if (!object) {
     if (cache) {
-      cache->giveEntry(index);
-    } else {
-      Table::releaseBatch(&index, 1);
+      index = cache->takeEntry();
+    } else if (!Table::acquireBatch(&index, 1)) {
+      index = ThreadCache::kNoEntry;
     }
-    return 0;
+    if (index == ThreadCache::kNoEntry) {
+      errno = ENOMEM;
+      return 0;
+    }
+    object = Store::allocate(size, index, zero);
+    if (!object) {
+      if (cache) {
+        cache->giveEntry(index);
+      } else {
+        Table::releaseBatch(&index, 1);
+      }
+      return 0;
+    }
   }
+  uint64_t handle = Table::renew(index);
   Entry& entry = Table::at(index);
   entry.object.store(object, std::memory_order_relaxed);
   entry.state.store((handle & kGenerationMask) | kLiveBit, std::memory_order_release);
@@ -179,6 +178,11 @@ bool initialize() {
   if (gInitialized.load(std::memory_order_relaxed)) return true;
   Store::init();
   ThreadCache::init();
+  // Registering again is harmless (the heap's OperationGuard may have). Before any handle
+  // exists, so no free has yet run under the other protocol.
+  bool asymmetric = os::registerMembarrier();
+  gFreeProtocol.fenced.store(asymmetric, std::memory_order_relaxed);
+  gFreeProtocol.asymmetric.store(asymmetric, std::memory_order_relaxed);
   // In the layer's lock order (prepare in this order, the child's resets in reverse), all before
   // every heap lock: a chunk is made or released under a class lock, with the arena's lock
   // inside it.
@@ -296,10 +300,10 @@ void releaseObject(uint64_t object, uint32_t index) {
   unsigned storeClass = classOfObject(object);
   ThreadCache* cache = ThreadCache::current();
   if (cache && storeClass != kLargeStoreClass) {
-    cache->giveSlot(storeClass, addressOf(object));
-  } else {
-    Store::free(object);
+    cache->give(storeClass, index, addressOf(object));
+    return;
   }
+  Store::free(object);
   if (cache) {
     cache->giveEntry(index);
   } else {

@@ -83,10 +83,10 @@ void freeSlow(uint64_t handle);
 // Gives back the object and the entry of a handle just freed.
 void releaseObject(uint64_t object, uint32_t index);
 
-// MH_NULL (0) with errno ENOMEM on failure. The common case, inline: a small object from the
-// thread's cache, with no lock and no atomic read-modify-write; the entry is published live
-// (release) only once its object word is set, so that a defragmenter pass finding the slot's
-// owner meanwhile leaves it alone.
+// MH_NULL (0) with errno ENOMEM on failure. The common case, inline: a small object and its
+// entry from the thread's cache, with no lock and no atomic read-modify-write; the entry is
+// published live (release) only once its object word is set, so that a defragmenter pass
+// finding the slot's owner meanwhile leaves it alone.
 inline uint64_t allocate(size_t size) {
   ThreadCache* cache = ThreadCache::existing();
   if (__builtin_expect(cache != nullptr && size <= kMaxSmallSize, 1)) {
@@ -96,7 +96,7 @@ inline uint64_t allocate(size_t size) {
     if (__builtin_expect(cache->takeFast(sizeClass, index, slot), 1)) {
       Entry& entry = Table::at(index);
       uint64_t generation = Table::nextGeneration(entry.state.load(std::memory_order_relaxed));
-      Store::setOwner(slot, sizeClass, index);
+      // The slot's owner word names the entry already (ThreadCache, "paired").
       entry.object.store(makeObject(slot, sizeClass), std::memory_order_relaxed);
       entry.state.store(generation | kLiveBit, std::memory_order_release);
       return makeHandle(index, generation);
@@ -106,27 +106,66 @@ inline uint64_t allocate(size_t size) {
 }
 uint64_t allocateZeroed(size_t count, size_t size);
 uint64_t reallocate(uint64_t handle, size_t size);
-// The common case, inline: a live, unpinned entry that no move or resize holds goes to not
-// live with one compare-and-swap (which orders it against a move's), and the slot and entry to
-// the thread's cache.
+// How mh_free's common path is ordered against a move's commit (docs/handles.md, "Freeing
+// without a read-modify-write"). On its own cache line: the fast path reads it on every free,
+// and the mover writes its neighbours (gPublishing, gCounters) on every move.
+struct alignas(64) FreeProtocol {
+  // The asymmetric free: plain loads and stores, announced to the mover (ThreadCache::
+  // announceFree), which runs a barrier on every thread and waits for the frees in flight
+  // before it commits. Chosen at start-up when membarrier(2) works; cleared if it fails later.
+  std::atomic<bool> asymmetric{false};
+  // Set when `asymmetric` first is: every batch of moves fences from then on (a free that read
+  // `asymmetric` before it was cleared may still be in flight).
+  std::atomic<bool> fenced{false};
+};
+inline FreeProtocol gFreeProtocol;
+
+// Where tests stop an operation, as a preemption would; nothing in the library's own calls.
+struct NoStops {
+  // mh_free's common path, between its check of the state and its store of it.
+  static void inFree(Entry&, uint64_t /*object*/) {}
+};
+
+// The common case, inline: a live entry that no pin, move or resize holds goes to not live
+// (the generation kept: a later use of the handle finds it stale), and the slot and entry to
+// the thread's cache. With the asymmetric protocol the check and the store are a plain load and
+// a plain store, announced to the mover; without it, one compare-and-swap.
+template <typename Stops = NoStops>
 inline void free(uint64_t handle) {
-  Entry* entry = Table::find(handle);
-  if (__builtin_expect(entry != nullptr, 1)) {
-    uint64_t expected = (handle & kGenerationMask) | kLiveBit;
-    // Not live, the generation kept: a later use of the handle finds it stale.
-    if (__builtin_expect(entry->state.compare_exchange_strong(expected, handle & kGenerationMask,
-                                                              std::memory_order_acquire),
-                         1)) {
-      uint64_t object = entry->object.load(std::memory_order_relaxed);
-      ThreadCache* cache = ThreadCache::existing();
-      unsigned storeClass = classOfObject(object);
-      if (__builtin_expect(cache != nullptr && storeClass != kLargeStoreClass &&
-                               cache->giveFast(storeClass, indexOf(handle), addressOf(object)),
-                           1))
+  ThreadCache* cache = ThreadCache::existing();
+  if (__builtin_expect(Table::names(handle) && cache != nullptr, 1)) {
+    Entry* entry = &Table::at(indexOf(handle));
+    uint64_t live = (handle & kGenerationMask) | kLiveBit;
+    uint64_t object;
+    if (__builtin_expect(gFreeProtocol.asymmetric.load(std::memory_order_relaxed), 1)) {
+      cache->announceFree(handle);
+      // Acquire: the object word a finished move stored (its publication ends with a release).
+      if (__builtin_expect(entry->state.load(std::memory_order_acquire) != live, 0)) {
+        cache->endFree();
+        freeSlow(handle);
         return;
-      releaseObject(object, indexOf(handle));
-      return;
+      }
+      // No move can commit before endFree: one that began after the load above waits for it.
+      object = entry->object.load(std::memory_order_relaxed);
+      Stops::inFree(*entry, object);
+      entry->state.store(handle & kGenerationMask, std::memory_order_relaxed);
+      cache->endFree();
+    } else {
+      if (__builtin_expect(!entry->state.compare_exchange_strong(live, handle & kGenerationMask,
+                                                                 std::memory_order_acquire),
+                           0)) {
+        freeSlow(handle);
+        return;
+      }
+      object = entry->object.load(std::memory_order_relaxed);
     }
+    unsigned storeClass = classOfObject(object);
+    if (__builtin_expect(storeClass != kLargeStoreClass &&
+                             cache->giveFast(storeClass, indexOf(handle), addressOf(object)),
+                         1))
+      return;
+    releaseObject(object, indexOf(handle));
+    return;
   }
   freeSlow(handle);
 }

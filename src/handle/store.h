@@ -95,16 +95,18 @@ class Store {
 
   // --- For the thread caches (handle/thread_cache.h) ---
   // Takes up to `count` slots for a thread cache, from the fullest chunks with room (a new chunk
-  // if none has), with no owner: they stay taken (never a move's destination, never freed) until
-  // returnSlots. How many were taken (fewer only when memory is exhausted).
+  // if none has), with no owner (the cache then names the entry it pairs each with): they stay
+  // taken (never a move's destination, never freed) until returnSlots. How many were taken
+  // (fewer only when memory is exhausted).
   static unsigned takeSlots(unsigned sizeClass, uintptr_t* slots, unsigned count);
   // Frees slots a thread cache held, under one lock.
   static void returnSlots(unsigned sizeClass, const uintptr_t* slots, unsigned count);
-  // Owner of a slot that a thread cache holds: past every index, so no move starts from it.
+  // Owner of a slot just taken for a thread cache: past every index, so no move starts from it.
   static constexpr uint32_t kNoOwner = ~uint32_t{0};
-  // Records the owner of a slot just handed out from a thread cache. Atomic: a move may read it
-  // meanwhile (under the class lock, which the cache does not take); the move then validates
-  // the owner against its entry (Defragmenter::beginMoveLocked).
+  // Records the owner of a slot a thread cache holds: the entry it is paired with, not live
+  // until the pair is handed out. Atomic: a move may read it meanwhile (under the class lock,
+  // which the cache does not take); the move then validates the owner against its entry
+  // (Defragmenter::beginMoveLocked), which names this slot only once the pair is handed out.
   static void setOwner(uintptr_t address, unsigned sizeClass, uint32_t owner) {
     const ClassLayout& l = layouts_[sizeClass];
     uintptr_t chunk = address & l.chunkMask;

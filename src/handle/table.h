@@ -93,14 +93,15 @@ class Table {
     return generation ? generation : uint64_t{1} << kGenerationShift;
   }
 
-  // The entry of `handle`, or nullptr if it does not name an entry ever handed out (no tag, or
-  // an index past the high-water mark). Its generation is not checked here.
+  // Whether `handle` names an entry ever handed out (its tag, and an index below the
+  // high-water mark); its generation is not checked here.
+  static bool names(uint64_t handle) {
+    return (handle & kHandleTag) && indexOf(handle) < highWater_.load(std::memory_order_acquire);
+  }
+  // The entry of `handle`, or nullptr if it does not name one.
   static Entry* find(uint64_t handle) {
-    uint32_t index = indexOf(handle);
-    if (__builtin_expect(
-            !(handle & kHandleTag) || index >= highWater_.load(std::memory_order_acquire), 0))
-      return nullptr;
-    return &entries_[index];
+    if (__builtin_expect(!names(handle), 0)) return nullptr;
+    return &entries_[indexOf(handle)];
   }
   static Entry& at(uint32_t index) { return entries_[index]; }
   // Entries ever handed out: live ones, free ones, never more than kCapacity.

@@ -6,6 +6,7 @@
 #include "handle/table.h"
 #include "heap/heap.h"
 #include "heap/internal_heap.h"
+#include "platform/os.h"
 #include "support/lock.h"
 
 namespace meshalloc::handles {
@@ -15,6 +16,12 @@ namespace {
 // A class's cache holds at most this many bytes of slots (and between 4 and kMaxSlots slots).
 constexpr size_t kCacheBytesPerClass = 64 << 10;
 constexpr uint32_t kMinSlots = 4;
+
+// The mover waiting for a free in flight: a few instructions, so spin; a thread preempted in the
+// middle of one is waited for yielding, then asleep.
+constexpr unsigned kSpinsBeforeYielding = 256;
+constexpr unsigned kYieldsBeforeSleeping = 16;
+constexpr uint64_t kSleepNanos = 20000;
 
 // Every cache ever made, pushed under the lock (which also guards inUse_); caches are never
 // freed and next_ never changes once pushed, so cachedSlots walks the list without the lock (the
@@ -77,11 +84,17 @@ void ThreadCache::flushEntries(unsigned count) {
   entryCount_ -= count;
 }
 
+// The oldest `count` pairs of the class go back: the slots to their chunks, the entries to the
+// entries kept apart.
 void ThreadCache::returnSlots(unsigned sizeClass, unsigned count) {
   Magazine& m = magazines_[sizeClass];
   uint32_t held = m.count;
   Store::returnSlots(sizeClass, m.slots, count);
-  for (unsigned i = count; i < held; i++) m.slots[i - count] = m.slots[i];
+  for (unsigned i = 0; i < count; i++) giveEntry(m.entries[i]);
+  for (unsigned i = count; i < held; i++) {
+    m.slots[i - count] = m.slots[i];
+    m.entries[i - count] = m.entries[i];
+  }
   m.setCount(held - count);
 }
 
@@ -94,46 +107,56 @@ void ThreadCache::answerReturnRequest(unsigned sizeClass, uint32_t requests) {
   m.seenRequests = requests;
 }
 
-uintptr_t ThreadCache::refillSlots(unsigned sizeClass) {
+bool ThreadCache::refill(unsigned sizeClass) {
   Magazine& m = magazines_[sizeClass];
+  m.capacity = capacity_[sizeClass];
   uint32_t requests = returnRequests_[sizeClass].load(std::memory_order_relaxed);
   if (m.seenRequests != requests) answerReturnRequest(sizeClass, requests);
-  uint32_t taken = Store::takeSlots(sizeClass, m.slots, capacity_[sizeClass] / 2);
-  if (taken == 0) return 0;
+  uint32_t taken = Store::takeSlots(sizeClass, m.slots, m.capacity / 2);
+  // Each slot with an entry, which its owner word names from now on (a move reads it under the
+  // class lock and checks it against the entry, which is not live yet).
+  uint32_t paired = 0;
+  for (; paired < taken; paired++) {
+    uint32_t index = takeEntry();
+    if (index == kNoEntry) break;
+    m.entries[paired] = index;
+    Store::setOwner(m.slots[paired], sizeClass, index);
+  }
+  if (paired < taken) Store::returnSlots(sizeClass, m.slots + paired, taken - paired);
   // Their chunks become the run chunks whose freed slots this cache keeps.
-  for (uint32_t i = 0; i < taken; i++) {
+  for (uint32_t i = 0; i < paired; i++) {
     uintptr_t chunk = m.slots[i] & chunkMask_[sizeClass];
     bool known = false;
     for (uintptr_t run : m.runChunks) known |= run == chunk;
     if (!known) m.runChunks[m.nextRunChunk++ % kRunChunks] = chunk;
   }
-  m.setCount(taken - 1);
-  return m.slots[taken - 1];
+  m.setCount(paired);
+  return paired != 0;
 }
 
-void ThreadCache::giveSlotSlow(unsigned sizeClass, uintptr_t slot, bool inRun) {
+void ThreadCache::giveSlow(unsigned sizeClass, uint32_t index, uintptr_t slot) {
   Magazine& m = magazines_[sizeClass];
+  m.capacity = capacity_[sizeClass];
   uint32_t requests = returnRequests_[sizeClass].load(std::memory_order_relaxed);
-  if (m.seenRequests != requests) {
-    answerReturnRequest(sizeClass, requests);
-    inRun = false;
-  }
-  if (!inRun) {
+  if (m.seenRequests != requests) answerReturnRequest(sizeClass, requests);
+  if (!inRunChunk(m, sizeClass, slot)) {
     Store::returnSlots(sizeClass, &slot, 1);
+    giveEntry(index);
     return;
   }
-  if (m.count == capacity_[sizeClass]) returnSlots(sizeClass, capacity_[sizeClass] / 2);
+  if (m.count == m.capacity) returnSlots(sizeClass, m.capacity / 2);
   uint32_t count = m.count;
   m.slots[count] = slot;
+  m.entries[count] = index;
   m.setCount(count + 1);
 }
 
 void ThreadCache::flushAll() {
-  flushEntries(entryCount_);
   for (unsigned c = 0; c < kNumSizeClasses; c++) {
     returnSlots(c, magazines_[c].count);
     for (uintptr_t& chunk : magazines_[c].runChunks) chunk = 0;
   }
+  flushEntries(entryCount_);
 }
 
 void ThreadCache::flushCurrent() {
@@ -159,9 +182,38 @@ size_t ThreadCache::cachedSlots(unsigned sizeClass) {
   return total;
 }
 
+void ThreadCache::waitForFrees(const uint64_t* handles, unsigned count) {
+  for (ThreadCache* c = gRegistry.load(std::memory_order_acquire); c; c = c->next_) {
+    // Acquire: once the announcement has ended, so has the free's store of the state.
+    uint64_t freeing = c->freeing_.load(std::memory_order_acquire);
+    if (freeing == 0) continue;
+    bool named = false;
+    for (unsigned i = 0; i < count && !named; i++) named = handles[i] == freeing;
+    if (!named) continue;
+    // Until it ends: a new announcement names another handle (no handle is freed twice).
+    for (unsigned i = 0; c->freeing_.load(std::memory_order_acquire) == freeing; i++) {
+      if (i < kSpinsBeforeYielding) {
+        cpuRelax();
+      } else if (i < kSpinsBeforeYielding + kYieldsBeforeSleeping) {
+        os::yieldThread();
+      } else {
+        os::sleepNanos(kSleepNanos);
+      }
+    }
+  }
+}
+
 const heap::ForkParticipant& ThreadCache::forkParticipant() {
-  static constexpr heap::ForkParticipant kParticipant =
-      heap::mutexForkParticipant<gRegistryLock>("handle thread caches", heap::ForkRank::kHandles);
+  static constexpr heap::ForkParticipant kParticipant = {
+      "handle thread caches", heap::ForkRank::kHandles, [] { gRegistryLock.lock(); },
+      [] { gRegistryLock.unlock(); },
+      [] {
+        gRegistryLock.resetAfterFork();
+        // A thread that was in the middle of a free at the fork does not exist here: its free
+        // never ends, and the mover must not wait for it (the entry stays live in the child).
+        for (ThreadCache* c = gRegistry.load(std::memory_order_relaxed); c; c = c->next_)
+          c->freeing_.store(0, std::memory_order_relaxed);
+      }};
   return kParticipant;
 }
 

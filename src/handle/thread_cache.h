@@ -25,8 +25,9 @@ namespace meshalloc::handles {
 class ThreadCache {
  public:
   // Capacities: a thread allocating or freeing a few hundred small objects in a row does not
-  // go to the shared structures (2 KiB of entry indices, and up to 64 KiB of free slots per
-  // class: 256 slots of up to 256 bytes, 4 of 16 KiB; malloc's shuffle vectors hold up to 512).
+  // go to the shared structures (up to 64 KiB of free slots per class, each with an entry: 256
+  // slots of up to 256 bytes, 4 of 16 KiB; malloc's shuffle vectors hold up to 512; and 2 KiB
+  // of entry indices apart, for large objects and to pair with refills).
   static constexpr unsigned kEntryCapacity = 512;
   static constexpr unsigned kEntryBatch = kEntryCapacity / 2;
   static constexpr unsigned kMaxSlots = 256;  // per class; fewer for large classes (capacity_)
@@ -50,38 +51,53 @@ class ThreadCache {
     return __builtin_expect(reinterpret_cast<uintptr_t>(cache) > kExited, 1) ? cache : nullptr;
   }
 
-  // The fast paths of mh_alloc and mh_free: a free entry and a slot of the class, or an entry
-  // and a slot back, when both fit without going to the shared structures; false (nothing
-  // taken or kept) when the slow path (takeEntry, takeSlot, giveSlot, giveEntry) is needed.
+  // A class's magazine holds slots paired with entries: a slot freed with its handle keeps that
+  // handle's entry, whose index its owner word in the chunk already holds, so that handing the
+  // pair out again writes no owner (refills pair new slots with entries and write theirs).
+  //
+  // The fast paths of mh_alloc and mh_free: a pair of the class, or a pair back, when it fits
+  // without going to the shared structures; false (nothing taken or kept) when the slow path
+  // (take, give) is needed. Only the free checks for the defragmenter's return requests: a
+  // thread that only allocates meets them at its next refill.
   bool takeFast(unsigned sizeClass, uint32_t& index, uintptr_t& slot) {
     Magazine& m = magazines_[sizeClass];
     uint32_t count = m.count;
-    if (__builtin_expect(
-            count == 0 || entryCount_ == 0 ||
-                m.seenRequests != returnRequests_[sizeClass].load(std::memory_order_relaxed),
-            0))
-      return false;
+    if (__builtin_expect(count == 0, 0)) return false;
     m.setCount(count - 1);
     slot = m.slots[count - 1];
-    index = entries_[--entryCount_];
+    index = m.entries[count - 1];
     return true;
   }
   bool giveFast(unsigned sizeClass, uint32_t index, uintptr_t slot) {
-    Magazine& m = magazines_[sizeClass];
-    uint32_t count = m.count;
+    Magazine* m = &magazines_[sizeClass];
+    uint32_t count = m->count;
     if (__builtin_expect(
-            !inRunChunk(m, sizeClass, slot) || count == capacity_[sizeClass] ||
-                entryCount_ == kEntryCapacity ||
-                m.seenRequests != returnRequests_[sizeClass].load(std::memory_order_relaxed),
+            !inRunChunk(*m, sizeClass, slot) || count == m->capacity ||
+                m->seenRequests != returnRequests_[sizeClass].load(std::memory_order_relaxed),
             0))
       return false;
-    m.slots[count] = slot;
-    m.setCount(count + 1);
-    entries_[entryCount_++] = index;
+    m->slots[count] = slot;
+    m->entries[count] = index;
+    m->setCount(count + 1);
     return true;
   }
 
-  // A free entry (not live), or kNoEntry when the table is full.
+  // A pair of the class (the slot taken in its chunk, its owner word naming the entry, the
+  // entry not live); false if memory or the table is exhausted.
+  bool take(unsigned sizeClass, uint32_t& index, uintptr_t& slot) {
+    if (__builtin_expect(magazines_[sizeClass].count == 0, 0) && !refill(sizeClass)) return false;
+    return takeFast(sizeClass, index, slot);
+  }
+  // A slot whose object was freed, with the entry that owned it (no longer live). The slot is
+  // kept only if it is in one of the chunks the last refills took slots from (dense ones, the
+  // fullest when taken); any other goes back to its chunk at once, so that a cache never keeps
+  // sparse chunks alive, and its entry to the entries kept apart.
+  void give(unsigned sizeClass, uint32_t index, uintptr_t slot) {
+    if (!giveFast(sizeClass, index, slot)) giveSlow(sizeClass, index, slot);
+  }
+
+  // A free entry (not live) for an object outside the magazines, or kNoEntry when the table is
+  // full.
   uint32_t takeEntry() {
     if (__builtin_expect(entryCount_ == 0, 0)) return refillEntries();
     return entries_[--entryCount_];
@@ -92,34 +108,21 @@ class ThreadCache {
     entries_[entryCount_++] = index;
   }
 
-  // A slot of the class, taken in its chunk; 0 if memory is exhausted.
-  uintptr_t takeSlot(unsigned sizeClass) {
-    Magazine& m = magazines_[sizeClass];
-    uint32_t count = m.count;
-    if (__builtin_expect(count == 0 || m.seenRequests != returnRequests_[sizeClass].load(
-                                                             std::memory_order_relaxed),
-                         0))
-      return refillSlots(sizeClass);
-    m.setCount(count - 1);
-    return m.slots[count - 1];
+  // The asymmetric free's mutator side: `handle` is being taken from live to free by this
+  // thread, with a plain load and store of its state word. No fence instruction: the mover's
+  // membarrier(2) stands in for one, so that either the mover sees this store, or the load of
+  // the state that follows it sees the mover's kMovingBit (docs/handles.md).
+  // Release (a plain store on x86-64): a mover that reads this announcement instead of the end
+  // of the previous one then sees the previous free's store of its state as well.
+  void announceFree(uint64_t handle) {
+    freeing_.store(handle, std::memory_order_release);
+    std::atomic_signal_fence(std::memory_order_seq_cst);
   }
-  // A slot whose object was freed (its entry is no longer live). Kept only if it is in one of
-  // the chunks the last refills took slots from (dense ones, the fullest when taken); any other
-  // goes back to its chunk at once, so that a cache never keeps sparse chunks alive.
-  void giveSlot(unsigned sizeClass, uintptr_t slot) {
-    Magazine& m = magazines_[sizeClass];
-    uint32_t count = m.count;
-    bool inRun = inRunChunk(m, sizeClass, slot);
-    if (__builtin_expect(
-            !inRun || count == capacity_[sizeClass] ||
-                m.seenRequests != returnRequests_[sizeClass].load(std::memory_order_relaxed),
-            0)) {
-      giveSlotSlow(sizeClass, slot, inRun);
-      return;
-    }
-    m.slots[count] = slot;
-    m.setCount(count + 1);
-  }
+  // Release: the state's store comes before, for the mover that sees the announcement end.
+  void endFree() { freeing_.store(0, std::memory_order_release); }
+  // The mover's side, after its barrier: returns once no thread announces one of `handles`
+  // (a free is a few instructions, unless its thread is preempted there).
+  static void waitForFrees(const uint64_t* handles, unsigned count);
 
   // The calling thread gives back every entry and slot it holds (mh_compact).
   static void flushCurrent();
@@ -143,9 +146,11 @@ class ThreadCache {
     uint32_t count;         // written by the owner only, read by cachedSlots (atomic_ref)
     uint32_t seenRequests;  // returnRequests_ when the magazine was last refilled
     uint32_t nextRunChunk;  // the next runChunks entry to replace
+    uint32_t capacity;      // capacity_ of the class, set by the first refill or give (0 before)
     // The chunks the last refills took slots from (0: none).
     uintptr_t runChunks[kRunChunks];
     uintptr_t slots[kMaxSlots];
+    uint32_t entries[kMaxSlots];  // the entry paired with each slot
     void setCount(uint32_t value) {
       std::atomic_ref<uint32_t>(count).store(value, std::memory_order_relaxed);
     }
@@ -167,13 +172,14 @@ class ThreadCache {
   static void onThreadExit();
   uint32_t refillEntries();
   void flushEntries(unsigned count);
-  uintptr_t refillSlots(unsigned sizeClass);
-  void giveSlotSlow(unsigned sizeClass, uintptr_t slot, bool inRun);
+  bool refill(unsigned sizeClass);
+  void giveSlow(unsigned sizeClass, uint32_t index, uintptr_t slot);
   void answerReturnRequest(unsigned sizeClass, uint32_t requests);
   void returnSlots(unsigned sizeClass, unsigned count);
   void flushAll();
 
-  ThreadCache* next_;  // every cache ever made (the registry), in use or not
+  ThreadCache* next_;              // every cache ever made (the registry), in use or not
+  std::atomic<uint64_t> freeing_;  // announceFree's handle, 0 outside a free
   bool inUse_;
   uint32_t entryCount_;
   uint32_t entries_[kEntryCapacity];
