@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import signal
 import subprocess
 import tempfile
 import threading
@@ -36,7 +35,7 @@ from .claims import claims_table
 from .common import machine_notes
 from .framework import (MEASUREMENTS, OK, STDERR, STDOUT, TIMED, Command, Context, Declared, ExperimentUnavailable,
                         Outcome, Pass, Report, Results, Run, RunFailed, Served, Session)
-from .programs import PRELOAD_FAILURE, memory_run, timed_run
+from .programs import PRELOAD_FAILURE, exit_status, kill_group, memory_run, timed_run
 from .report import NO_VALUE, markdown_table, notes_section, number, stat_text, write_summary_json, write_tsv
 
 RUNS_FILE, TABLE_TSV, TABLE_MD = "runs.tsv", "table.tsv", "table.md"
@@ -134,7 +133,8 @@ def run_client(command: Command, run: Run) -> Iterator[Served]:
             thread.join(timeout=command.timeout_s)
 
 
-def served_timed_run(command: Command, allocator: Allocator, run: Run, stdout, stderr) -> Tuple[str, Optional[float]]:
+def served_timed_run(command: Command, allocator: Allocator, run: Run, stdout,
+                     stderr) -> Tuple[str, Optional[float]]:
     """A timed run whose program is a server its client drives and stops: no sampler beside
     it; the wall time from start to exit; killed (with all it started) after timeout_s."""
     env = dict(os.environ, **command.env) if command.inherit_env else dict(command.env)
@@ -146,20 +146,18 @@ def served_timed_run(command: Command, allocator: Allocator, run: Run, stdout, s
         except OSError as error:
             raise MeshallocError(error.strerror or str(error)) from None
         try:
-            code = process.wait(timeout=command.timeout_s)
+            status = exit_status(process.wait(timeout=command.timeout_s))
         except subprocess.TimeoutExpired:
-            with contextlib.suppress(OSError):
-                os.killpg(process.pid, signal.SIGKILL)
+            kill_group(process)
             process.wait()
             return "timeout", None
         except BaseException:
-            with contextlib.suppress(OSError):
-                os.killpg(process.pid, signal.SIGKILL)
+            kill_group(process)
             process.wait()
             raise
         seconds = served.since_start()
-    if code != 0:
-        return (f"exit {code}" if code > 0 else f"killed by {signal.Signals(-code).name}"), None
+    if status != OK:
+        return status, None
     return (run.client_error or OK), seconds
 
 
@@ -178,7 +176,8 @@ def interrupted(run: Run) -> bool:
 def run_schedule(workloads: Sequence[Any], allocators: Sequence[Any], one: Pass,
                  command_of: Callable[[Run, str], Command], place: Callable[[schedule.Slot, str], Tuple[
                      Optional[Path], Optional[Path]]], kinds: Sequence[str] = ("",),
-                 start: Optional[Callable[[schedule.Slot], None]] = None, finish: Optional[Callable[[Run], None]] = None,
+                 start: Optional[Callable[[schedule.Slot], None]] = None,
+                 finish: Optional[Callable[[Run], None]] = None,
                  log: Optional[Callable[[str], None]] = None, describe: Optional[Callable[[Run], str]] = None,
                  group: Optional[Callable[[schedule.Slot], str]] = None, separator: str = " ") -> List[Run]:
     """The one loop of every declared experiment and of `meshalloc compare`: the pass's
@@ -355,7 +354,9 @@ def drive(experiment: Declared, context: Context) -> Outcome:
     details = experiment.summary_details(session, results)
     if details is not None:
         files.append(write_summary_json(out, experiment.name, context.mode, params.repetitions, found, **details))
-    files += [out / directory for directory in run_directories(experiment, session) if (out / directory).is_dir()]
+    # A pass's directory of runs, unless the experiment listed files of its runs itself.
+    files += [out / directory for directory in run_directories(experiment, session) if (out / directory).is_dir()
+              and not any(out / directory in path.parents for path in files)]
     return Outcome(repetitions=params.repetitions, claims=found, table_md=report.table_md, files=files,
                    failures=list(session.failures), notes=notes)
 

@@ -8,10 +8,12 @@ writes outside `context.out` and never decides on its own how long to run: `cont
 does (smoke: seconds, for `make test`; quick: the whole `--quick` run stays under ten minutes;
 full: the paper's parameters).
 
-Most experiments do not write run() at all: they subclass `Declared` and declare their
-parameters per mode, their workloads, the command of one run, how to parse it, their columns
+The experiments do not write run(): they subclass `Declared` and declare their parameters
+per mode, their workloads (and what to prepare once for each), the commands of one run (a
+program alone, or a server beside the client that drives it), how to parse it, their columns
 and their claims; driver.py runs every declared experiment the same way (schedule,
-measurement, failures, TSV, tables, figures, the SUMMARY rows).
+measurement, failures, TSV, tables, figures, the SUMMARY rows), and `meshalloc compare` on
+the same loop.
 """
 
 from __future__ import annotations

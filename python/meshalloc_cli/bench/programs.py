@@ -270,7 +270,7 @@ class TimedRun:
         return self.status == "ok"
 
 
-def _status(returncode: int) -> str:
+def exit_status(returncode: int) -> str:
     if returncode == 0:
         return "ok"
     if returncode < 0:
@@ -296,13 +296,13 @@ def timed_run(command: Sequence[str], allocator: Allocator, cwd: Optional[Path],
     try:
         stdout, stderr = process.communicate(timeout=timeout)
         elapsed = time.monotonic() - start
-        status = _status(process.returncode)
+        status = exit_status(process.returncode)
     except subprocess.TimeoutExpired:
-        _kill_group(process)
+        kill_group(process)
         stdout, stderr = process.communicate()
         elapsed, status = None, "timeout"
     except BaseException:
-        _kill_group(process)
+        kill_group(process)
         process.wait()
         raise
     text = stderr.decode(errors="replace").strip()
@@ -312,7 +312,7 @@ def timed_run(command: Sequence[str], allocator: Allocator, cwd: Optional[Path],
                     text[-STDERR_TAIL_CHARACTERS:])
 
 
-def _kill_group(process: subprocess.Popen) -> None:
+def kill_group(process: subprocess.Popen) -> None:
     with contextlib.suppress(OSError):
         os.killpg(process.pid, signal.SIGKILL)
 
