@@ -179,14 +179,16 @@ def run_schedule(workloads: Sequence[Any], allocators: Sequence[Any], one: Pass,
                  start: Optional[Callable[[schedule.Slot], None]] = None,
                  finish: Optional[Callable[[Run], None]] = None,
                  log: Optional[Callable[[str], None]] = None, describe: Optional[Callable[[Run], str]] = None,
-                 group: Optional[Callable[[schedule.Slot], str]] = None, separator: str = " ") -> List[Run]:
+                 group: Optional[Callable[[schedule.Slot], str]] = None, separator: str = " ",
+                 each: bool = False) -> List[Run]:
     """The one loop of every declared experiment and of `meshalloc compare`: the pass's
     schedule of workloads × allocators × repetitions (schedule.plan, interleaved or rotated),
     and in each slot every kind's run one after the other: command_of(run, kind) the Command
     (the run as made so far: workload, allocator, repetition, order, directory), place(slot,
     kind) its directory or log file (measure_run). The slot's Run is its first kind's, with
     every part in `parts` and the first failed part's status (a later kind's named); start and
-    finish are called around it (finish: parse it), describe for the progress line. Each Run
+    finish are called around it (finish: parse it), describe for the progress line (with
+`each`, a line per run). Each Run
     gets the load average as it started; the loop stops after a run Ctrl-C interrupted."""
     def execute(slot: schedule.Slot) -> Run:
         if start is not None:
@@ -218,7 +220,7 @@ def run_schedule(workloads: Sequence[Any], allocators: Sequence[Any], one: Pass,
         return describe(done.result) if describe else getattr(done.slot.allocator, "name", str(done.slot.allocator))
 
     slots = schedule.plan(workloads, allocators, one.repetitions, one.order)
-    done = schedule.run(slots, execute, log, word, group, stop=interrupted, separator=separator)
+    done = schedule.run(slots, execute, log, word, group, stop=interrupted, separator=separator, each=each)
     for finished in done:
         finished.result.load = finished.load
     return [finished.result for finished in done]
@@ -295,7 +297,7 @@ def execute_pass(experiment: Declared, session: Session, workloads: Sequence[Any
                         one.kinds or experiment.kinds, finish=finish, log=context.log, describe=experiment.progress,
                         group=lambda slot: (f"{head}{experiment.workload_name(slot.workload)} "
                                             f"[{slot.repetition}/{one.repetitions}]"),
-                        separator=experiment.progress_separator)
+                        separator=experiment.progress_separator, each=experiment.progress_each_run)
     if runs and interrupted(runs[-1]):
         raise KeyboardInterrupt
     return runs

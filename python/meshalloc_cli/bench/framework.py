@@ -328,6 +328,7 @@ class Declared:
     run_columns: ClassVar[Tuple[Any, ...]] = ()
     columns: ClassVar[Tuple[Column, ...]] = ()  # the summary table (table.tsv; default table.md)
     progress_separator: ClassVar[str] = " "  # between the runs' words (progress()) in a progress line
+    progress_each_run: ClassVar[bool] = False  # a progress line per run (runs of many seconds), not per repetition
 
     # The parameters of each mode (smoke, quick, full); override parameters() to compute them.
     modes: ClassVar[Mapping[str, Parameters]] = {}

@@ -708,7 +708,7 @@ class RedisLru(ExperimentBase, Declared):
     workload_directories = False
     kinds = (SAMPLED_RUN, TIMED_RUN)
     machine_note = False
-    progress_separator = "; "
+    progress_each_run = True  # a server lives 10-15 s: a line per run, not one per repetition of them all
     reference_config: ClassVar[str] = BASELINE  # every ratio's reference
     plot_title: ClassVar[str] = PLOT_TITLE
 
