@@ -1,22 +1,21 @@
 """The same command under several allocators, interleaved and repeated, summarised in a
 table of medians and ratios against a baseline. The library form of `meshalloc compare`.
 
-Runs go through the benchmarks' one scheduler (bench/schedule.py), interleaved (A B C,
-A B C, ...), are measured as the experiments' sampled runs are (bench/driver.sample), and
-their medians and ratios go through the one statistics module (bench/stats.py).
+Runs go through the benchmarks' one loop (bench/driver.run_schedule), interleaved (A B C,
+A B C, ...), measured as the experiments' sampled runs are, and their medians and ratios go
+through the one statistics module (bench/stats.py).
 """
 
 from __future__ import annotations
 
 import re
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from .allocators import Allocator
 from .bench import schedule
-from .bench.framework import Command
+from .bench.framework import Command, Pass, Run
 from .bench.stats import Stat, ratio
 from .breakdown import COLUMNS as BREAKDOWN_COLUMNS
 from .errors import MeshallocError
@@ -146,29 +145,40 @@ def compare(
         raise MeshallocError(f"baseline '{baseline}' is not one of the compared allocators ({', '.join(names)})")
     from .bench import driver  # at call time: the driver writes through output.py, which imports this module
 
-    comparison = Comparison(list(command), list(allocators), baseline, repeat, interval)
     run = Command(list(command), interval_s=interval, timeout_s=None, use_cgroup=use_cgroup)
-    slots = schedule.plan([None], allocators, repeat)
+    total = len(allocators) * repeat
     if log_dir is not None:
         log_dir.mkdir(parents=True, exist_ok=True)
 
-    def execute(slot: schedule.Slot) -> RunRecord:
-        allocator = slot.allocator
-        if on_start:
-            on_start(slot.order, len(slots), allocator.name, slot.repetition)
-        log = _log_path(log_dir, slot.order, allocator.name, slot.repetition) if log_dir is not None else None
-        if log is not None:
-            with open(log, "wb") as output:
-                result = driver.sample(run, allocator, output, subprocess.STDOUT)
-        else:
-            result = driver.sample(run, allocator, subprocess.DEVNULL, subprocess.DEVNULL)
-        record = RunRecord(allocator.name, slot.repetition, slot.order, result, log)
-        if on_finish:
-            on_finish(record, len(slots))
-        return record
+    def place(slot: schedule.Slot, kind: str) -> Tuple[None, Optional[Path]]:
+        return None, _log_path(log_dir, slot.order, slot.allocator.name, slot.repetition) if log_dir else None
 
-    done = schedule.run(slots, execute, stop=lambda record: record.result.interrupted)
-    comparison.runs = [finished.result for finished in done]
-    comparison.interrupted = any(record.result.interrupted for record in comparison.runs)
+    def record(done: Run) -> RunRecord:
+        return RunRecord(done.allocator.name, done.repetition, done.order, done.result,
+                         _log_path(log_dir, done.order, done.allocator.name, done.repetition) if log_dir else None)
+
+    def start(slot: schedule.Slot) -> None:
+        if on_start:
+            on_start(slot.order, total, slot.allocator.name, slot.repetition)
+
+    def finish(done: Run) -> None:
+        if done.result is None:  # measure() refused to start the command (a missing program): stop here
+            raise MeshallocError(done.status.removeprefix("cannot start: "))
+        if on_finish:
+            on_finish(record(done), total)
+
+    runs = driver.run_schedule([None], allocators, Pass("", repeat), lambda made, kind: run, place, start=start,
+                               finish=finish)
+    return comparison_of(command, allocators, repeat, interval, [record(done) for done in runs], baseline)
+
+
+def comparison_of(command: Sequence[str], allocators: Sequence[Allocator], repeat: int, interval: float,
+                  records: Sequence[RunRecord], baseline: Optional[str] = None) -> Comparison:
+    """The Comparison of runs already made (by compare(), or by an experiment's schedule: bench
+    traces): the table of medians and ratios against `baseline` (default: the first allocator)."""
+    names = [allocator.name for allocator in allocators]
+    baseline = baseline if baseline is not None else names[0]
+    comparison = Comparison(list(command), list(allocators), baseline, repeat, interval, list(records))
+    comparison.interrupted = any(record.result.interrupted for record in records)
     comparison.rows = build_table(comparison.runs, names, baseline)
     return comparison

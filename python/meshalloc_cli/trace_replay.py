@@ -285,6 +285,12 @@ def replay(trace: Path, allocators: Sequence[Allocator], out: Path, repeat: int,
                          on_start=started, on_finish=finished)
     if mapper:
         mapper.write(out)
+    return replay_result(prepared, comparison, timing, touch)
+
+
+def replay_result(prepared: Prepared, comparison: Comparison, timing: str, touch: str) -> Replay:
+    """A Replay of runs already made, with the call times each successful run printed (its
+    RunRecord's log: the replayer's stdout)."""
     result = Replay(prepared, comparison, timing, touch)
     for run in comparison.runs:
         times = read_run_times(run.log) if run.result.succeeded else None

@@ -201,3 +201,199 @@ def test_passes(tmp_path, library):
                                 f"first: crashes under {SYSTEM} (repetition 2): exit 3"]
     assert (out / "runs" / "good" / "system-r2").is_dir() and (out / "second" / "good" / "system-r3").is_dir()
     assert [path.name for path in outcome.files][-2:] == ["runs", "second"]
+
+
+# ---------------------------------------------------------------------------------------------
+# A server sampled (or timed) while a client drives it, several run kinds per slot, a prepare
+# step, a pass of its own allocators, and `meshalloc compare` on the same loop.
+
+# A server of a few lines: listens on the port it is given, answers "get" with the value it
+# was started with, and exits on "quit".
+SERVER = """
+import socket, sys
+listener = socket.socket()
+listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+listener.bind(("127.0.0.1", int(sys.argv[1])))
+listener.listen(1)
+while True:
+    connection, _ = listener.accept()
+    for line in connection.makefile():
+        if line.strip() == "get":
+            connection.sendall(f"value={sys.argv[2]}\\n".encode())
+        elif line.strip() == "quit":
+            print("served", flush=True)
+            raise SystemExit(0)
+"""
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def ask(port: int, served) -> str:
+    """The client: waits for the server, asks for its value, tells it to quit."""
+    import socket
+    import time
+
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            connection = socket.create_connection(("127.0.0.1", port), timeout=5)
+            break
+        except OSError:
+            if served.gone.is_set() or time.monotonic() > deadline:
+                raise RuntimeError("the server never listened") from None
+            time.sleep(0.02)
+    with connection:
+        connection.sendall(b"get\n")
+        answer = connection.makefile().readline().strip()
+        connection.sendall(b"quit\n")
+    return answer
+
+
+class Served(Toy):
+    """One workload; each slot a sampled server run, then a timed one, each driven by a client
+    that asks the server for its value (the row's value: 1 sampled, 2 timed)."""
+
+    kinds = ("sampled", "timed")
+    run_columns = ("sampled", "timed")
+    columns = ()
+
+    def workloads(self, session):
+        return ["server"]
+
+    def command(self, session, workload, allocator):
+        port = free_port()
+        value = 1 if session.current_kind == "sampled" else 2
+        return Command([sys.executable, "-c", SERVER, str(port), str(value)], timeout_s=60,
+                       measure=TIMED if session.current_kind == "timed" else "sampled",
+                       client=lambda served: ask(port, served))
+
+    def parse(self, session, run):
+        sampled, timed = run.parts["sampled"], run.parts["timed"]
+        assert sampled.result is not None and timed.result is None  # the first sampled, the second not
+        if "served" not in run.stdout or "served" not in run.output("timed-stdout.txt"):
+            raise RunFailed("a server did not print its last line")
+        return {"sampled": sampled.client, "timed": timed.client}
+
+    def claims(self, session, results):
+        return []
+
+
+def test_server_sampled_and_timed_while_a_client_drives_it(tmp_path, library):
+    experiment = Served(name="served", title="Served", paper="none")
+    out = tmp_path / "served"
+    out.mkdir()
+    lines = []
+    context = Context(mode=QUICK, out=out, root=ROOT, build_dir=tmp_path / "no-build", repeat=1, log=lines.append,
+                      allocators=(SYSTEM, library))
+    outcome = experiment.run(context)
+    assert outcome.failures == []
+    _, runs = read_tsv(out / "runs.tsv")
+    assert [(run["allocator"], run["status"], run["sampled"], run["timed"]) for run in runs] == [
+        (SYSTEM, "ok", "value=1", "value=2"), (library, "ok", "value=1", "value=2")]
+    directory = out / "runs" / "server" / "system-r1"
+    assert (directory / "samples.tsv").is_file() and (directory / "timed-stdout.txt").read_text() == "served\n"
+
+
+class Unserved(Served):
+    """A client that fails: its error is the run's status, and the server is still stopped (by
+    the time limit) rather than left behind."""
+
+    def command(self, session, workload, allocator):
+        port = free_port()
+
+        def fail(served):
+            ask(port, served)
+            raise RuntimeError("the answer was wrong")
+
+        return Command([sys.executable, "-c", SERVER, str(port), "1"], timeout_s=60, client=fail,
+                       measure=TIMED if session.current_kind == "timed" else "sampled")
+
+    def parse(self, session, run):
+        return {}
+
+
+def test_a_failing_client_fails_its_run(tmp_path):
+    experiment = Unserved(name="unserved", title="Unserved", paper="none")
+    out = tmp_path / "unserved"
+    out.mkdir()
+    context = Context(mode=QUICK, out=out, root=ROOT, build_dir=tmp_path / "no-build", repeat=1,
+                      log=lambda line: None, allocators=(SYSTEM,))
+    outcome = experiment.run(context)
+    assert outcome.failures == [f"server under {SYSTEM} (repetition 1): client: RuntimeError: the answer was wrong"]
+    _, runs = read_tsv(out / "runs.tsv")
+    assert runs[0]["status"] == "client: RuntimeError: the answer was wrong"
+
+
+class Prepared(Toy):
+    """prepare() writes each workload's input once; its command prints it. A workload whose
+    prepare() fails is left out with a failure line; the other passes run under a pass's own
+    allocators (the second: the system's alone)."""
+
+    prepared_calls = []
+
+    def workloads(self, session):
+        return ["seven", "broken", "nine"]
+
+    def prepare(self, session, workload):
+        self.prepared_calls.append(workload)
+        if workload == "broken":
+            raise RunFailed("cannot record it")
+        path = session.scratch / f"{workload}.txt"
+        path.write_text(f"value={ {'seven': 7, 'nine': 9}[workload]}\n")
+        return path
+
+    def passes(self, params):
+        return [Pass("", params.repetitions), Pass("alone", 1, directory="alone",
+                                                   allocators=lambda session: session.selection.allocators[:1])]
+
+    def command(self, session, workload, allocator):
+        return Command(["cat", str(session.prepared[workload])], measure=TIMED, timeout_s=30)
+
+    def claims(self, session, results):
+        return []
+
+
+def test_prepare_runs_once_per_workload_before_the_schedule(tmp_path, library):
+    experiment = Prepared(name="prepared", title="Prepared", paper="none")
+    Prepared.prepared_calls = []
+    out = tmp_path / "prepared"
+    out.mkdir()
+    context = Context(mode=QUICK, out=out, root=ROOT, build_dir=tmp_path / "no-build", repeat=2,
+                      log=lambda line: None, allocators=(SYSTEM, library))
+    outcome = experiment.run(context)
+    assert Prepared.prepared_calls == ["seven", "broken", "nine"]  # once each, however many runs
+    assert outcome.failures == ["broken: cannot record it"]
+    _, runs = read_tsv(out / "runs.tsv")
+    assert [(run["case"], run["allocator"], run["value"]) for run in runs] == [
+        ("seven", SYSTEM, "7"), ("seven", library, "7"), ("seven", SYSTEM, "7"), ("seven", library, "7"),
+        ("nine", SYSTEM, "9"), ("nine", library, "9"), ("nine", SYSTEM, "9"), ("nine", library, "9"),
+        ("seven", SYSTEM, "7"), ("nine", SYSTEM, "9")]  # the second pass: its own allocators
+    assert (out / "alone" / "nine" / "system-r1" / "stdout.txt").read_text() == "value=9\n"
+
+
+def test_compare_runs_on_the_drivers_schedule(tmp_path, library):
+    from meshalloc_cli.allocators import Allocator
+    from meshalloc_cli.bench import driver
+    from meshalloc_cli.compare import compare
+
+    allocators = [Allocator(SYSTEM, None, "no preload"), Allocator("libm", Path(library), "libm preloaded")]
+    seen = []
+    comparison = compare([sys.executable, "-c", "import time; print('hi'); time.sleep(0.05)"], allocators, repeat=2,
+                         log_dir=tmp_path / "logs",
+                         on_start=lambda order, total, name, repetition: seen.append(("start", order, name)),
+                         on_finish=lambda record, total: seen.append(("finish", record.order, record.allocator)))
+    planned = driver.schedule.plan([None], allocators, 2)
+    assert [(run.order, run.allocator, run.repetition) for run in comparison.runs] == [
+        (slot.order, slot.allocator.name, slot.repetition) for slot in planned]
+    assert [(run.allocator, run.repetition) for run in comparison.runs] == [
+        (SYSTEM, 1), ("libm", 1), (SYSTEM, 2), ("libm", 2)]  # interleaved
+    assert seen == [(event, order, name) for order, name in ((1, SYSTEM), (2, "libm"), (3, SYSTEM), (4, "libm"))
+                    for event in ("start", "finish")]
+    assert all(run.result.succeeded and run.log.read_text() == "hi\n" for run in comparison.runs)
+    assert comparison.row("libm").succeeded == 2 and comparison.row(SYSTEM).mean_pss is not None

@@ -239,7 +239,7 @@ def test_smoke_outcome_tables_and_figure(smoke):
     assert_ran_once(outcome)
     assert outcome["table_md"].startswith("| config |")
     assert f"{handles.BASELINE} (baseline)" in outcome["table_md"] and "| malloc_free |" in outcome["table_md"]
-    assert all((out / path).is_file() for path in outcome["files"])
+    assert all((out / path).exists() for path in outcome["files"])
     for claim in outcome["claims"]:
         assert claim["holds"] is None and "smoke" in claim["note"]
     _, runs = read_tsv(out / "runs.tsv")

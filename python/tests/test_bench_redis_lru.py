@@ -42,7 +42,7 @@ def test_smoke_outcome(smoke):
     assert outcome["table_md"].startswith("| config |")
     assert "jemalloc (baseline)" in outcome["table_md"]
     assert {"runs.tsv", "table.tsv", "table.md", "memory.png", "memory.svg"} <= set(outcome["files"])
-    assert all((out / path).is_file() for path in outcome["files"])
+    assert all((out / path).exists() for path in outcome["files"])
     assert len(outcome["claims"]) >= 6
     for claim in outcome["claims"]:
         assert claim["claim"] and claim["paper"] and claim["ours"]
@@ -149,14 +149,13 @@ def test_insertion_ratio_is_the_median_of_paired_rounds():
 
 
 def test_timing_rounds_variable_is_checked(monkeypatch, tmp_path):
-    context = framework.Context(mode=framework.QUICK, out=tmp_path, root=ROOT, build_dir=tmp_path, repeat=None,
-                                log=lambda line: None)
-    assert redis_lru.timing_round_count(context) == redis_lru.TIMING_ROUNDS[framework.QUICK]
+    assert redis_lru.timing_round_count(framework.QUICK) == redis_lru.TIMING_ROUNDS[framework.QUICK]
     monkeypatch.setenv(redis_lru.TIMING_ROUNDS_VARIABLE, "7")
-    assert redis_lru.timing_round_count(context) == 7
+    assert redis_lru.timing_round_count(framework.QUICK) == 7
+    assert redis_lru.EXPERIMENT.parameters(framework.QUICK).timing_rounds == 7
     monkeypatch.setenv(redis_lru.TIMING_ROUNDS_VARIABLE, "many")
     with pytest.raises(MeshallocError, match="REDIS_LRU_TIMING_ROUNDS"):
-        redis_lru.timing_round_count(context)
+        redis_lru.timing_round_count(framework.QUICK)
 
 
 def test_unknown_configuration_is_refused(monkeypatch, tmp_path):

@@ -54,6 +54,13 @@ def test_run_executes_in_order_records_the_load_and_logs_a_line_per_repetition(m
     assert lines == ["w [1/2] a=10 b=20 c=30", "w [2/2] a=40 b=50 c=60"]
 
 
+def test_run_logs_a_line_per_run_when_asked():
+    lines = []
+    schedule.run(schedule.plan(["w"], ALLOCATORS, 1), lambda slot: slot.order, log=lines.append, each=True,
+                 describe=lambda finished: f"{finished.slot.allocator}={finished.result}")
+    assert lines == ["w [1/1] a=1", "w [1/1] b=2", "w [1/1] c=3"]
+
+
 def test_run_stops_after_the_run_that_asks_for_it():
     done = schedule.run(schedule.plan(["w"], ALLOCATORS, 2), lambda slot: slot.order, stop=lambda result: result == 2)
     assert [finished.result for finished in done] == [1, 2]

@@ -23,14 +23,14 @@ def _ranked(space, speed):
 
 def test_claims_follow_the_thesis_order():
     shares = [("ls", 90.0, 10), ("tar", 40.0, 10), ("git", 70.0, 10)]
-    found = traces.Traces.claims(_ranked(["meshalloc", "glibc", "tcmalloc", "jemalloc"],
+    found = traces.Traces.thesis_claims(_ranked(["meshalloc", "glibc", "tcmalloc", "jemalloc"],
                                          ["jemalloc", "glibc", "tcmalloc"]), shares)
     by_claim = {claim.claim.split(" (")[0]: claim for claim in found}
     assert by_claim["short-lived blocks dominate"].holds is True  # median 70 %
     memory, speed = found[1], found[2]
     assert memory.holds is True and "best of all: meshalloc" in memory.ours
     assert speed.holds is False and speed.ours.startswith("jemalloc < glibc < tcmalloc")
-    missing = traces.Traces.claims(_ranked(["glibc", "jemalloc"], ["glibc", "jemalloc"]), shares)
+    missing = traces.Traces.thesis_claims(_ranked(["glibc", "jemalloc"], ["glibc", "jemalloc"]), shares)
     assert missing[1].holds is None  # tcmalloc did not run: cannot be judged
 
 

@@ -8,14 +8,18 @@ writes outside `context.out` and never decides on its own how long to run: `cont
 does (smoke: seconds, for `make test`; quick: the whole `--quick` run stays under ten minutes;
 full: the paper's parameters).
 
-Most experiments do not write run() at all: they subclass `Declared` and declare their
-parameters per mode, their workloads, the command of one run, how to parse it, their columns
+The experiments do not write run(): they subclass `Declared` and declare their parameters
+per mode, their workloads (and what to prepare once for each), the commands of one run (a
+program alone, or a server beside the client that drives it), how to parse it, their columns
 and their claims; driver.py runs every declared experiment the same way (schedule,
-measurement, failures, TSV, tables, figures, the SUMMARY rows).
+measurement, failures, TSV, tables, figures, the SUMMARY rows), and `meshalloc compare` on
+the same loop.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple
@@ -129,6 +133,25 @@ class Pass:
     repetitions: int
     order: str = INTERLEAVED
     directory: str = ""  # where its runs' directories go; "": the experiment's run_directory
+    kinds: Optional[Tuple[str, ...]] = None  # the run kinds each slot makes; None: the experiment's `kinds`
+    # The pass's own allocator axis (anything with a name), from the session, instead of the
+    # experiment's selection: handles times its operations under glibc, jemalloc and meshalloc,
+    # not under its cache rows.
+    allocators: Optional[Callable[["Session"], Sequence[Any]]] = None
+
+
+@dataclass
+class Served:
+    """What a Command's client gets while its program (a server) runs: the run's directory, the
+    time the program was started (time.monotonic()) and an event set once it has exited. The
+    client drives the server and stops it; what it returns is the Run's `client`."""
+
+    directory: Path
+    started: float
+    gone: threading.Event = field(default_factory=threading.Event)
+
+    def since_start(self) -> float:
+        return time.monotonic() - self.started
 
 
 @dataclass(frozen=True)
@@ -143,6 +166,13 @@ class Command:
     interval_s: float = 0.010
     timeout_s: Optional[float] = 300.0  # None: no limit (`meshalloc compare`)
     use_cgroup: bool = True  # a sampled run in a memory cgroup of its own, where one can be made
+    # A client run in a thread beside the program (a server), sampled or timed alike; it gets a
+    # Served and must make the server exit. None: the program runs alone.
+    client: Optional[Callable[[Served], Any]] = None
+    # The allocator preloaded when the schedule's row is not an Allocator itself (redis-lru's
+    # Redis configurations); None: the row's.
+    allocator: Optional["Allocator"] = None
+    inherit_env: bool = True  # False: `env` is the whole environment, not added to this process's
 
 
 class RunFailed(Exception):
@@ -171,6 +201,12 @@ class Run:
     seconds: Optional[float] = None  # wall time (timed and sampled alike)
     result: Optional["RunResult"] = None  # the samples of a sampled run
     figures: Dict[str, Any] = field(default_factory=dict)  # what parse() returned
+    client: Any = None  # what the Command's client returned
+    client_error: str = ""  # the client's own exception, when it raised one
+    kind: str = ""  # the run kind (Declared.kinds) of this part
+    # Every kind's part of this slot, by kind (the first is the Run itself); the Run's status is
+    # the first failed part's.
+    parts: Dict[str, "Run"] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -229,7 +265,7 @@ class Session:
 
     context: Context
     params: Any  # the experiment's Parameters
-    selection: "Selection"
+    selection: Optional["Selection"]  # set by the experiment's select() before anything else
     scratch: Path
     notes: List[str] = field(default_factory=list)
     failures: List[str] = field(default_factory=list)
@@ -238,6 +274,11 @@ class Session:
     # run's checksum that every later run must match).
     state: Dict[str, Any] = field(default_factory=dict)
     current_pass: Pass = Pass("", 1)  # the pass being run: what command() and parse() are called for
+    current_kind: str = ""  # the run kind command() is asked for
+    # The run being made when command() is called: its workload, allocator, repetition, order and
+    # directory (created), nothing measured yet.
+    current_run: Optional["Run"] = None
+    prepared: Dict[str, Any] = field(default_factory=dict)  # prepare()'s result per workload name
 
     @property
     def out(self) -> Path:
@@ -250,7 +291,7 @@ class Session:
 
     @property
     def baseline(self) -> Optional[str]:
-        return self.selection.baseline
+        return self.selection.baseline if self.selection else None
 
 
 @dataclass
@@ -277,10 +318,17 @@ class Declared:
     reference: ClassVar[Optional[str]] = None
     workload_heading: ClassVar[str] = "workload"  # the first column of runs.tsv and table.tsv
     run_directory: ClassVar[str] = "runs"  # <out>/<run_directory>/<workload>/<allocator>-r<N>/
+    workload_directories: ClassVar[bool] = True  # False: <out>/<run_directory>/<allocator>-r<N>/
+    # The runs each slot makes, one after the other (a sampled run, then a timed one of the same
+    # server); command() is asked for each (session.current_kind). The first kind's files are
+    # stdout.txt and stderr.txt, a later kind's are prefixed with it ("timed-stdout.txt").
+    kinds: ClassVar[Tuple[str, ...]] = ("",)
+    machine_note: ClassVar[bool] = True  # whether the notes end with the machine's
     # parse()'s figures written to runs.tsv, in order: a key, or (header, key) when they differ.
     run_columns: ClassVar[Tuple[Any, ...]] = ()
     columns: ClassVar[Tuple[Column, ...]] = ()  # the summary table (table.tsv; default table.md)
     progress_separator: ClassVar[str] = " "  # between the runs' words (progress()) in a progress line
+    progress_each_run: ClassVar[bool] = False  # a progress line per run (runs of many seconds), not per repetition
 
     # The parameters of each mode (smoke, quick, full); override parameters() to compute them.
     modes: ClassVar[Mapping[str, Parameters]] = {}
@@ -292,9 +340,23 @@ class Declared:
         """The passes, in order: by default one, of the parameters' repetitions and order."""
         return [Pass("", params.repetitions, params.order)]
 
+    def select(self, session: Session) -> "Selection":
+        """The allocator axis: by default --allocators, --baseline, the alias variable and the
+        experiment's own lists (common.choose_allocators). An experiment whose rows are its own
+        configurations (redis-lru) returns them here, each with a `name`; it may add notes."""
+        from .common import choose_allocators
+
+        return choose_allocators(session.context, self.allocators, self.smoke_allocators, self.alias, self.baselines)
+
     def workloads(self, session: Session) -> Sequence[Any]:
         """The rows of the schedule (raise ExperimentUnavailable when none can run here)."""
         raise NotImplementedError
+
+    def prepare(self, session: Session, workload: Any) -> Any:
+        """Run once per workload before the schedule (traces: record the program); the result
+        is session.prepared[workload name], for command() and parse(). RunFailed leaves the
+        workload out with a failure line."""
+        return None
 
     def workload_name(self, workload: Any) -> str:
         return str(getattr(workload, "name", workload))

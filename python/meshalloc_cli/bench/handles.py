@@ -21,17 +21,19 @@ import os
 import subprocess
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..allocators import Allocator, library_options, resolve
 from ..errors import MeshallocError
 from ..measure import MIB
 from . import redis_lru
 from .claims import Claims
-from .common import KEY_VALUE, ExperimentBase, built, checked_repetitions, requested_specs, with_private_meshalloc
-from .framework import FULL, QUICK, SMOKE, Claim, Context, ExperimentUnavailable, Outcome
-from .redis_support import Config, Run, compile_client, describe_runs
-from .report import number, stat_text, write_summary_json, write_tsv
+from .common import KEY_VALUE, Selection, built, requested_specs, with_private_meshalloc
+from .framework import (FULL, QUICK, SMOKE, TIMED, Claim, Command, Context, ExperimentUnavailable, Pass, Report,
+                        Results, Session)
+from .framework import Run as Measured
+from .redis_support import Config, Run, compile_client
+from .report import number, stat_text, write_tsv
 from .stats import Stat
 
 NAME = "handles"
@@ -206,32 +208,12 @@ def ops_allocators(context: Context, mesh: Optional[Allocator]) -> Tuple[List[Al
     return found, skipped
 
 
-def run_ops(context: Context, ops: Path, allocators: Sequence[Allocator]) -> OpsResult:
-    """handle_ops under each allocator, the processes interleaved (A B C, A B C, ...)."""
-    reps, processes, options = OPS_RUNS[context.mode]
+def ops_result(runs: Sequence[Measured]) -> OpsResult:
+    """ns per operation from every handle_ops process (its `op=... ns=...` lines), in schedule order."""
     result = OpsResult({}, [])
-    directory = context.out / "ops"
-    directory.mkdir(parents=True, exist_ok=True)
-    for process in range(1, processes + 1):
-        for allocator in allocators:
-            command = [str(ops), "--reps", str(reps), *options]
-            try:
-                done = subprocess.run(command, env=allocator.environment(os.environ), capture_output=True, text=True,
-                                      timeout=OPS_TIMEOUT_S, check=False)
-            except subprocess.TimeoutExpired:
-                result.problems.append(f"handle_ops under {allocator.name} did not finish in {OPS_TIMEOUT_S:g} s")
-                continue
-            (directory / f"{allocator.name}-p{process}.txt").write_text(done.stdout + done.stderr)
-            if done.returncode != 0:
-                result.problems.append(f"handle_ops under {allocator.name} exited with {done.returncode}: "
-                                       f"{done.stderr.strip()[-200:]}")
-                continue
-            for line in done.stdout.splitlines():
-                fields = dict(KEY_VALUE.findall(line))
-                if "op" in fields and "ns" in fields:
-                    result.values.setdefault((allocator.name, fields["op"]), []).append(float(fields["ns"]))
-        context.log(f"[handle_ops {process}/{processes}] " + ", ".join(
-            f"{allocator.name}: {ops_line(result, allocator.name)}" for allocator in allocators))
+    for run in runs:
+        for operation, values in run.figures.get("ops", {}).items():
+            result.values.setdefault((run.allocator.name, operation), []).extend(values)
     return result
 
 
@@ -269,11 +251,6 @@ def write_ops_tsv(out: Path, result: OpsResult) -> Path:
 
 # ---------------------------------------------------------------------------------------------
 # Claims
-
-def workload(context: Context):
-    """redis-lru's load, with the read phase."""
-    return replace(redis_lru.workload(context), reads=READS[context.mode])
-
 
 def apply_reads(table: redis_lru.Table, reads: redis_lru.Rounds) -> None:
     """reads_s over every unsampled run's read phase, reads_ratio the median of per-round ratios."""
@@ -365,10 +342,8 @@ def caption(load, repetitions: int, rounds: int) -> str:
             "its entries and table); cache/handles keeps every entry behind a meshalloc handle.")
 
 
-def write_summary(out: Path, context: Context, load, configs: Sequence[Config], runs: Sequence[Run],
-                  repetitions: int, ops: OpsResult, found: Sequence[Claim]) -> Path:
-    return write_summary_json(
-        out, NAME, context.mode, repetitions, found,
+def summary_details(load, configs: Sequence[Config], runs: Sequence[Run], ops: OpsResult) -> Dict[str, Any]:
+    return dict(
         workload={"maxmemory": load.maxmemory, "hold_s": load.hold_s, "pipeline": load.pipeline, "reads": load.reads,
                   "phases": [{"keys": keys, "value_bytes": size} for keys, size in load.phases]},
         configs=[{"name": config.name, "server": str(config.server), "preload": str(config.allocator.library or ""),
@@ -378,11 +353,32 @@ def write_summary(out: Path, context: Context, load, configs: Sequence[Config], 
         ops={f"{allocator} {operation}": values for (allocator, operation), values in ops.values.items()})
 
 
-class Handles(ExperimentBase):
-    def run(self, context: Context) -> Outcome:
-        context = replace(context, out=context.out.resolve())  # servers run in their own directories
-        load = workload(context)
-        repetitions = checked_repetitions(context, REPETITIONS)
+@dataclass(frozen=True)
+class HandlesParameters(redis_lru.RedisParameters):
+    ops: Tuple[int, int, Tuple[str, ...]] = (1, 1, ())  # handle_ops: repetitions, processes, options
+
+
+OPS_PASS = OPS_RUN = "ops"
+
+
+class Handles(redis_lru.RedisLru):
+    """redis-lru's runs over the cache's rows (select), then a pass of handle_ops processes
+    under its own allocators."""
+
+    reference_config = BASELINE
+    plot_title = "The Redis LRU load: Redis, and an LRU cache on malloc or on handles"
+
+    def parameters(self, mode: str) -> HandlesParameters:
+        reps, processes, options = OPS_RUNS[mode]
+        return HandlesParameters(REPETITIONS[mode], load=replace(redis_lru.workload(mode), reads=READS[mode]),
+                                 timing_rounds=TIMING_ROUNDS[mode], ops=(reps, processes, tuple(options)))
+
+    def passes(self, params: HandlesParameters) -> List[Pass]:
+        return list(super().passes(params)) + [Pass(OPS_PASS, params.ops[1], directory="ops", kinds=(OPS_RUN,),
+                                                    allocators=lambda session: session.state["ops_allocators"])]
+
+    def select(self, session: Session) -> Selection:
+        context = session.context
         server, ops = built(context, SERVER_BINARY), built(context, OPS_BINARY)
         install, notes = redis_lru.locate_redis(context)
         client = compile_client(context.root)
@@ -391,44 +387,66 @@ class Handles(ExperimentBase):
         configs, skipped = build_configs(context, wanted_configs(context), install, server, mesh, handles)
         if not any(config.name == BASELINE for config in configs):
             raise ExperimentUnavailable("the baseline cannot run here: " + "; ".join(skipped))
-        notes += [f"Skipped {line}" for line in skipped]
-        context.log(f"{len(configs)} configuration(s) × {repetitions} repetition(s), {load.hold_s:g} s each")
-
-        runs = redis_lru.run_schedule(context, configs, load, install, client, repetitions)
-        insertions = redis_lru.timing_rounds(context, configs, load, install, client, TIMING_ROUNDS[context.mode])
-        rounds = redis_lru.insertion_rounds(runs, insertions)
-        cpu_rounds = redis_lru.insertion_rounds(runs, insertions, cpu=True)
-        table = redis_lru.stats_by_config(runs, configs, rounds, cpu_rounds, BASELINE)
-        reads = redis_lru.insertion_rounds(runs, insertions, key="reads_s")
-        apply_reads(table, reads)
-        apply_handle_stats(table, runs)
-
         allocators, ops_skipped = ops_allocators(context, mesh)
-        notes += ops_skipped
-        ops_result = run_ops(context, ops, allocators)
-        found = claims(table, runs, rounds, ops_result, checked=context.mode != SMOKE, reads=reads)
+        session.notes += notes + [f"Skipped {line}" for line in skipped] + ops_skipped
+        session.state.update(install=install, client=client, ops=ops, ops_allocators=allocators)
+        return Selection(list(configs), [], BASELINE)
 
-        main = redis_lru.config_table(runs, configs, table, MAIN_COLUMNS, repetitions, BASELINE)
-        text = caption(load, repetitions, len(rounds))
-        detail = redis_lru.config_table(runs, configs, table, DETAIL_COLUMNS, repetitions, BASELINE)
-        micro = ops_table(ops_result, allocators)
-        md_path = context.out / "table.md"
-        md_path.write_text(main + "\n" + text + "\n\nMore per configuration:\n\n" + detail + "\n"
-                           + "Operations (handle_ops; median (min–max) ns per operation):\n\n" + micro + "\n"
-                           + "\n\n".join(redis_lru.table_notes(runs)) + "\n")
-        files = redis_lru.write_tables(context.out, runs, configs, table)
-        files += [md_path, redis_lru.write_timing(context.out, insertions, runs, rounds, cpu_rounds, BASELINE),
-                  write_ops_tsv(context.out, ops_result)]
-        files.append(write_summary(context.out, context, load, configs, runs, repetitions, ops_result, found))
-        try:
-            files += redis_lru.plot(context.out, runs, configs, redis_lru.maxmemory_in_mib(load.maxmemory),
-                                    title="The Redis LRU load: Redis, and an LRU cache on malloc or on handles")
-        except Exception as error:  # a figure is not worth losing the tables over
-            notes.append(f"No figure: {type(error).__name__}: {error}")
-        files += [run.directory / "samples.tsv" for run in runs if (run.directory / "samples.tsv").is_file()]
-        return Outcome(repetitions=repetitions, claims=found,
-                       table_md=main + "\n" + text + "\n\n" + micro, files=files,
-                       failures=describe_runs(runs) + ops_result.problems, notes=notes)
+    def command(self, session: Session, workload, config) -> Command:
+        if session.current_kind != OPS_RUN:
+            return super().command(session, workload, config)
+        reps, _, options = session.params.ops
+        return Command([str(session.state["ops"]), "--reps", str(reps), *options], measure=TIMED,
+                       timeout_s=OPS_TIMEOUT_S)
+
+    def parse(self, session: Session, run: Measured) -> Dict[str, Any]:
+        if session.current_pass.name != OPS_PASS:
+            return super().parse(session, run)
+        found: Dict[str, List[float]] = {}  # ns per operation, one value per repetition inside the process
+        for line in run.stdout.splitlines():
+            fields = dict(KEY_VALUE.findall(line))
+            if "op" in fields and "ns" in fields:
+                found.setdefault(fields["op"], []).append(float(fields["ns"]))
+        return {"ops": found}
+
+    def progress(self, run: Measured) -> str:
+        if run.pass_name != OPS_PASS:
+            return super().progress(run)
+        return f"{run.allocator.name}: " + ops_line(ops_result([run]), run.allocator.name)
+
+    def extra(self, session: Session, results: Results) -> Tuple[redis_lru.Rounds, OpsResult]:
+        """The read phase's rounds and the operations, with the handle columns added to the table."""
+        if "extra" not in session.state:
+            numbers = self.numbers(session, results)
+            reads = redis_lru.insertion_rounds(numbers.runs, numbers.insertions, key="reads_s")
+            apply_reads(numbers.table, reads)
+            apply_handle_stats(numbers.table, numbers.runs)
+            session.state["extra"] = reads, ops_result([run for run in results.runs if run.pass_name == OPS_PASS])
+        return session.state["extra"]
+
+    def claims(self, session: Session, results: Results) -> List[Claim]:
+        numbers = self.numbers(session, results)
+        reads, ops = self.extra(session, results)
+        return claims(numbers.table, numbers.runs, numbers.rounds, ops, checked=session.checked, reads=reads)
+
+    def report(self, session: Session, results: Results, found: Sequence[Claim]) -> Report:
+        numbers, out = self.numbers(session, results), session.out
+        _, ops = self.extra(session, results)
+        repetitions, configs = session.params.repetitions, results.allocators
+        main = redis_lru.config_table(numbers.runs, configs, numbers.table, MAIN_COLUMNS, repetitions, BASELINE)
+        text = caption(session.params.load, repetitions, len(numbers.rounds))
+        detail = redis_lru.config_table(numbers.runs, configs, numbers.table, DETAIL_COLUMNS, repetitions, BASELINE)
+        micro = ops_table(ops, session.state["ops_allocators"])
+        files = redis_lru.write_tables(out, numbers.runs, configs, numbers.table)
+        files.append(redis_lru.write_markdown(out, main, text, detail, numbers.runs, "Operations (handle_ops; median "
+                                              "(min–max) ns per operation):\n\n" + micro + "\n"))
+        files += [redis_lru.write_timing(out, numbers.insertions, numbers.runs, numbers.rounds, numbers.cpu_rounds,
+                                         BASELINE), write_ops_tsv(out, ops)]
+        return Report(main + "\n" + text + "\n\n" + micro, None, files)
+
+    def summary_details(self, session: Session, results: Results) -> Dict[str, Any]:
+        return summary_details(session.params.load, results.allocators, self.numbers(session, results).runs,
+                               self.extra(session, results)[1])
 
 
 EXPERIMENT = Handles(name=NAME, title="Handles: an LRU cache that moves its objects",

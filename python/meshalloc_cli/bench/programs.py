@@ -270,7 +270,7 @@ class TimedRun:
         return self.status == "ok"
 
 
-def _status(returncode: int) -> str:
+def exit_status(returncode: int) -> str:
     if returncode == 0:
         return "ok"
     if returncode < 0:
@@ -282,10 +282,11 @@ def _status(returncode: int) -> str:
 
 
 def timed_run(command: Sequence[str], allocator: Allocator, cwd: Optional[Path], env: Mapping[str, str],
-              timeout: float) -> TimedRun:
+              timeout: float, inherit_env: bool = True) -> TimedRun:
     """Run once, without any sampling or cgroup, and time it from fork to exit. The command
-    gets its own process group, so a timeout (or a Ctrl-C here) kills all it started."""
-    child_env = allocator.environment(dict(os.environ, **env))
+    gets its own process group, so a timeout (or a Ctrl-C here) kills all it started. `env` is
+    added to this process's environment (with inherit_env False, it is the whole of it)."""
+    child_env = allocator.environment(dict(os.environ, **env) if inherit_env else dict(env))
     start = time.monotonic()
     try:
         process = subprocess.Popen(list(command), cwd=cwd, env=child_env, stdin=subprocess.DEVNULL,
@@ -295,13 +296,13 @@ def timed_run(command: Sequence[str], allocator: Allocator, cwd: Optional[Path],
     try:
         stdout, stderr = process.communicate(timeout=timeout)
         elapsed = time.monotonic() - start
-        status = _status(process.returncode)
+        status = exit_status(process.returncode)
     except subprocess.TimeoutExpired:
-        _kill_group(process)
+        kill_group(process)
         stdout, stderr = process.communicate()
         elapsed, status = None, "timeout"
     except BaseException:
-        _kill_group(process)
+        kill_group(process)
         process.wait()
         raise
     text = stderr.decode(errors="replace").strip()
@@ -311,7 +312,7 @@ def timed_run(command: Sequence[str], allocator: Allocator, cwd: Optional[Path],
                     text[-STDERR_TAIL_CHARACTERS:])
 
 
-def _kill_group(process: subprocess.Popen) -> None:
+def kill_group(process: subprocess.Popen) -> None:
     with contextlib.suppress(OSError):
         os.killpg(process.pid, signal.SIGKILL)
 
@@ -320,7 +321,8 @@ def _kill_group(process: subprocess.Popen) -> None:
 # Running a command once for its memory
 
 def memory_run(command: Sequence[str], allocator: Allocator, cwd: Optional[Path], env: Mapping[str, str],
-               interval: float, timeout: Optional[float], stdout, stderr, use_cgroup: bool = True) -> RunResult:
+               interval: float, timeout: Optional[float], stdout, stderr, use_cgroup: bool = True,
+               inherit_env: bool = True) -> RunResult:
     """measure() with a time limit: PSS of the process tree every `interval` seconds, in a
     memory cgroup where one can be made (its kernel high-water mark catches a peak between two
     samples). After `timeout` seconds (None: no limit) a watchdog kills the processes this one
@@ -339,7 +341,8 @@ def memory_run(command: Sequence[str], allocator: Allocator, cwd: Optional[Path]
         watchdog.daemon = True
         watchdog.start()
     try:
-        return measure(list(command), allocator, interval, use_cgroup=use_cgroup, env=dict(os.environ, **env),
+        return measure(list(command), allocator, interval, use_cgroup=use_cgroup,
+                       env=dict(os.environ, **env) if inherit_env else dict(env),
                        cwd=cwd, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr)
     finally:
         if watchdog is not None:

@@ -9,29 +9,32 @@ MALLOC=jemalloc (the default, the baseline, `activedefrag`) and MALLOC=libc (any
 preloaded). Every configuration runs in every repetition, interleaved (A B C ..., A B C ...),
 and the server's PSS is sampled over its whole life. See docs/redis-lru.md.
 
-How one run goes is in redis_support.py; this module picks the parameters of each mode, runs
-the schedule, and writes the tables, the figure and the claims.
+How one run goes is in redis_support.py; this module declares the parameters of each mode,
+the configurations, the runs' commands and parser (the driver, driver.py, runs the schedule),
+and writes the tables, the figure and the claims.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, ClassVar, Dict, List, Optional, Sequence, Tuple
 
 from ..allocators import MESH_DEFAULT, MESH_OFF, Allocator, library_options, resolve
 from ..errors import MeshallocError
 from ..measure import DEFAULT_INTERVAL_S, KIB, MIB
-from . import schedule
 from .claims import Claims
-from .common import ExperimentBase, checked_repetitions, requested_specs, with_private_meshalloc
-from .report import markdown_table, number, stat_text, write_summary_json, write_tsv
-from .stats import Stat
-from .framework import FULL, QUICK, SMOKE, Claim, Context, ExperimentUnavailable, Outcome
+from .common import ExperimentBase, Selection, requested_specs, with_private_meshalloc
+from .framework import (FULL, QUICK, SMOKE, Claim, Command, Context, Declared, ExperimentUnavailable, Parameters,
+                        Pass, Report, Results, RunFailed, Session)
+from .framework import Run as Measured
 from .redis_support import (ACTIVEDEFRAG_OPTIONS, BUILD_SCRIPT, MAIN_THREAD_CPU_KEY, SERVER_OPTIONS, Config,
                             Insertion, RedisInstall, Run, Workload, any_install, compile_client, describe_runs,
-                            ensure_source_build, one_run, time_insertion, timed_run)
+                            ensure_source_build, sampled_command, sampled_record, timed_command, timed_report)
+from .report import markdown_table, number, stat_text, write_tsv
+from .schedule import ROTATED
+from .stats import Stat
 
 NAME = "redis-lru"
 
@@ -149,13 +152,16 @@ Table = Dict[str, Dict[str, Optional[Stat]]]
 PAIRED_KEYS = ("insertion_s", "insertion_ratio", "insertion_cpu_s", "insertion_cpu_ratio")
 
 
-def workload(context: Context) -> Workload:
+def workload(mode: str) -> Workload:
+    def pick(smoke, quick, full):
+        return {SMOKE: smoke, QUICK: quick, FULL: full}[mode]
+
     return Workload(
-        maxmemory=context.pick(SMOKE_MAXMEMORY, PAPER_MAXMEMORY, PAPER_MAXMEMORY),
-        phases=context.pick(SMOKE_PHASES, PAPER_PHASES, PAPER_PHASES),
+        maxmemory=pick(SMOKE_MAXMEMORY, PAPER_MAXMEMORY, PAPER_MAXMEMORY),
+        phases=pick(SMOKE_PHASES, PAPER_PHASES, PAPER_PHASES),
         pipeline=PIPELINE,
-        hold_s=context.pick(SMOKE_HOLD_S, QUICK_HOLD_S, FULL_HOLD_S),
-        idle_after_s=context.pick(SMOKE_IDLE_AFTER_S, IDLE_AFTER_INSERTION_S, IDLE_AFTER_INSERTION_S),
+        hold_s=pick(SMOKE_HOLD_S, QUICK_HOLD_S, FULL_HOLD_S),
+        idle_after_s=pick(SMOKE_IDLE_AFTER_S, IDLE_AFTER_INSERTION_S, IDLE_AFTER_INSERTION_S),
         interval_s=DEFAULT_INTERVAL_S,
         seed=SEED,
     )
@@ -501,6 +507,15 @@ def write_tables(out: Path, runs: Sequence[Run], configs: Sequence[Config], tabl
     return [runs_tsv, table_tsv]
 
 
+def write_markdown(out: Path, main: str, caption_text: str, detail: str, runs: Sequence[Run], more: str = "") -> Path:
+    """table.md: the main table and its caption, the detail table, `more` (handles: its
+    operations), the notes."""
+    path = out / "table.md"
+    path.write_text(main + "\n" + caption_text + "\n\nMore per configuration:\n\n" + detail + "\n" + more
+                    + "\n\n".join(table_notes(runs)) + "\n")
+    return path
+
+
 def write_timing(out: Path, insertions: Sequence[Insertion], runs: Sequence[Run], rounds: Rounds,
                  cpu_rounds: Rounds, baseline: str = BASELINE) -> Path:
     """timing.tsv: every unsampled insertion (the repetitions' timed runs, then the timing
@@ -523,10 +538,11 @@ def write_timing(out: Path, insertions: Sequence[Insertion], runs: Sequence[Run]
     return path
 
 
-def write_summary(out: Path, context: Context, load: Workload, install: RedisInstall, configs: Sequence[Config],
-                  runs: Sequence[Run], repetitions: int, found: Sequence[Claim]) -> Path:
-    return write_summary_json(
-        out, NAME, context.mode, repetitions, found,
+def summary_details(install: RedisInstall, load: Workload, configs: Sequence[Config], runs: Sequence[Run],
+                    out: Path) -> Dict[str, Any]:
+    """summary.json's entries besides the claims: the Redis build, the load, every configuration
+    and every run."""
+    return dict(
         redis={"version": install.version(), "from_source": install.from_source,
                "jemalloc_server": str(install.jemalloc_server),
                "libc_server": str(install.libc_server) if install.libc_server else None},
@@ -629,25 +645,10 @@ def locate_redis(context: Context) -> Tuple[RedisInstall, List[str]]:
     return ensure_source_build(context.root, context.log), notes
 
 
-def run_schedule(context: Context, configs: Sequence[Config], load: Workload, install: RedisInstall,
-                 client: Path, repetitions: int) -> List[Run]:
-    slots = schedule.plan([load], configs, repetitions)
-
-    def execute(slot: schedule.Slot) -> Run:
-        config = slot.allocator
-        run = Run(config, slot.repetition, slot.order, context.out / "runs" / f"{config.slug}-r{slot.repetition}")
-        one_run(run, load, install, client)
-        timed_run(run, load, install, client)
-        context.log(progress_line(run, len(slots)))
-        return run
-
-    return [done.result for done in schedule.run(slots, execute)]
-
-
-def timing_round_count(context: Context) -> int:
+def timing_round_count(mode: str) -> int:
     text = os.environ.get(TIMING_ROUNDS_VARIABLE, "").strip()
     if not text:
-        return TIMING_ROUNDS[context.mode]
+        return TIMING_ROUNDS[mode]
     try:
         count = int(text)
     except ValueError:
@@ -657,29 +658,9 @@ def timing_round_count(context: Context) -> int:
     return count
 
 
-def timing_rounds(context: Context, configs: Sequence[Config], load: Workload, install: RedisInstall,
-                  client: Path, count: int) -> List[Insertion]:
-    """count rounds of unsampled insertions, every configuration once per round, in rotated
-    order so that none always follows the same neighbour."""
-    def execute(slot: schedule.Slot) -> Insertion:
-        config, index = slot.allocator, slot.repetition
-        directory = context.out / "timing" / f"{config.slug}-t{index}"
-        report, problem = time_insertion(config, load, install, client, directory, index, "insertion")
-        return Insertion(config, index, report, problem)
-
-    def describe(done: schedule.Done[Insertion]) -> str:
-        insertion = done.result
-        return (f"{insertion.config.name} {insertion.seconds:.3f} s" if insertion.seconds is not None
-                else f"{insertion.config.name} FAILED: {insertion.problem}")
-
-    done = schedule.run(schedule.plan([load], configs, count, schedule.ROTATED), execute, context.log, describe,
-                        group=lambda slot: f"[timing round {slot.repetition}/{count}]", separator=", ")
-    return [finished.result for finished in done]
-
-
-def progress_line(run: Run, total: int) -> str:
+def progress_line(run: Run) -> str:
     status = "ok" if run.ok else "FAILED: " + "; ".join(run.problems)
-    line = f"[{run.order}/{total}] {run.config.name} #{run.repetition}: {status}"
+    line = f"{run.config.name} #{run.repetition}: {status}"
     if run.insertion_s is not None:
         line += f"; insertion {run.insertion_s:.3f} s"
     if run.sampled_insertion_s is not None:
@@ -695,13 +676,51 @@ def progress_line(run: Run, total: int) -> str:
     return line
 
 
-class RedisLru(ExperimentBase):
-    def run(self, context: Context) -> Outcome:
-        # Absolute from here on: each server runs in its own run directory, and LD_PRELOAD,
-        # --dir and --logfile would otherwise be read relative to that.
-        context = replace(context, out=context.out.resolve())
-        load = workload(context)
-        repetitions = checked_repetitions(context, REPETITIONS)
+@dataclass(frozen=True)
+class RedisParameters(Parameters):
+    load: Optional[Workload] = None
+    timing_rounds: int = 0  # rounds of unsampled insertions after the repetitions
+
+
+# Each slot of the repetitions makes a sampled run of the server and then an unsampled one
+# (timed_command: the insertion's speed); the timing rounds make only the second.
+SAMPLED_RUN, TIMED_RUN = "sampled", "timed"
+TIMING_PASS = "timing"
+
+
+@dataclass
+class Numbers:
+    """What the tables and claims are made of: every sampled run (with its timed run), every
+    timing round's insertion, the rounds and the statistics per configuration."""
+
+    runs: List[Run]
+    insertions: List[Insertion]
+    rounds: Rounds
+    cpu_rounds: Rounds
+    table: Table
+
+
+class RedisLru(ExperimentBase, Declared):
+    """The rows are Redis configurations (select), each slot a sampled server run driven by its
+    Conductor and an unsampled timed one; then the timing rounds, rotated."""
+
+    workload_heading = "load"
+    workload_directories = False
+    kinds = (SAMPLED_RUN, TIMED_RUN)
+    machine_note = False
+    progress_each_run = True  # a server lives 10-15 s: a line per run, not one per repetition of them all
+    reference_config: ClassVar[str] = BASELINE  # every ratio's reference
+    plot_title: ClassVar[str] = PLOT_TITLE
+
+    def parameters(self, mode: str) -> RedisParameters:
+        return RedisParameters(REPETITIONS[mode], load=workload(mode), timing_rounds=timing_round_count(mode))
+
+    def passes(self, params: RedisParameters) -> List[Pass]:
+        return [Pass("", params.repetitions),
+                Pass(TIMING_PASS, params.timing_rounds, ROTATED, directory="timing", kinds=(TIMED_RUN,))]
+
+    def select(self, session: Session) -> Selection:
+        context = session.context
         names, by_user = wanted_configs(context)
         install, notes = locate_redis(context)
         client = compile_client(context.root)
@@ -716,37 +735,98 @@ class RedisLru(ExperimentBase):
         if context.baseline and context.baseline != BASELINE:
             notes.append(f"--baseline {context.baseline} does not apply here: Redis's ratios are against its own "
                          f"{BASELINE}, as the paper's figure 7 is.")
+        load, repetitions = session.params.load, session.params.repetitions
         if context.mode == QUICK:
             notes.append(f"Quick run: {repetitions} repetition(s), {load.hold_s:g} s per server instead of "
                          f"{FULL_HOLD_S:g} s.")
         if context.mode != SMOKE:
             notes.append(f"The paper's test lasted 7.5 s; ours {load.hold_s:g} s, so whole-run means are not "
                          "directly comparable with its 39 %.")
-        context.log(f"{len(configs)} configuration(s) × {repetitions} repetition(s), "
-                    f"{load.hold_s:g} s each, Redis {install.version()}")
+        session.notes += notes
+        session.state.update(install=install, client=client)
+        return Selection(list(configs), [], BASELINE)
 
-        runs = run_schedule(context, configs, load, install, client, repetitions)
-        insertions = timing_rounds(context, configs, load, install, client, timing_round_count(context))
-        rounds = insertion_rounds(runs, insertions)
-        cpu_rounds = insertion_rounds(runs, insertions, cpu=True)
-        table = stats_by_config(runs, configs, rounds, cpu_rounds)
-        found = claims(table, runs, checked=context.mode != SMOKE, rounds=rounds)
-        main = config_table(runs, configs, table, MAIN_COLUMNS, repetitions)
-        text = caption(install, load, repetitions, len(rounds))
-        detail = config_table(runs, configs, table, DETAIL_COLUMNS, repetitions)
-        md_path = context.out / "table.md"
-        md_path.write_text(main + "\n" + text + "\n\nMore per configuration:\n\n" + detail + "\n"
-                           + "\n\n".join(table_notes(runs)) + "\n")
-        files = write_tables(context.out, runs, configs, table) + [md_path, write_timing(context.out, insertions,
-                                                                                        runs, rounds, cpu_rounds)]
-        files.append(write_summary(context.out, context, load, install, configs, runs, repetitions, found))
+    def workloads(self, session: Session) -> List[Workload]:
+        return [session.params.load]
+
+    def workload_name(self, workload: Workload) -> str:
+        return "LRU load"
+
+    def command(self, session: Session, workload: Workload, config: Config) -> Command:
+        made, install, client = session.current_run, session.state["install"], session.state["client"]
+        if session.current_kind == SAMPLED_RUN:
+            return sampled_command(Run(config, made.repetition, made.order, made.directory), workload, install, client)
+        prefix = "insertion" if session.current_pass.name == TIMING_PASS else "timed"
+        return timed_command(config, workload, install, client, made.directory, made.repetition, prefix)
+
+    def parse(self, session: Session, run: Measured) -> Dict[str, Any]:
+        config = run.allocator
+        if session.current_pass.name == TIMING_PASS:
+            report, problem = timed_report(run.parts[TIMED_RUN])
+            insertion = Insertion(config, run.repetition, report, problem)
+            if problem:
+                raise RunFailed(problem, {"insertion": insertion})
+            return {"insertion": insertion}
+        record = sampled_record(run.parts[SAMPLED_RUN])
+        if TIMED_RUN in run.parts:
+            record.timed_client, problem = timed_report(run.parts[TIMED_RUN])
+            if problem:
+                record.problems.append("timed run: " + problem)
+        if not record.ok:
+            raise RunFailed("; ".join(record.problems) or "no client result", {"record": record})
+        return {"record": record}
+
+    def progress(self, run: Measured) -> str:
+        if "record" in run.figures:
+            return progress_line(run.figures["record"])
+        insertion = run.figures.get("insertion")
+        if insertion is not None and insertion.seconds is not None:
+            return f"{insertion.config.name} {insertion.seconds:.3f} s"
+        return f"{run.allocator.name} FAILED: {run.status}"
+
+    def numbers(self, session: Session, results: Results) -> Numbers:
+        """The runs' records and statistics, computed once for claims, tables and summary."""
+        if "numbers" not in session.state:
+            runs = []
+            for measured in results.runs:
+                if "record" in measured.figures:
+                    runs.append(measured.figures["record"])
+                    runs[-1].load_before = measured.load
+            insertions = [measured.figures["insertion"] for measured in results.runs if "insertion" in measured.figures]
+            rounds = insertion_rounds(runs, insertions)
+            cpu_rounds = insertion_rounds(runs, insertions, cpu=True)
+            table = stats_by_config(runs, results.allocators, rounds, cpu_rounds, self.reference_config)
+            session.state["numbers"] = Numbers(runs, insertions, rounds, cpu_rounds, table)
+        return session.state["numbers"]
+
+    def claims(self, session: Session, results: Results) -> List[Claim]:
+        numbers = self.numbers(session, results)
+        return claims(numbers.table, numbers.runs, checked=session.checked, rounds=numbers.rounds)
+
+    def report(self, session: Session, results: Results, found: Sequence[Claim]) -> Report:
+        numbers, out = self.numbers(session, results), session.out
+        repetitions = session.params.repetitions
+        main = config_table(numbers.runs, results.allocators, numbers.table, MAIN_COLUMNS, repetitions)
+        text = caption(session.state["install"], session.params.load, repetitions, len(numbers.rounds))
+        detail = config_table(numbers.runs, results.allocators, numbers.table, DETAIL_COLUMNS, repetitions)
+        files = write_tables(out, numbers.runs, results.allocators, numbers.table)
+        files.append(write_markdown(out, main, text, detail, numbers.runs))
+        files.append(write_timing(out, numbers.insertions, numbers.runs, numbers.rounds, numbers.cpu_rounds))
+        return Report(main + "\n" + text + "\n", None, files)
+
+    def summary_details(self, session: Session, results: Results) -> Dict[str, Any]:
+        return summary_details(session.state["install"], session.params.load, results.allocators,
+                               self.numbers(session, results).runs, session.out)
+
+    def figures(self, session: Session, results: Results) -> List[Path]:
+        runs = self.numbers(session, results).runs
         try:
-            files += plot(context.out, runs, configs, maxmemory_in_mib(load.maxmemory))
+            files = plot(session.out, runs, results.allocators, maxmemory_in_mib(session.params.load.maxmemory),
+                         title=self.plot_title)
         except Exception as error:  # a figure is not worth losing the tables over
-            notes.append(f"No figure: {type(error).__name__}: {error}")
-        files += [run.directory / "samples.tsv" for run in runs if (run.directory / "samples.tsv").is_file()]
-        return Outcome(repetitions=repetitions, claims=found, table_md=main + "\n" + text + "\n", files=files,
-                       failures=describe_runs(runs), notes=notes)
+            session.notes.append(f"No figure: {type(error).__name__}: {error}")
+            files = []
+        return files + [run.directory / "samples.tsv" for run in runs if (run.directory / "samples.tsv").is_file()]
 
 
 EXPERIMENT = RedisLru(name=NAME, title="Redis LRU cache", paper="Mesh §6.2.2, figure 7", own_allocators=BUILT_IN)

@@ -1,11 +1,13 @@
 """The machinery of the Redis LRU experiment (redis_lru.py): which Redis binaries there are,
-the native client, and one measured run of redis-server under one configuration.
+the native client, and the Commands of one run of redis-server under one configuration (the
+driver measures them: bench/driver.py).
 
-One run, while meshalloc_cli.measure samples the server for as long as it lives:
+One run, while the driver samples the server for as long as it lives:
 
   1. redis-server starts as an LRU cache (`maxmemory`, `allkeys-lru`, no persistence) on a
      free loopback port, under the configuration's allocator;
-  2. a second thread (the Conductor) waits for the port, runs the native client (phase 1:
+  2. the client (the Conductor, a framework.Command client: the driver runs it in a thread)
+     waits for the port, runs the native client (phase 1:
      many keys with small values, phase 2: fewer keys with larger ones, pipelined), switches
      `activedefrag` on where the configuration asks for it (the paper enables it once all
      keys are in), keeps the server idle until the hold time is over (the figure is memory
@@ -17,6 +19,7 @@ One run, while meshalloc_cli.measure samples the server for as long as it lives:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -26,18 +29,15 @@ import signal
 import socket
 import subprocess
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..allocators import MESHALLOC_CONFIG_OVERRIDES, Allocator
-from ..errors import MeshallocError
-from ..measure import RunResult, measure, summarize
-from ..output import write_run
-from .framework import ExperimentUnavailable
-from .schedule import one_minute_load
+from ..measure import RunResult, summarize
+from .framework import TIMED, Command, ExperimentUnavailable, Served
+from .framework import Run as Measured
 
 # Where scripts/redis/build.sh caches its binaries (REDIS_CACHE overrides, as for the script).
 CACHE_VARIABLE = "REDIS_CACHE"
@@ -250,7 +250,7 @@ class Run:
     result: Optional[RunResult] = None
     client: Dict[str, str] = field(default_factory=dict)
     # The client's report from the timed run: the same server and load, not sampled (see
-    # timed_run), from which the insertion time comes.
+    # timed_command), from which the insertion time comes.
     timed_client: Dict[str, str] = field(default_factory=dict)
     client_start_s: Optional[float] = None  # seconds since the server was started
     client_end_s: Optional[float] = None
@@ -285,7 +285,7 @@ class Run:
 
     @property
     def ok(self) -> bool:
-        """Served, and the unsampled timing run (timed_run) also completed without errors."""
+        """Served, and the unsampled timing run (timed_command) also completed without errors."""
         return self.served and self.insertion_s is not None and self.timed_client.get("errors") == "0"
 
     def _info_number(self, key: str) -> Optional[float]:
@@ -424,31 +424,29 @@ def client_command(client: Path, port: int, workload: Workload, seed: int) -> Li
         + (["--rate", str(workload.rate)] if workload.rate else [])
 
 
-class Conductor(threading.Thread):
-    """The part of a run that happens while the server is sampled: load, hold, shut down."""
+class Conductor:
+    """The client of a sampled server run (framework.Command.client): load, hold, shut down,
+    everything into `run` (which it returns)."""
 
-    def __init__(self, run: Run, port: int, workload: Workload, cli: Path, client: Path, started: float,
-                 server_gone: threading.Event):
-        super().__init__(daemon=True)
+    def __init__(self, run: Run, port: int, workload: Workload, cli: Path, client: Path, served: Served):
         self.run_ = run
         self.port = port
         self.workload = workload
         self.cli_path = cli
         self.client = client
-        self.started = started  # time.monotonic() just before the server was started
-        self.server_gone = server_gone  # set once the sampler saw the server exit
+        self.served = served  # the time the server was started, and whether it has exited
         self.server_pid: Optional[int] = None
 
     def cli(self, *words: str, timeout: float = CLI_TIMEOUT_S) -> subprocess.CompletedProcess:
         return redis_cli(self.cli_path, self.port, *words, timeout=timeout)
 
     def since_start(self) -> float:
-        return time.monotonic() - self.started
+        return self.served.since_start()
 
     def client_command(self) -> List[str]:
         return client_command(self.client, self.port, self.workload, run_seed(self.workload, self.run_.repetition))
 
-    def run(self) -> None:
+    def __call__(self) -> Run:
         try:
             if self.wait_for_server() and self.insert():
                 self.hold()
@@ -456,19 +454,14 @@ class Conductor(threading.Thread):
             self.run_.problems.append(f"conductor: {type(error).__name__}: {error}")
         finally:
             self.shutdown()
+        return self.run_
 
     def wait_for_server(self) -> bool:
         run = self.run_
-        deadline = time.monotonic() + SERVER_READY_TIMEOUT_S
-        while not port_open(self.port):
-            if self.server_gone.is_set():
-                run.problems.append("the server exited before it listened (see server.log, stderr.txt)")
-                return False
-            if time.monotonic() > deadline:
-                run.problems.append(f"the server did not listen on port {self.port} within "
-                                    f"{SERVER_READY_TIMEOUT_S:g} s")
-                return False
-            time.sleep(POLL_S)
+        problem = wait_until_listening(self.port, self.served, "see server.log, stderr.txt")
+        if problem:
+            run.problems.append(problem)
+            return False
         info = parse_info(self.cli("info", "server").stdout)
         self.server_pid = int(info["process_id"]) if "process_id" in info else None
         return True
@@ -500,7 +493,7 @@ class Conductor(threading.Thread):
     def hold(self) -> None:
         run = self.run_
         hold_until = max(self.workload.hold_s, (run.client_end_s or 0.0) + self.workload.idle_after_s)
-        while self.since_start() < hold_until and not self.server_gone.is_set():
+        while self.since_start() < hold_until and not self.served.gone.is_set():
             time.sleep(max(0.0, min(HOLD_SLICE_S, hold_until - self.since_start())))
         run.info = parse_info(self.cli("info", "everything").stdout)
         (run.directory / "info.txt").write_text("".join(f"{key}:{value}\n" for key, value in run.info.items()))
@@ -508,7 +501,7 @@ class Conductor(threading.Thread):
     def shutdown(self) -> None:
         """`shutdown nosave` (a clean exit: meshalloc prints its statistics); if the server does
         not go away, SIGTERM and then SIGKILL to its pid -- only ours."""
-        if self.server_gone.is_set():
+        if self.served.gone.is_set():
             return
         try:
             self.cli("shutdown", "nosave", timeout=SHUTDOWN_TIMEOUT_S)
@@ -525,6 +518,18 @@ class Conductor(threading.Thread):
                 except OSError:
                     break
                 time.sleep(KILL_GRACE_S)
+
+
+def wait_until_listening(port: int, served: Served, where: str) -> Optional[str]:
+    """None once the server listens on `port`; else why it never will."""
+    deadline = time.monotonic() + SERVER_READY_TIMEOUT_S
+    while not port_open(port):
+        if served.gone.is_set():
+            return f"the server exited before it listened ({where})"
+        if time.monotonic() > deadline:
+            return f"the server did not listen on port {port} within {SERVER_READY_TIMEOUT_S:g} s ({where})"
+        time.sleep(POLL_S)
+    return None
 
 
 def server_environment(config: Config, base: Mapping[str, str]) -> Dict[str, str]:
@@ -544,39 +549,45 @@ def server_environment(config: Config, base: Mapping[str, str]) -> Dict[str, str
     return env
 
 
-def one_run(run: Run, workload: Workload, install: RedisInstall, client: Path) -> None:
-    """Start, load, hold and stop one server; everything lands in `run` and run.directory."""
+def server_command(config: Config, port: int, workload: Workload, directory: Path, log_name: str) -> List[str]:
+    return [str(config.server), "--port", str(port), "--maxmemory", workload.maxmemory, *SERVER_OPTIONS,
+            "--dir", str(directory), "--logfile", str(directory / log_name), *config.extra_args]
+
+
+def sampled_command(run: Run, workload: Workload, install: RedisInstall, client: Path) -> Command:
+    """The sampled run of one server (the driver samples it while the Conductor loads, holds and
+    stops it); what it finds lands in `run`, which sampled_record completes."""
     config = run.config
-    run.directory.mkdir(parents=True, exist_ok=True)
-    run.load_before = one_minute_load()
     port = free_port()
     env = server_environment(config, os.environ)
-    command = [str(config.server), "--port", str(port), "--maxmemory", workload.maxmemory, *SERVER_OPTIONS,
-               "--dir", str(run.directory), "--logfile", str(run.directory / "server.log"), *config.extra_args]
+    command = server_command(config, port, workload, run.directory, "server.log")
     shown = {key: value for key, value in sorted(config.allocator.environment(env).items())
              if key == "LD_PRELOAD" or key.startswith("MESHALLOC_")}
     (run.directory / "command.txt").write_text(
         "".join(f"{key}={shlex.quote(value)} " for key, value in shown.items()) + shlex.join(command) + "\n")
+    return Command(command, env=env, inherit_env=False, cwd=run.directory, interval_s=workload.interval_s,
+                   timeout_s=CLIENT_TIMEOUT_S + CONDUCTOR_JOIN_SLACK_S, allocator=config.allocator,
+                   client=lambda served: Conductor(run, port, workload, install.cli, client, served)())
 
-    server_gone = threading.Event()
-    conductor = Conductor(run, port, workload, install.cli, client, time.monotonic(), server_gone)
-    conductor.start()
-    with open(run.directory / "stderr.txt", "wb") as stderr, open(run.directory / "stdout.txt", "wb") as stdout:
-        try:
-            run.result = measure(command, config.allocator, interval=workload.interval_s, env=env,
-                                 cwd=run.directory, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr)
-        except MeshallocError as error:
-            run.problems.append(f"cannot run the server: {error}")
-        server_gone.set()  # the conductor must not wait or hold any longer
-    conductor.join(timeout=CLIENT_TIMEOUT_S + CONDUCTOR_JOIN_SLACK_S)
-    if run.result is not None:
-        write_run(run.result, run.directory)
-        if not run.result.succeeded:
-            run.problems.append(f"redis-server {run.result.describe_exit()}")
-    if config.meshalloc:
+
+def sampled_record(measured: Measured) -> Run:
+    """The record of a sampled server run the driver made with sampled_command (the
+    Conductor's, which the driver's run holds as its client), with the driver's measurement of
+    the server: its samples, its exit, meshalloc's statistics at exit."""
+    run = measured.client if isinstance(measured.client, Run) else Run(measured.allocator, measured.repetition,
+                                                                      measured.order, measured.directory)
+    run.result = measured.result
+    if measured.result is None:
+        run.problems.append(f"cannot run the server: {measured.status}")
+    elif not measured.result.succeeded:
+        run.problems.append(f"redis-server {measured.result.describe_exit()}")
+    if measured.client_error:
+        run.problems.append(measured.client_error)
+    if run.config.meshalloc:
         run.mesh_stats = read_mesh_stats(run.directory / "stderr.txt", run.directory / "meshalloc-stats.json")
         if not run.mesh_stats:
             run.problems.append("no meshalloc statistics on the server's stderr (stderr.txt)")
+    return run
 
 
 # The server's main-thread CPU time over an unsampled insertion (Redis's INFO, read right after
@@ -592,69 +603,59 @@ def main_thread_cpu_s(info: Mapping[str, str]) -> Optional[float]:
         return None
 
 
-def time_insertion(config: Config, workload: Workload, install: RedisInstall, client: Path, directory: Path,
-                   index: int, prefix: str) -> Tuple[Dict[str, str], Optional[str]]:
+def timed_command(config: Config, workload: Workload, install: RedisInstall, client: Path, directory: Path,
+                  index: int, prefix: str) -> Command:
     """One insertion without the sampler: a fresh server, the client (repetition or round
-    `index`'s keys, started at its clock phase), a shutdown. Returns the client's report and
-    the problem that spoilt it, if any; the server's log, its stderr and the client's output go
-    to directory as PREFIX-server.log, PREFIX-stderr.txt, PREFIX-client.txt."""
-    directory.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    env = config.allocator.environment(server_environment(config, os.environ))
-    env.pop("MESHALLOC_STATS", None)
-    command = [str(config.server), "--port", str(port), "--maxmemory", workload.maxmemory, *SERVER_OPTIONS,
-               "--dir", str(directory), "--logfile", str(directory / f"{prefix}-server.log"), *config.extra_args]
-    with open(directory / f"{prefix}-stderr.txt", "wb") as stderr:
-        server = subprocess.Popen(command, env=env, cwd=directory, stdin=subprocess.DEVNULL,
-                                  stdout=subprocess.DEVNULL, stderr=stderr)
-    try:
-        deadline = time.monotonic() + SERVER_READY_TIMEOUT_S
-        while not port_open(port):
-            if server.poll() is not None or time.monotonic() > deadline:
-                return {}, f"the server did not listen (see {prefix}-stderr.txt)"
-            time.sleep(POLL_S)
-        wait_for_clock_phase(clock_phase(index))
-        try:
-            done = subprocess.run(client_command(client, port, workload, run_seed(workload, index)),
-                                  capture_output=True, text=True, timeout=CLIENT_TIMEOUT_S, check=False)
-        except subprocess.TimeoutExpired:
-            return {}, f"the client did not finish within {CLIENT_TIMEOUT_S:g} s"
-        (directory / f"{prefix}-client.txt").write_text(done.stdout + done.stderr)
-        if done.returncode != 0:
-            return {}, f"client exited with {done.returncode}: {done.stderr.strip()[-300:]}"
-        report = dict(word.split("=", 1) for word in done.stdout.split() if "=" in word)
-        if report.get("errors") != "0":
-            return report, f"{report.get('errors')} error replies from the server"
-        main_thread_cpu = main_thread_cpu_s(parse_info(redis_cli(install.cli, port, "info", "cpu").stdout))
-        if main_thread_cpu is not None:
-            report[MAIN_THREAD_CPU_KEY] = f"{main_thread_cpu:.6f}"
-        return report, None
-    finally:
-        if server.poll() is None:
-            try:
-                redis_cli(install.cli, port, "shutdown", "nosave", timeout=SHUTDOWN_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                pass
-            try:
-                server.wait(timeout=SHUTDOWN_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
-
-
-def timed_run(run: Run, workload: Workload, install: RedisInstall, client: Path) -> None:
-    """The same server and load again, without the sampler, for the insertion time alone.
+    `index`'s keys, started at its clock phase), a shutdown. The client returns the client's
+    report and the problem that spoilt it, if any; the server's log and the client's output go
+    to directory as PREFIX-server.log and PREFIX-client.txt.
 
     Reading /proc/PID/smaps_rollup 100 times a second walks every page table of the server under
     its mmap lock and takes one of this machine's two CPUs: every insertion was 11-20 % slower
     sampled (docs/redis-lru.md), which measures the machine's contention rather than the
     allocator. So the sampled run gives the memory figures and this one the speed; the sampled
     insertion time is kept as sampled_insertion_s."""
-    report, problem = time_insertion(run.config, workload, install, client, run.directory, run.repetition,
-                                     "timed")
-    run.timed_client = report
-    if problem:
-        run.problems.append("timed run: " + problem)
+    port = free_port()
+    env = server_environment(config, os.environ)
+    env.pop("MESHALLOC_STATS", None)
+
+    def insert(served: Served) -> Tuple[Dict[str, str], Optional[str]]:
+        try:
+            problem = wait_until_listening(port, served, f"see {prefix}-server.log")
+            if problem:
+                return {}, problem
+            wait_for_clock_phase(clock_phase(index))
+            try:
+                done = subprocess.run(client_command(client, port, workload, run_seed(workload, index)),
+                                      capture_output=True, text=True, timeout=CLIENT_TIMEOUT_S, check=False)
+            except subprocess.TimeoutExpired:
+                return {}, f"the client did not finish within {CLIENT_TIMEOUT_S:g} s"
+            (directory / f"{prefix}-client.txt").write_text(done.stdout + done.stderr)
+            if done.returncode != 0:
+                return {}, f"client exited with {done.returncode}: {done.stderr.strip()[-300:]}"
+            report = dict(word.split("=", 1) for word in done.stdout.split() if "=" in word)
+            if report.get("errors") != "0":
+                return report, f"{report.get('errors')} error replies from the server"
+            main_thread_cpu = main_thread_cpu_s(parse_info(redis_cli(install.cli, port, "info", "cpu").stdout))
+            if main_thread_cpu is not None:
+                report[MAIN_THREAD_CPU_KEY] = f"{main_thread_cpu:.6f}"
+            return report, None
+        finally:
+            if not served.gone.is_set():
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    redis_cli(install.cli, port, "shutdown", "nosave", timeout=SHUTDOWN_TIMEOUT_S)
+
+    return Command(server_command(config, port, workload, directory, f"{prefix}-server.log"), env=env,
+                   inherit_env=False, cwd=directory, measure=TIMED, timeout_s=CLIENT_TIMEOUT_S + CONDUCTOR_JOIN_SLACK_S,
+                   allocator=config.allocator, client=insert)
+
+
+def timed_report(measured: Measured) -> Tuple[Dict[str, str], Optional[str]]:
+    """A timed run's client report and its problem (the server's own failure among them)."""
+    report, problem = measured.client if measured.client is not None else ({}, None)
+    if not measured.ok:
+        problem = problem or measured.status
+    return report, problem
 
 
 @dataclass

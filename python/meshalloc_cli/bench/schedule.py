@@ -74,11 +74,12 @@ def run(slots: Sequence[Slot], execute: Callable[[Slot], Result],
         log: Optional[Callable[[str], None]] = None,
         describe: Optional[Callable[[Done[Result]], str]] = None,
         group: Optional[Callable[[Slot], str]] = None,
-        stop: Optional[Callable[[Result], bool]] = None, separator: str = " ") -> List[Done[Result]]:
+        stop: Optional[Callable[[Result], bool]] = None, separator: str = " ",
+        each: bool = False) -> List[Done[Result]]:
     """execute(slot) for every slot in order. With `log`, one progress line per workload and
-    repetition: group(slot) (default: the workload and repetition) and describe(done) of each
-    of its runs, joined by `separator`. A run for which stop(result) is true (the user pressed
-    Ctrl-C) is the last."""
+    repetition (with `each`, per run: for runs of many seconds): group(slot) (default: the
+    workload and repetition) and describe(done) of each of its runs, joined by `separator`. A
+    run for which stop(result) is true (the user pressed Ctrl-C) is the last."""
     done: List[Done[Result]] = []
     line: List[str] = []
     repetitions = max((slot.repetition for slot in slots), default=0)
@@ -89,7 +90,7 @@ def run(slots: Sequence[Slot], execute: Callable[[Slot], Result],
         if log is not None:
             line.append(describe(finished) if describe else getattr(slot.allocator, "name", str(slot.allocator)))
             following = slots[index + 1] if index + 1 < len(slots) else None
-            if (halt or following is None or following.workload is not slot.workload
+            if (each or halt or following is None or following.workload is not slot.workload
                     or following.repetition != slot.repetition):
                 head = group(slot) if group else f"{slot.workload} [{slot.repetition}/{repetitions}]"
                 log(f"{head} {separator.join(line)}")

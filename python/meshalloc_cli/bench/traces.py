@@ -20,13 +20,15 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from .. import paths, trace as tracing, trace_analyze, trace_replay
 from ..allocators import Allocator, library_options
-from ..compare import compare
-from ..output import write_comparison
+from ..compare import RunRecord, compare, comparison_of
 from ..errors import MeshallocError
-from . import redis_lru, redis_support, schedule
+from ..measure import DEFAULT_INTERVAL_S
+from ..output import write_comparison
+from . import driver, redis_lru, redis_support
 from .claims import claims_table
-from .common import ExperimentBase, built, checked_repetitions, choose_allocators, names_from
-from .framework import FULL, QUICK, SMOKE, Claim, Context, ExperimentUnavailable, Outcome
+from .common import ExperimentBase, Selection, built, names_from
+from .framework import (FULL, QUICK, SMOKE, STDOUT, Claim, Command, Context, Declared, ExperimentUnavailable,
+                        Parameters, Pass, Report, Results, Run, RunFailed, Session)
 from .programs import Prepared, available_programs
 from .report import markdown_table, write_tsv
 from .stats import Stat
@@ -49,20 +51,14 @@ FIDELITY_TOLERANCE = 0.10  # the issue's ±10 %
 # dlmalloc 3rd, jemalloc 4th, tcmalloc 5th.
 THESIS_MEMORY_ORDER = ("glibc", "tcmalloc", "jemalloc")
 THESIS_SPEED_ORDER = ("glibc", "jemalloc", "tcmalloc")
+# How every program's recording is replayed under every allocator: as fast as it goes, touching
+# every page a block covers (`meshalloc trace replay`'s defaults).
+REPLAY_TIMING, REPLAY_TOUCH = "fast", "page"
 
 
-@dataclass
-class Recorded:
-    name: str
-    trace: Path
-    replay: Optional[trace_replay.Replay] = None
-    problem: str = ""
-
-
-def _workloads(context: Context, scratch: Path) -> Tuple[Dict[str, Prepared], List[str]]:
+def _workloads(context: Context, tree: str, scratch: Path) -> Tuple[Dict[str, Prepared], List[str]]:
     """ls and tar over a directory tree, and the real programs of `bench real-apps` (python3,
     ruby, perl, git, and sqlite3 loading a generated SQL dump) with their inputs built."""
-    tree = TREES[context.mode]
     if not Path(tree).is_dir():
         tree = "/usr/share/doc"
     workloads = {"ls": Prepared(["ls", "-lR", tree], scratch),
@@ -222,7 +218,7 @@ def redis_fidelity(context: Context, allocators, repetitions: int) -> Tuple[Opti
     # Paced: unpaced, the insertion runs at the server's speed, which the recorder slows (12.3 s
     # recorded against 5.5-7.6 s live, on a loaded machine), and a replay at the recorded pace
     # then spends longer inserting and less time at the plateau than any live run.
-    load = replace(redis_lru.workload(context), rate=REDIS_FIDELITY_RATE)
+    load = replace(redis_lru.workload(context.mode), rate=REDIS_FIDELITY_RATE)
     out = context.out / REDIS_FIDELITY
     trace = out / "redis.trace"
     trace.parent.mkdir(parents=True, exist_ok=True)
@@ -231,8 +227,12 @@ def redis_fidelity(context: Context, allocators, repetitions: int) -> Tuple[Opti
                          set_env={tracing.ENV_FILE: str(trace)})
     recording = redis_support.Run(redis_support.Config("recorded", install.libc_server, recorder), 1, 1,
                                   out / "recording")
+    recording.directory.mkdir(parents=True, exist_ok=True)
     context.log(f"recording {REDIS_FIDELITY} ({load.hold_s:g} s)")
-    redis_support.one_run(recording, load, install, client)
+    measured = driver.measure_run(redis_support.sampled_command(recording, load, install, client), recording.config,
+                                  recording.directory)
+    measured.client = recording
+    redis_support.sampled_record(measured)
     # Fidelity makes no unsampled timing run: Run.served, not Run.ok.
     if not recording.served or not trace.is_file():
         return None, [f"{REDIS_FIDELITY}: the recorded run failed: " + "; ".join(recording.problems or ["no trace"])]
@@ -240,17 +240,20 @@ def redis_fidelity(context: Context, allocators, repetitions: int) -> Tuple[Opti
                                     meshalloc=bool(allocator.library and library_options(allocator.library)))
                for allocator in allocators]
 
-    def execute(slot: schedule.Slot) -> redis_support.Run:
-        run = redis_support.Run(slot.allocator, slot.repetition, slot.order,
-                                out / "live" / f"{slot.allocator.slug}-r{slot.repetition}")
-        redis_support.one_run(run, load, install, client)
-        return run
+    def command_of(made: Run, kind: str) -> Command:
+        record = redis_support.Run(made.allocator, made.repetition, made.order, made.directory)
+        return redis_support.sampled_command(record, load, install, client)
 
-    runs = [done.result for done in schedule.run(schedule.plan([load], configs, repetitions), execute, context.log,
-                                                 lambda done: f"{done.result.config.name} "
-                                                 + ("ok" if done.result.served else "FAILED"),
-                                                 group=lambda slot: f"{REDIS_FIDELITY} live [{slot.repetition}/"
-                                                 f"{repetitions}]")]
+    def finish(measured: Run) -> None:
+        measured.figures["record"] = redis_support.sampled_record(measured)
+
+    done = driver.run_schedule([load], configs, Pass("", repetitions), command_of,
+                               lambda slot, kind: (out / "live" / f"{slot.allocator.slug}-r{slot.repetition}", None),
+                               finish=finish, log=context.log,
+                               describe=lambda measured: f"{measured.allocator.name} "
+                               + ("ok" if measured.figures["record"].served else "FAILED"),
+                               group=lambda slot: f"{REDIS_FIDELITY} live [{slot.repetition}/{repetitions}]")
+    runs = [measured.figures["record"] for measured in done]
     notes = [f"{REDIS_FIDELITY}: live {run.config.name} #{run.repetition}: " + "; ".join(run.problems)
              for run in runs if not run.served]
     live = {config.name: tuple(Stat.of(run.metric(metric) for run in runs if run.config is config and run.served)
@@ -265,67 +268,127 @@ def _position(names: Sequence[str], table: Dict[str, Dict[str, float]]) -> List[
     return [name for name in table if name in names]
 
 
-class Traces(ExperimentBase):
-    def run(self, context: Context) -> Outcome:
-        context = replace(context, out=context.out.resolve())
-        repetitions = checked_repetitions(context, REPETITIONS)
+@dataclass(frozen=True)
+class TracesParameters(Parameters):
+    tree: str = ""  # the directory `ls -lR` lists and `tar` archives
+
+
+@dataclass(frozen=True)
+class Program:
+    """A workload: a program, ready to be recorded."""
+
+    name: str
+    prepared: Prepared
+
+
+@dataclass
+class Recording:
+    """What prepare() leaves for a program: its trace, and the trace made ready to replay."""
+
+    trace: Path
+    ready: trace_replay.Prepared
+
+
+class Traces(ExperimentBase, Declared):
+    """The programs are the workloads: prepare() records each one once (on glibc), and each run
+    replays its recording under one allocator (fast timing); the analysis, the rankings and the
+    fidelity of a replay at the recorded pace (quick and full) come after."""
+
+    allocators = ALLOCATORS
+    smoke_allocators = SMOKE_ALLOCATORS
+    alias = ALLOCATORS_VARIABLE
+    machine_note = False
+    run_directory = "replays"
+
+    def parameters(self, mode: str) -> TracesParameters:
+        return TracesParameters(REPETITIONS[mode], tree=TREES[mode])
+
+    def select(self, session: Session) -> Selection:
+        context = session.context
         for product in (paths.TRACE_RECORDER_LIBRARY, paths.TRACE_REPLAYER, paths.TRACE_REPLAY_PREPARE):
             built(context, product)
         os.environ.setdefault("MESHALLOC_BUILD_DIR", str(context.build_dir))
-        selection = choose_allocators(context, ALLOCATORS, SMOKE_ALLOCATORS, alias=ALLOCATORS_VARIABLE)
-        allocators, notes = selection.allocators, selection.notes()
-        if len(allocators) < 2:
+        selection = super().select(session)
+        if len(selection.allocators) < 2:
             raise ExperimentUnavailable("a ranking needs two allocators; only " + ", ".join(selection.names) +
                                         " can run")
-        scratch = context.out / "work"
+        return selection
+
+    def workloads(self, session: Session) -> List[Program]:
+        scratch = session.out / "work"
         scratch.mkdir(parents=True, exist_ok=True)
-        workloads, program_notes = _workloads(context, scratch)
-        notes += program_notes
-        recorded: List[Recorded] = []
-        for name, prepared in workloads.items():
-            item = Recorded(name, context.out / name / f"{name}.trace")
-            item.trace.parent.mkdir(parents=True, exist_ok=True)
-            context.log(f"recording {name}: {' '.join(prepared.command)}")
-            item.problem = record(prepared, item.trace)
-            if not item.problem:
-                # A program started by a script (git_history.sh) does its work in exec'd children:
-                # the largest of the files is the program's trace.
-                files = [item.trace, *tracing.child_traces(item.trace)]
-                item.trace = max(files, key=lambda path: path.stat().st_size)
-                if len(files) > 1:
-                    notes.append(f"{name}: {len(files)} processes recorded; replayed the largest trace, "
-                                 f"{item.trace.name}")
-                context.log(f"replaying {name} under {', '.join(a.name for a in allocators)}")
-                try:
-                    item.replay = trace_replay.replay(item.trace, allocators, context.out / name / "replay",
-                                                      repetitions)
-                    trace_replay.write_results(item.replay, context.out / name / "replay",
-                                               figures=context.mode != SMOKE)
-                except MeshallocError as error:
-                    item.problem = str(error)
-            recorded.append(item)
-        failures = [f"{item.name}: {item.problem}" for item in recorded if item.problem]
-        for item in recorded:
-            if item.replay:
-                failures += [f"{item.name}: {run.allocator} #{run.repetition} {run.result.describe_exit()}"
-                             for run in item.replay.comparison.failed_runs]
-        replayed = [item for item in recorded if item.replay]
-        if not replayed:
-            raise ExperimentUnavailable("no trace could be recorded and replayed: " + "; ".join(failures))
+        workloads, notes = _workloads(session.context, session.params.tree, scratch)
+        session.notes += notes
+        return [Program(name, prepared) for name, prepared in workloads.items()]
+
+    def prepare(self, session: Session, workload: Program) -> Recording:
+        trace = session.out / workload.name / f"{workload.name}.trace"
+        trace.parent.mkdir(parents=True, exist_ok=True)
+        session.context.log(f"recording {workload.name}: {' '.join(workload.prepared.command)}")
+        problem = record(workload.prepared, trace)
+        if problem:
+            raise RunFailed(problem)
+        # A program started by a script (git_history.sh) does its work in exec'd children: the
+        # largest of the files is the program's trace.
+        files = [trace, *tracing.child_traces(trace)]
+        trace = max(files, key=lambda path: path.stat().st_size)
+        if len(files) > 1:
+            session.notes.append(f"{workload.name}: {len(files)} processes recorded; replayed the largest trace, "
+                                 f"{trace.name}")
+        try:
+            ready = trace_replay.prepare(trace, session.out / workload.name / "replay"
+                                         / trace_replay.PREPARED_DIRECTORY)
+        except MeshallocError as error:
+            raise RunFailed(str(error)) from None
+        return Recording(trace, ready)
+
+    def command(self, session: Session, workload: Program, allocator: Allocator) -> Command:
+        ready = session.prepared[workload.name].ready
+        return Command(trace_replay.replay_command(ready, REPLAY_TIMING, REPLAY_TOUCH, 1.0), timeout_s=None)
+
+    def replays(self, session: Session, results: Results) -> List[Tuple[Program, trace_replay.Replay]]:
+        """Each program's replays as `meshalloc trace replay` leaves them (its directory's files
+        written), in the order of the programs."""
+        if "replays" not in session.state:
+            found = []
+            for program in results.workloads:
+                mine = [run for run in results.runs if run.workload is program]
+                records = [RunRecord(run.allocator.name, run.repetition, index, run.result, run.directory / STDOUT)
+                           for index, run in enumerate(mine, 1) if run.result is not None]
+                recording = session.prepared[program.name]
+                comparison = comparison_of(trace_replay.replay_command(recording.ready, REPLAY_TIMING, REPLAY_TOUCH,
+                                                                       1.0), results.allocators,
+                                           results.repetitions, DEFAULT_INTERVAL_S, records)
+                replayed = trace_replay.replay_result(recording.ready, comparison, REPLAY_TIMING, REPLAY_TOUCH)
+                trace_replay.write_results(replayed, session.out / program.name / "replay",
+                                           figures=session.context.mode != SMOKE)
+                found.append((program, replayed))
+            session.state["replays"] = found
+        return session.state["replays"]
+
+    def analysis(self, session: Session, results: Results):
+        """The lifetime analysis of every trace, the rankings over all of them and the fidelity
+        runs (quick and full: the live runs and replays at the recorded pace are this claim's own
+        measurements, made after the schedule), computed once."""
+        if "analysis" in session.state:
+            return session.state["analysis"]
+        context, repetitions = session.context, results.repetitions
         files: List[Path] = []
         shares = []
-        for item in replayed:
-            _, written, blocks = trace_analyze.analyze(item.trace, context.out / item.name / "analysis",
-                                                       [item.replay.prepared.directory.parent],
+        replays = self.replays(session, results)
+        for program, replayed in replays:
+            _, written, blocks = trace_analyze.analyze(session.prepared[program.name].trace,
+                                                       session.out / program.name / "analysis",
+                                                       [replayed.prepared.directory.parent],
                                                        figures=context.mode != SMOKE)
             files += written
-            shares.append((item.name, trace_analyze.short_lived_share(blocks), len(blocks.records)))
-        ranked = trace_analyze.rankings([trace_analyze.load_replay(item.replay.prepared.directory.parent)
-                                         for item in replayed])
+            shares.append((program.name, trace_analyze.short_lived_share(blocks), len(blocks.records)))
+        ranked = trace_analyze.rankings([trace_analyze.load_replay(replayed.prepared.directory.parent)
+                                         for _, replayed in replays])
         headers, rows = trace_analyze.ranking_rows(ranked) if ranked else ([], [])
-        files.append(context.out / "rankings.tsv")
+        files.append(session.out / "rankings.tsv")
         write_tsv(files[-1], headers, rows)
-        claims = self.claims(ranked, shares)
+        claims = self.thesis_claims(ranked, shares)
         if context.mode == SMOKE:  # a few hundred blocks of `ls` and `tar` prove nothing
             claims = [replace(claim, holds=None, note="smoke run: not judged") for claim in claims]
         fidelity_table = ""
@@ -335,28 +398,33 @@ class Traces(ExperimentBase):
             for name, measure_one in ((FIDELITY, fragmentation_fidelity), (REDIS_FIDELITY, redis_fidelity)):
                 if wanted and name not in wanted:
                     continue
-                found, more_notes = measure_one(context, allocators, repetitions)
-                notes += more_notes
+                found, more_notes = measure_one(context, results.allocators, repetitions)
+                session.notes += more_notes
                 fidelities += [found] if found else []
             if fidelities:
-                more, fidelity_table = judge(fidelities, allocators, repetitions)
+                more, fidelity_table = judge(fidelities, results.allocators, repetitions)
                 claims += more
         share_table = markdown_table(["trace", "blocks", f"short-lived (< {trace_analyze.SHORT_LIVED_PERCENT:g} % "
                                       "of the calls)"], [[name, f"{count:,}", f"{share:.1f} %"]
                                                          for name, share, count in shares])
         ranking_md = markdown_table(headers, rows, left=2) if rows else \
             "No ranking: fewer than two allocators replayed every trace.\n"
-        table_md = (f"Rankings over {len(replayed)} traces ({', '.join(item.name for item in replayed)}), "
+        table_md = (f"Rankings over {len(replays)} traces ({', '.join(program.name for program, _ in replays)}), "
                     f"{repetitions} replay(s) per allocator, fast timing:\n\n" + ranking_md + "\n" + share_table)
         if fidelity_table:
             table_md += "\nFidelity (live vs replay at the recorded pace, medians):\n\n" + fidelity_table
-        (context.out / "table.md").write_text(table_md + "\n" + claims_table(claims, "thesis / issue"))
-        files.append(context.out / "table.md")
-        return Outcome(repetitions=repetitions, claims=claims, table_md=table_md, files=files, failures=failures,
-                       notes=notes)
+        session.state["analysis"] = claims, table_md, files
+        return session.state["analysis"]
+
+    def claims(self, session: Session, results: Results) -> List[Claim]:
+        return self.analysis(session, results)[0]
+
+    def report(self, session: Session, results: Results, found: Sequence[Claim]) -> Report:
+        _, table_md, files = self.analysis(session, results)
+        return Report(table_md, table_md + "\n" + claims_table(list(found), "thesis / issue"), files)
 
     @staticmethod
-    def claims(ranked, shares) -> List[Claim]:
+    def thesis_claims(ranked, shares) -> List[Claim]:
         found: List[Claim] = []
         median_share = statistics.median(share for _, share, _ in shares)
         found.append(Claim("short-lived blocks dominate (figure 5.1)", "short-lived objects dominate",
