@@ -26,6 +26,13 @@ void deallocateSlow(void* pointer);
 void deallocateOther(ThreadHeap* heap, unsigned sizeClass, uint8_t cell, uintptr_t spanStart,
                      uintptr_t address);
 
+// A free of a valid small block whose span-table cell does not name its span: onto the recycled
+// ring if the cell is not shared, the block carries no cache tag and the ring has room (a leaf
+// function, entered by a tail call, so the local push saves no register); anything else goes
+// on to deallocateOther.
+void deallocateRecycled(ThreadHeap* heap, unsigned sizeClass, uint8_t cell, uintptr_t spanStart,
+                        uintptr_t address);
+
 // A local free at Randomization::kOnRefillAndFree (whose inline push limit is 0): swapped
 // into the vector at a random place (pushRandomly), with freeToVector's checks; anything else
 // goes on to deallocateOther.
@@ -87,6 +94,8 @@ inline void deallocate(void* pointer) {
         // Randomization::kOnRefillAndFree: a small function of its own, without
         // deallocateOther's frame.
         if (v.inlinePushLimit == 0) return deallocateShuffled(heap, sizeClass, spanStart, address);
+      } else {
+        return deallocateRecycled(heap, sizeClass, cell, spanStart, address);
       }
       // Out of line, and entered by a tail call, like every other way out: the push above then
       // needs no register saved.
