@@ -72,7 +72,7 @@ inline void deallocate(void* pointer) {
   uintptr_t address = reinterpret_cast<uintptr_t>(pointer);
   // The compact entry says the class and the span start; the full one (the MiniHeap) is read
   // only for a span this thread may hold, whose entry is usually in cache.
-  uint16_t classEntry = Arena::classEntryFor(address);
+  uint32_t classEntry = Arena::classEntryFor(address);
   ThreadHeap* heap = tlsThreadHeap;
   if (__builtin_expect(heap != nullptr && PageClassEntry::isSmall(classEntry), 1)) {
     unsigned sizeClass = PageClassEntry::sizeClass(classEntry);
@@ -87,7 +87,7 @@ inline void deallocate(void* pointer) {
       // free, before the span table, the tag cost larson about 10 %.)
       // The span table's cell names a span attached here, or an entry that matches no start
       // (ShuffleVector::attachedSpanAt without its tests of the cell).
-      ShuffleVector& v = heap->vector(sizeClass);
+      ShuffleVector& v = vectorInRegister(heap, sizeClass);
       uint8_t cell = v.spanTable[ShuffleVector::spanCell(spanStart)];
       if (__builtin_expect(v.spanStarts[cell] == spanStart, 1)) {
         if (__builtin_expect(freeToVector(v, address), 1)) return;

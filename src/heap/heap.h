@@ -38,11 +38,7 @@ inline void* allocate(size_t size) {
   if (__builtin_expect(size <= kMaxSmallSize, 1)) {
     ThreadHeap* heap = tlsThreadHeap;
     if (__builtin_expect(heap != nullptr, 1)) {
-      ShuffleVector* vector = &heap->vector(SizeClasses::classOf(size));
-      // The vector's address in a register: without this, GCC addressed the first field read
-      // from the heap and the class and computed the vector's address again for the pop.
-      asm("" : "+r"(vector));
-      ShuffleVector& v = *vector;
+      ShuffleVector& v = vectorInRegister(heap, SizeClasses::classOf(size));
       if (__builtin_expect(v.recycledFirst(), 0)) return allocateRecycled(v);
       if (__builtin_expect(v.length != 0, 1)) return v.pop();
       // Otherwise recycled blocks only once the vector is empty, in place of a refill.
