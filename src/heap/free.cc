@@ -23,9 +23,10 @@
 //     b. its span-table cell is shared by several spans -> the full page-map entry's MiniHeap,
 //        freeToVectorIfHeld, else deallocateSlow;
 //     c. its span is not attached here -> checkTaggedFree if tagged (double free: the block is
-//        in some thread's ring or vector), then freeToRecycled; the ring's oldest block, when
-//        due, goes through freeRecycledToSpan (freeToVectorIfHeld, else, for a span this thread
-//        does not hold, freeToRemoteStack under a guard, else deallocateSlow).
+//        in some thread's ring or vector), then freeToRecycled (an untagged block with room in
+//        the ring never reaches deallocateOther: deallocateRecycled pushes it); the ring's oldest
+//        block, when due, goes through freeRecycledToSpan (freeToVectorIfHeld, else, for a span
+//        this thread does not hold, freeToRemoteStack under a guard, else deallocateSlow).
 //  3. deallocateSlow: nullptr does nothing. A tagged small block -> checkTaggedFree (before the
 //     guard). Then under an OperationGuard, with the page-map entry read again:
 //     a. a small block of a span this thread does not hold -> freeToRemoteStack. Double free:
