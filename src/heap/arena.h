@@ -59,9 +59,11 @@ struct PageClassEntry {
   static constexpr unsigned kPageIndexShift = 8;
   static constexpr uint16_t kClassMask = (1u << kPageIndexShift) - 1;
 
-  static bool isSmall(uint16_t entry) { return (entry & kClassMask) != 0; }
-  static unsigned sizeClass(uint16_t entry) { return (entry & kClassMask) - 1u; }
-  static size_t pageIndex(uint16_t entry) { return entry >> kPageIndexShift; }
+  // The entry widened to 32 bits: decoded in 16-bit arithmetic, each field cost the free
+  // fast path a zero extension.
+  static bool isSmall(uint32_t entry) { return (entry & kClassMask) != 0; }
+  static unsigned sizeClass(uint32_t entry) { return (entry & kClassMask) - 1u; }
+  static size_t pageIndex(uint32_t entry) { return entry >> kPageIndexShift; }
   static uint16_t make(unsigned sizeClass, size_t pageIndex) {
     return static_cast<uint16_t>((sizeClass + 1u) | (pageIndex << kPageIndexShift));
   }
@@ -162,7 +164,7 @@ class Arena {
   static const void* entryAddressFor(uintptr_t address) {
     return slotIn<uint64_t>(pageMaps_, address);
   }
-  static uintptr_t spanStartOfClassEntry(uintptr_t address, uint16_t entry) {
+  static uintptr_t spanStartOfClassEntry(uintptr_t address, uint32_t entry) {
     size_t shift = fastPageShift();
     return ((address >> shift) - PageClassEntry::pageIndex(entry)) << shift;
   }

@@ -23,9 +23,10 @@
 //     b. its span-table cell is shared by several spans -> the full page-map entry's MiniHeap,
 //        freeToVectorIfHeld, else deallocateSlow;
 //     c. its span is not attached here -> checkTaggedFree if tagged (double free: the block is
-//        in some thread's ring or vector), then freeToRecycled; the ring's oldest block, when
-//        due, goes through freeRecycledToSpan (freeToVectorIfHeld, else, for a span this thread
-//        does not hold, freeToRemoteStack under a guard, else deallocateSlow).
+//        in some thread's ring or vector), then freeToRecycled (an untagged block with room in
+//        the ring never reaches deallocateOther: deallocateRecycled pushes it); the ring's oldest
+//        block, when due, goes through freeRecycledToSpan (freeToVectorIfHeld, else, for a span
+//        this thread does not hold, freeToRemoteStack under a guard, else deallocateSlow).
 //  3. deallocateSlow: nullptr does nothing. A tagged small block -> checkTaggedFree (before the
 //     guard). Then under an OperationGuard, with the page-map entry read again:
 //     a. a small block of a span this thread does not hold -> freeToRemoteStack. Double free:
@@ -129,6 +130,23 @@ void deallocateOther(ThreadHeap* heap, unsigned sizeClass, uint8_t cell, uintptr
     prefetchRecycledSpan(v.recycledToApplyAfter(kRecycledPrefetchDistance));
     freeRecycledToSpan(heap, due);
   }
+}
+
+// Case 2c's common case, without deallocateOther's frame.
+void deallocateRecycled(ThreadHeap* heap, unsigned sizeClass, uint8_t cell, uintptr_t spanStart,
+                        uintptr_t address) {
+  ShuffleVector& v = heap->vector(sizeClass);
+  if (__builtin_expect(cell != ShuffleVector::kSeveralSpans && !isCacheTagged(address) &&
+                           v.recycledCount < v.recycledCapacity,
+                       1)) {
+    // The block's full page-map entry, for when it is applied to its span (deallocateOther):
+    // only where malloc serves the ring last, which leaves it to fill up (a thread alone
+    // reuses its recycled blocks first, and the prefetch cost old-free 14 instructions a step).
+    if (v.servesRecycledLast()) __builtin_prefetch(Arena::entryAddressFor(address));
+    v.pushRecycledWithRoom(address);
+    return;
+  }
+  deallocateOther(heap, sizeClass, cell, spanStart, address);
 }
 
 // Case 1 at Randomization::kOnRefillAndFree.

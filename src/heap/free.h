@@ -26,6 +26,13 @@ void deallocateSlow(void* pointer);
 void deallocateOther(ThreadHeap* heap, unsigned sizeClass, uint8_t cell, uintptr_t spanStart,
                      uintptr_t address);
 
+// A free of a valid small block whose span-table cell does not name its span: onto the recycled
+// ring if the cell is not shared, the block carries no cache tag and the ring has room (a leaf
+// function, entered by a tail call, so the local push saves no register); anything else goes
+// on to deallocateOther.
+void deallocateRecycled(ThreadHeap* heap, unsigned sizeClass, uint8_t cell, uintptr_t spanStart,
+                        uintptr_t address);
+
 // A local free at Randomization::kOnRefillAndFree (whose inline push limit is 0): swapped
 // into the vector at a random place (pushRandomly), with freeToVector's checks; anything else
 // goes on to deallocateOther.
@@ -65,7 +72,7 @@ inline void deallocate(void* pointer) {
   uintptr_t address = reinterpret_cast<uintptr_t>(pointer);
   // The compact entry says the class and the span start; the full one (the MiniHeap) is read
   // only for a span this thread may hold, whose entry is usually in cache.
-  uint16_t classEntry = Arena::classEntryFor(address);
+  uint32_t classEntry = Arena::classEntryFor(address);
   ThreadHeap* heap = tlsThreadHeap;
   if (__builtin_expect(heap != nullptr && PageClassEntry::isSmall(classEntry), 1)) {
     unsigned sizeClass = PageClassEntry::sizeClass(classEntry);
@@ -80,13 +87,15 @@ inline void deallocate(void* pointer) {
       // free, before the span table, the tag cost larson about 10 %.)
       // The span table's cell names a span attached here, or an entry that matches no start
       // (ShuffleVector::attachedSpanAt without its tests of the cell).
-      ShuffleVector& v = heap->vector(sizeClass);
+      ShuffleVector& v = vectorInRegister(heap, sizeClass);
       uint8_t cell = v.spanTable[ShuffleVector::spanCell(spanStart)];
       if (__builtin_expect(v.spanStarts[cell] == spanStart, 1)) {
         if (__builtin_expect(freeToVector(v, address), 1)) return;
         // Randomization::kOnRefillAndFree: a small function of its own, without
         // deallocateOther's frame.
         if (v.inlinePushLimit == 0) return deallocateShuffled(heap, sizeClass, spanStart, address);
+      } else {
+        return deallocateRecycled(heap, sizeClass, cell, spanStart, address);
       }
       // Out of line, and entered by a tail call, like every other way out: the push above then
       // needs no register saved.

@@ -157,6 +157,10 @@ void* allocateSlow(size_t size) {
   return block;
 }
 
+void* allocateRecycled(ShuffleVector& v) {
+  return v.popRecycled();
+}
+
 void* allocatePinned(size_t size) {
   if (size > kMaxSmallSize) return allocate(size);  // large objects are never meshed
   // A recycled block may lie in a span a mesh pass holds right now; such blocks are set aside

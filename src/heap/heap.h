@@ -31,17 +31,18 @@ void setRefillHook(void (*hook)());
 // its spans back to the global heap. At start-up only; false if the list (a few) is full.
 bool addThreadExitHook(void (*hook)());
 void* allocateSlow(size_t size);
+// v.popRecycled(), out of line: inlined, it cost the vector's pop two instructions.
+void* allocateRecycled(ShuffleVector& v);
 
 inline void* allocate(size_t size) {
   if (__builtin_expect(size <= kMaxSmallSize, 1)) {
     ThreadHeap* heap = tlsThreadHeap;
     if (__builtin_expect(heap != nullptr, 1)) {
-      ShuffleVector& v = heap->vector(SizeClasses::classOf(size));
+      ShuffleVector& v = vectorInRegister(heap, SizeClasses::classOf(size));
+      if (__builtin_expect(v.recycledFirst(), 0)) return allocateRecycled(v);
       if (__builtin_expect(v.length != 0, 1)) return v.pop();
-      // Recycled blocks only once the vector is empty, in place of a refill: served first, they
-      // kept a thread that frees other threads' blocks (larson) on them, so its frees stayed
-      // on the recycling path instead of becoming local pushes into its own spans.
-      if (v.recycledCount != 0) return v.popRecycled();
+      // Otherwise recycled blocks only once the vector is empty, in place of a refill.
+      if (v.recycledCount != 0) return allocateRecycled(v);
     }
   }
   return allocateSlow(size);

@@ -25,6 +25,7 @@ namespace {
 Mutex gRegistryLock(LockRank::kThreadRegistry);
 ThreadHeap* gRegistry = nullptr;
 ThreadHeap* gPool = nullptr;  // heaps of finished threads, reused before allocating new ones
+unsigned gHeapsInUse = 0;     // under gRegistryLock
 // Held for a whole reclaim pass, and by fork's prepare handler: a child never inherits a heap
 // half reclaimed.
 Mutex gReclaimLock(LockRank::kIdleReclaim);
@@ -123,8 +124,25 @@ ThreadHeap* ThreadHeap::create() {
   }
   heap->parkWord_.store(heap->parkWord_.load(std::memory_order_relaxed) & ~kStateMask,
                         std::memory_order_relaxed);
+  LockGuard guard(gRegistryLock);
   heap->inUse_ = true;
+  heap->updateRecycledOrder(true);
   return heap;
+}
+
+void ThreadHeap::setRecycledFirst(bool first) {
+  for (PaddedVector& padded : vectors_) padded.vector.setRecycledFirst(first);
+}
+
+void ThreadHeap::updateRecycledOrder(bool joined) {
+  gHeapsInUse += joined ? 1 : -1u;
+  if (joined) setRecycledFirst(gHeapsInUse == 1);
+  // The count crossed between one and two: every heap in use changes order.
+  if (gHeapsInUse == (joined ? 2u : 1u)) {
+    for (ThreadHeap* heap = gRegistry; heap; heap = heap->registryNext_) {
+      if (heap->inUse_) heap->setRecycledFirst(gHeapsInUse == 1);
+    }
+  }
 }
 
 ThreadHeap::PageRange ThreadHeap::entryPages() const {
@@ -165,6 +183,7 @@ void ThreadHeap::retire() {
   activity_.ioBufferEnd.store(0, std::memory_order_release);
   LockGuard guard(gRegistryLock);
   inUse_ = false;
+  updateRecycledOrder(false);
   poolNext_ = gPool;
   gPool = this;
 }

@@ -326,12 +326,14 @@ TEST_F(HeapTest, FreesIntoOtherSpansAreRecycled) {
   EXPECT_EQ(liveObjects(), before) << "recycled blocks were lost at thread exit";
 }
 
-// The vector comes first, the recycled blocks only once it is empty: a thread that frees blocks
-// of spans it does not hold (larson's, inherited from the thread before it) would otherwise
-// keep getting those blocks back, and its frees of them would never become local.
+// With other threads about, the vector comes first, the recycled blocks only once it is empty:
+// a thread that frees blocks of spans it does not hold (larson's, inherited from the thread
+// before it) would otherwise keep getting those blocks back, and its frees of them would never
+// become local.
 TEST_F(HeapTest, RecycledBlocksServeOnlyAnEmptyVector) {
   constexpr size_t kSize = 256;
   const unsigned sizeClass = SizeClasses::classOf(kSize);
+  ASSERT_NE(heap::currentThreadHeap(), nullptr);  // the test's thread has a heap in use too
   onNewThread([&] {
     ShuffleVector& v = heap::currentThreadHeap()->vector(sizeClass);
     // Another thread's blocks, in a span it filled: once that thread has exited the span is
@@ -357,6 +359,50 @@ TEST_F(HeapTest, RecycledBlocksServeOnlyAnEmptyVector) {
     for (void* block : taken) heap::deallocate(block);
     for (void* block : theirs) heap::deallocate(block);
   });
+}
+
+// A thread alone in the process (the test's main thread, once the other tests' threads have
+// exited) reuses its recycled blocks before the vector's slots: an LRU cache's evictions then
+// never reach their spans. While another thread has a heap, the vector comes first again (the
+// test above), and once that thread has exited the recycled blocks are first again.
+TEST_F(HeapTest, AThreadAloneReusesRecycledBlocksFirst) {
+  constexpr size_t kSize = 256;
+  const unsigned sizeClass = SizeClasses::classOf(kSize);
+  ShuffleVector& v = heap::currentThreadHeap()->vector(sizeClass);
+  ASSERT_FALSE(v.servesRecycledLast()) << "no other thread of this test has a heap";
+  // A full span, detached: no refill attaches it, so frees into it are recycled.
+  std::vector<void*> full(SizeClasses::plan(sizeClass).objectCount + 1);
+  for (void*& block : full) block = heap::allocate(kSize);
+  heap::flushThreadCache();
+  void* mine = heap::allocate(kSize);
+  ASSERT_GT(v.length, 0u) << "the refill left slots in the vector";
+  heap::deallocate(full[0]);
+  ASSERT_EQ(v.recycledCount, 1u) << "a free into a span not held here is recycled";
+  EXPECT_EQ(heap::allocate(kSize), full[0]) << "the recycled block, before the vector's slots";
+  EXPECT_EQ(v.recycledCount, 0u);
+
+  std::atomic<int> step{0};
+  std::thread other([&] {
+    heap::deallocate(heap::allocate(kSize));  // a heap in use
+    step = 1;
+    while (step.load() != 2) std::this_thread::yield();
+  });
+  while (step.load() != 1) std::this_thread::yield();
+  EXPECT_TRUE(v.servesRecycledLast()) << "another thread has a heap: the vector comes first";
+  heap::deallocate(full[0]);
+  ASSERT_EQ(v.recycledCount, 1u);
+  ASSERT_GT(v.length, 0u);
+  void* fromVector = heap::allocate(kSize);
+  EXPECT_NE(fromVector, full[0]) << "with another thread running, the vector's slot first";
+  heap::deallocate(fromVector);
+  step = 2;
+  other.join();
+  EXPECT_FALSE(v.servesRecycledLast()) << "alone again once the other thread exited";
+  EXPECT_EQ(heap::allocate(kSize), full[0]);
+
+  heap::deallocate(mine);
+  for (void* block : full) heap::deallocate(block);
+  heap::flushThreadCache();
 }
 
 // Recycled blocks of the large classes are few: what a thread holds back stays bounded.
