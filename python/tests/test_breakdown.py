@@ -18,7 +18,7 @@ REPORT = {
     "version": "0.1.0",
     "stats": {"allocated": 1},
     "breakdown": {"small_live": 1000, "detached_free_0": 30, "detached_free_1": 70, "page_maps": 8,
-                  "miniheaps": 2, "heap_total": 1110, "pss": 5000, "outside_heap": 3890},
+                  "span_records": 2, "heap_total": 1110, "pss": 5000, "outside_heap": 3890},
     "breakdown_components": [
         {"name": "small_live", "group": "live", "in_heap_total": True, "basis": "counted", "description": "d"},
         {"name": "detached_free_0", "group": "detached_free", "in_heap_total": True, "basis": "counted",
@@ -26,7 +26,7 @@ REPORT = {
         {"name": "detached_free_1", "group": "detached_free", "in_heap_total": True, "basis": "counted",
          "description": "d"},
         {"name": "page_maps", "group": "metadata", "in_heap_total": True, "basis": "resident", "description": "d"},
-        {"name": "miniheaps", "group": "metadata", "in_heap_total": True, "basis": "counted", "description": "d"},
+        {"name": "span_records", "group": "metadata", "in_heap_total": True, "basis": "counted", "description": "d"},
         {"name": "heap_total", "group": "heap_total", "in_heap_total": False, "basis": "derived",
          "description": "d"},
         {"name": "pss", "group": "pss", "in_heap_total": False, "basis": "resident", "description": "d"},

@@ -62,7 +62,7 @@ template <typename Visit>
 void forEachAttachedSpan(ShuffleVector& v, Visit visit) {
   uint32_t count = __atomic_load_n(&v.attachedCount, __ATOMIC_RELAXED);
   for (unsigned span = 0; span < count && span < kMaxSpansPerVector; span++) {
-    if (MiniHeap* mini = __atomic_load_n(&v.spans[span], __ATOMIC_RELAXED)) visit(mini);
+    if (Span* record = __atomic_load_n(&v.spans[span], __ATOMIC_RELAXED)) visit(record);
   }
 }
 
@@ -99,11 +99,11 @@ MemoryBreakdown collectBreakdown() {
     if (!heap->inUse()) continue;
     for (unsigned c = 0; c < kNumSizeClasses; c++) {
       ShuffleVector& v = heap->vector(c);
-      forEachAttachedSpan(v, [&](MiniHeap* mini) {
-        uint32_t live = mini->liveCount.load(std::memory_order_relaxed);
+      forEachAttachedSpan(v, [&](Span* record) {
+        uint32_t live = record->liveCount.load(std::memory_order_relaxed);
         attached[c].spans++;
-        attached[c].slots += mini->objectCount;
-        attached[c].live += live < mini->objectCount ? live : mini->objectCount;
+        attached[c].slots += record->objectCount;
+        attached[c].live += live < record->objectCount ? live : record->objectCount;
       });
       attached[c].held += __atomic_load_n(&v.length, __ATOMIC_RELAXED) +
                           __atomic_load_n(&v.recycledCount, __ATOMIC_RELAXED);
@@ -111,7 +111,7 @@ MemoryBreakdown collectBreakdown() {
   }
   ThreadHeap::unlockRegistry();
 
-  size_t miniHeapBytes = 0;
+  size_t spanRecordBytes = 0;
   for (unsigned c = 0; c < kNumSizeClasses; c++) {
     const SpanPlan& plan = SizeClasses::plan(c);
     size_t spanBytes = static_cast<size_t>(plan.pages) * pageSize;
@@ -130,16 +130,16 @@ MemoryBreakdown collectBreakdown() {
     uint64_t seen = detached.fullSpans + detached.partialSpans + attached[c].spans;
     b.spanTail += bytes(seen * tail);
     if (detached.spans > seen) b.inTransit += bytes((detached.spans - seen) * spanBytes);
-    miniHeapBytes += detached.spans * internalBlockBytes(MiniHeap::bytesFor(plan.objectCount));
+    spanRecordBytes += detached.spans * internalBlockBytes(Span::bytesFor(plan.objectCount));
   }
 
   GlobalHeap::LargeUsage large = GlobalHeap::largeUsage();
   b.largeLive = bytes(large.requestedBytes);
   b.largeSlack = bytes(large.spanBytes - large.requestedBytes);
-  miniHeapBytes += large.count * internalBlockBytes(MiniHeap::bytesFor(1));
+  spanRecordBytes += large.count * internalBlockBytes(Span::bytesFor(1));
   RetiredSpans::Usage retired = RetiredSpans::usage();
   b.retiredMeshed = bytes(retired.virtualBytes);
-  miniHeapBytes += retired.metadataBytes;
+  spanRecordBytes += retired.metadataBytes;
   b.dirtyCache = bytes(Arena::stats().dirtyBytes);
   size_t handleCommitted = handles::Store::committedBytes();
   size_t handleLive = handles::Store::liveBytes();
@@ -149,11 +149,11 @@ MemoryBreakdown collectBreakdown() {
   b.meshSaving = bytes(SpanBacking::stats().releasedBytes);
 
   b.pageMaps = bytes(Arena::mapResidentBytes());
-  b.miniHeaps = bytes(miniHeapBytes);
+  b.spanRecords = bytes(spanRecordBytes);
   b.threadHeaps = bytes(threadHeapResident);
-  // The internal heap's touched bytes hold the MiniHeaps and the thread heaps' blocks too.
+  // The internal heap's touched bytes hold the span records and the thread heaps' blocks too.
   int64_t internal = bytes(InternalHeap::bytesTouched());
-  internal -= bytes(miniHeapBytes + threadHeapBlocks);
+  internal -= bytes(spanRecordBytes + threadHeapBlocks);
   b.internalOther = internal > 0 ? internal : 0;
 
   for (size_t i = 0; i < kBreakdownComponentCount; i++) {
@@ -186,7 +186,7 @@ HeapStats collectStats() {
       ShuffleVector& v = heap->vector(c);
       uint64_t live = 0;
       forEachAttachedSpan(
-          v, [&](MiniHeap* mini) { live += mini->liveCount.load(std::memory_order_relaxed); });
+          v, [&](Span* record) { live += record->liveCount.load(std::memory_order_relaxed); });
       uint32_t waiting = __atomic_load_n(&v.length, __ATOMIC_RELAXED);
       stats.classes[c].liveObjects += live > waiting ? live - waiting : 0;
     }

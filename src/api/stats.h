@@ -53,8 +53,8 @@ namespace meshalloc::api {
     "the handle table, 16 + 4 bytes per handle at the high-water mark")                     \
   X(pageMaps, "page_maps", "metadata", 1, "resident",                                       \
     "page maps, compact class maps and their top-level tables")                             \
-  X(miniHeaps, "miniheaps", "metadata", 1, "counted",                                       \
-    "span descriptors (MiniHeaps and their bitmaps)")                                       \
+  X(spanRecords, "span_records", "metadata", 1, "counted",                                  \
+    "span records (Span) and their bitmaps")                                                \
   X(threadHeaps, "thread_heaps", "metadata", 1, "resident",                                 \
     "thread heaps (shuffle vectors, span tables)")                                          \
   X(internalOther, "internal_other", "metadata", 1, "counted",                              \

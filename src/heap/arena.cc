@@ -4,7 +4,7 @@
 
 #include "heap/config.h"
 #include "heap/internal_heap.h"
-#include "heap/mini_heap.h"
+#include "heap/span.h"
 #include "support/assert.h"
 
 namespace meshalloc {
@@ -283,7 +283,7 @@ uintptr_t Arena::allocate(size_t pages, size_t alignment, bool* zeroed) {
   return start;
 }
 
-void Arena::assign(uintptr_t start, size_t pages, MiniHeap* owner, bool everyPage) {
+void Arena::assign(uintptr_t start, size_t pages, Span* owner, bool everyPage) {
   Segment* segment = segmentOf(start);
   size_t count = everyPage ? pages : 1;
   bool small = owner->sizeClass < kNumSizeClasses;
@@ -304,9 +304,8 @@ void Arena::assign(uintptr_t start, size_t pages, MiniHeap* owner, bool everyPag
     // position in its virtual span; meshing never changes a page's compact entry.
     if constexpr (kChecksEnabled) {
       uint64_t old = entryRef(segment, page).load(std::memory_order_relaxed);
-      MESHALLOC_ASSERT(old == 0 ||
-                       (PageEntry::isMiniHeap(old) && PageEntry::pageIndex(old) == index &&
-                        PageEntry::sizeClass(old) == owner->sizeClass));
+      MESHALLOC_ASSERT(old == 0 || (PageEntry::isSpan(old) && PageEntry::pageIndex(old) == index &&
+                                    PageEntry::sizeClass(old) == owner->sizeClass));
       uint16_t oldClass = classEntryRef(segment, page).load(std::memory_order_relaxed);
       MESHALLOC_ASSERT(oldClass == 0 ||
                        (small && oldClass == PageClassEntry::make(owner->sizeClass, index)));
@@ -336,8 +335,7 @@ void Arena::clearOwnersLocked(Segment* segment, uintptr_t start, size_t pages) {
     if constexpr (kChecksEnabled) {
       size_t index = i <= PageEntry::kMaxPageIndex ? i : PageEntry::kMaxPageIndex;
       uint64_t old = entryRef(segment, page).load(std::memory_order_relaxed);
-      MESHALLOC_ASSERT(old == 0 ||
-                       (PageEntry::isMiniHeap(old) && PageEntry::pageIndex(old) == index));
+      MESHALLOC_ASSERT(old == 0 || (PageEntry::isSpan(old) && PageEntry::pageIndex(old) == index));
       uint16_t oldClass = classEntryRef(segment, page).load(std::memory_order_relaxed);
       MESHALLOC_ASSERT(oldClass == 0 || PageClassEntry::pageIndex(oldClass) == index);
     }

@@ -1,6 +1,6 @@
 // The arena hands out runs of pages for spans and large objects. Address space is reserved in
 // segments on demand (no fixed cap); a two-level table maps any address to its page's entry in
-// the owning segment's page map, so pointer -> MiniHeap lookup is two dependent loads however
+// the owning segment's page map, so pointer -> span record lookup is two dependent loads however
 // large the heap grows. Empty runs are coalesced, and recently freed runs are kept committed in
 // a small dirty cache that decays back to the OS.
 #pragma once
@@ -16,13 +16,13 @@
 
 namespace meshalloc {
 
-struct MiniHeap;
+struct Span;
 
-// Page-map entry encoding. A MiniHeap pointer (64-byte aligned, so its low bits are clear)
+// Page-map entry encoding. A span record pointer (64-byte aligned, so its low bits are clear)
 // in bits 0..47; the page's index inside its virtual span in bits 48..55, so that any virtual
 // span (including meshed aliases) can locate its own start; and the span's size class in bits
 // 56..63 (kLargeClass for large objects), so that malloc_usable_size and pointer checks need
-// not touch the MiniHeap (a cache miss in big heaps). A free run is marked on its first and
+// not touch the span record (a cache miss in big heaps). A free run is marked on its first and
 // last page with the run's bookkeeping pointer and a tag in the low bits. Every other page
 // reads as zero.
 struct PageEntry {
@@ -35,13 +35,11 @@ struct PageEntry {
   static constexpr uint64_t kPointerMask = (1ull << kPageIndexShift) - 1;
   static constexpr size_t kMaxPageIndex = (1u << (kClassShift - kPageIndexShift)) - 1;
 
-  static bool isMiniHeap(uint64_t entry) { return entry != 0 && !(entry & kTagMask); }
-  static MiniHeap* miniHeap(uint64_t entry) {
-    return reinterpret_cast<MiniHeap*>(entry & kPointerMask);
-  }
+  static bool isSpan(uint64_t entry) { return entry != 0 && !(entry & kTagMask); }
+  static Span* span(uint64_t entry) { return reinterpret_cast<Span*>(entry & kPointerMask); }
   static size_t pageIndex(uint64_t entry) { return (entry >> kPageIndexShift) & kMaxPageIndex; }
   static unsigned sizeClass(uint64_t entry) { return static_cast<unsigned>(entry >> kClassShift); }
-  static uint64_t make(MiniHeap* heap, size_t pageIndex, unsigned sizeClass) {
+  static uint64_t make(Span* heap, size_t pageIndex, unsigned sizeClass) {
     return reinterpret_cast<uintptr_t>(heap) |
            (static_cast<uint64_t>(pageIndex) << kPageIndexShift) |
            (static_cast<uint64_t>(sizeClass) << kClassShift);
@@ -144,7 +142,7 @@ class Arena {
 
   // Records the owner of every page of a span (every page for small spans so interior
   // addresses resolve; the first page only for large objects).
-  static void assign(uintptr_t start, size_t pages, MiniHeap* owner, bool everyPage);
+  static void assign(uintptr_t start, size_t pages, Span* owner, bool everyPage);
 
   static uint64_t entryFor(uintptr_t address) {
     const std::atomic<uint64_t>* entry = slotIn<uint64_t>(pageMaps_, address);

@@ -20,7 +20,7 @@
 //        else a full vector first spills its oldest half to the spans' bitmaps
 //        (ThreadHeap::spill; double free: a bit found clear), then freeToVector's push (at
 //        Randomization::kOnRefillAndFree, every local free: pushRandomly);
-//     b. its span-table cell is shared by several spans -> the full page-map entry's MiniHeap,
+//     b. its span-table cell is shared by several spans -> the full page-map entry's span record,
 //        freeToVectorIfHeld, else deallocateSlow;
 //     c. its span is not attached here -> checkTaggedFree if tagged (double free: the block is
 //        in some thread's ring or vector), then freeToRecycled (an untagged block with room in
@@ -66,29 +66,29 @@ namespace meshalloc::heap {
 namespace {
 
 bool freeToRemoteStackIfUnheld(uintptr_t address, uint64_t entry);
-void freeToRemoteStack(MiniHeap* mini, unsigned sizeClass, size_t slot, uintptr_t address);
-void freeToHeldSpan(ThreadHeap* heap, void* pointer, MiniHeap* mini, int64_t slot);
+void freeToRemoteStack(Span* record, unsigned sizeClass, size_t slot, uintptr_t address);
+void freeToHeldSpan(ThreadHeap* heap, void* pointer, Span* record, int64_t slot);
 bool vectorHoldsFreeBlock(ThreadHeap* owner, unsigned sizeClass, uintptr_t block);
 
-// The slot `address` starts in a small-object span, from its page-map entry alone (no MiniHeap
+// The slot `address` starts in a small-object span, from its page-map entry alone (no span record
 // field is read); -1 if the entry is not a small span's or `address` is not a slot's start.
 inline int64_t smallSlotOf(uintptr_t address, uint64_t entry) {
-  if (!PageEntry::isMiniHeap(entry)) return -1;
+  if (!PageEntry::isSpan(entry)) return -1;
   unsigned sizeClass = PageEntry::sizeClass(entry);
   if (sizeClass >= kNumSizeClasses) return -1;
   return SizeClasses::slotOf(sizeClass, address - Arena::spanStartOf(address, entry));
 }
 
-// Both lines of `block`'s MiniHeap (0: none): a free reads the second, and the first free into
+// Both lines of `block`'s span record (0: none): a free reads the second, and the first free into
 // a full span (or the last out of any) moves it between its size class's lists through the
 // first.
 inline void prefetchRecycledSpan(uintptr_t block) {
   if (!block) return;
   uint64_t entry = Arena::entryFor(block);
-  if (!PageEntry::isMiniHeap(entry)) return;
-  MiniHeap* mini = PageEntry::miniHeap(entry);
-  __builtin_prefetch(mini, 1);
-  __builtin_prefetch(reinterpret_cast<const char*>(mini) + kCacheLine, 1);
+  if (!PageEntry::isSpan(entry)) return;
+  Span* record = PageEntry::span(entry);
+  __builtin_prefetch(record, 1);
+  __builtin_prefetch(reinterpret_cast<const char*>(record) + kCacheLine, 1);
 }
 
 }  // namespace
@@ -113,14 +113,14 @@ void deallocateOther(ThreadHeap* heap, unsigned sizeClass, uint8_t cell, uintptr
   }
   if (__builtin_expect(span == ShuffleVector::kMaybeAttached, 0)) {
     uint64_t entry = Arena::entryFor(address);
-    if (!PageEntry::isMiniHeap(entry) ||
-        !freeToVectorIfHeld(heap, v, PageEntry::miniHeap(entry), spanStart, address)) {
+    if (!PageEntry::isSpan(entry) ||
+        !freeToVectorIfHeld(heap, v, PageEntry::span(entry), spanStart, address)) {
       deallocateSlow(reinterpret_cast<void*>(address));
     }
     return;
   }
   if (__builtin_expect(isCacheTagged(address), 0)) checkTaggedFree(sizeClass, address);
-  // freeToRecycled. The block's full entry now, and the MiniHeap of a block
+  // freeToRecycled. The block's full entry now, and the span record of a block
   // kRecycledPrefetchDistance applications ahead (its entry fetched long since), so that
   // applying it later misses on neither. (Only here: a prefetch on every free cost larson about
   // 5 %, its spans' lines bouncing between threads.)
@@ -176,64 +176,64 @@ void deallocateSlow(void* pointer) {
   // The common case first: a valid small object in a span this thread does not hold.
   if (__builtin_expect(freeToRemoteStackIfUnheld(address, entry), 1)) return;
   int64_t slot;
-  MiniHeap* mini = resolve(pointer, entry, "free", &slot);
-  if (!mini) {
+  Span* record = resolve(pointer, entry, "free", &slot);
+  if (!record) {
     freeToLibc(pointer);
     return;
   }
-  if (mini->isLarge()) {
-    GlobalHeap::freeLarge(mini, address);
+  if (record->isLarge()) {
+    GlobalHeap::freeLarge(record, address);
     return;
   }
   ThreadHeap* heap = tlsThreadHeap;
-  if (heap && mini->owner.load(std::memory_order_relaxed) == heap) {
-    freeToHeldSpan(heap, pointer, mini, slot);
+  if (heap && record->owner.load(std::memory_order_relaxed) == heap) {
+    freeToHeldSpan(heap, pointer, record, slot);
     return;
   }
-  freeToRemoteStack(mini, mini->sizeClass, static_cast<size_t>(slot), address);
+  freeToRemoteStack(record, record->sizeClass, static_cast<size_t>(slot), address);
 }
 
 namespace {
 
 // Case 3a. Under a guard: frees `address` onto its span's remote-free stack (or through its
 // bitmap) if it is a valid small block in a span the calling thread does not hold (the
-// page-map entry gives the class, so the slot check needs no MiniHeap field); false leaves it
+// page-map entry gives the class, so the slot check needs no span record field); false leaves it
 // to the caller.
 bool freeToRemoteStackIfUnheld(uintptr_t address, uint64_t entry) {
   int64_t slot = smallSlotOf(address, entry);
   if (slot < 0) return false;
-  MiniHeap* mini = PageEntry::miniHeap(entry);
+  Span* record = PageEntry::span(entry);
   ThreadHeap* heap = tlsThreadHeap;
-  if (heap != nullptr && mini->owner.load(std::memory_order_relaxed) == heap) return false;
-  freeToRemoteStack(mini, PageEntry::sizeClass(entry), static_cast<size_t>(slot), address);
+  if (heap != nullptr && record->owner.load(std::memory_order_relaxed) == heap) return false;
+  freeToRemoteStack(record, PageEntry::sizeClass(entry), static_cast<size_t>(slot), address);
   return true;
 }
 
 // Slot `slot` of a span that is not attached to the calling thread: onto the span's remote-free
 // stack while it is attached to another thread, else (the stack is closed) through the bitmap.
-// `sizeClass` is the span's (from the page-map entry: reading it from the MiniHeap would cost
+// `sizeClass` is the span's (from the page-map entry: reading it from the span record would cost
 // a second cache miss).
-void freeToRemoteStack(MiniHeap* mini, unsigned sizeClass, size_t slot, uintptr_t address) {
-  switch (mini->pushRemoteFree(address)) {
-    case MiniHeap::RemotePush::kPushed:
+void freeToRemoteStack(Span* record, unsigned sizeClass, size_t slot, uintptr_t address) {
+  switch (record->pushRemoteFree(address)) {
+    case Span::RemotePush::kPushed:
       return;
-    case MiniHeap::RemotePush::kAlreadyOnTop:
+    case Span::RemotePush::kAlreadyOnTop:
       reportHeapError(HeapError::kDoubleFree, "free", reinterpret_cast<void*>(address));
-    case MiniHeap::RemotePush::kClosed:
-      GlobalHeap::freeToBitmap(mini, sizeClass, slot, address);
+    case Span::RemotePush::kClosed:
+      GlobalHeap::freeToBitmap(record, sizeClass, slot, address);
       return;
   }
 }
 
-// Case 3d: slot `slot` of `mini`, a span attached to `heap`'s (the calling) thread.
-void freeToHeldSpan(ThreadHeap* heap, void* pointer, MiniHeap* mini, int64_t slot) {
-  ShuffleVector& v = heap->vector(mini->sizeClass);
-  heap->drainRemoteFrees(v, mini->attachIndex, MiniHeap::kRemoteFreesEmpty);
+// Case 3d: slot `slot` of `record`, a span attached to `heap`'s (the calling) thread.
+void freeToHeldSpan(ThreadHeap* heap, void* pointer, Span* record, int64_t slot) {
+  ShuffleVector& v = heap->vector(record->sizeClass);
+  heap->drainRemoteFrees(v, record->attachIndex, Span::kRemoteFreesEmpty);
   // The vector holds the span's own addresses; `pointer` may be a meshed alias of the slot
   // (a span meshed before this thread attached it).
-  uintptr_t canonical = mini->spanStart + static_cast<uintptr_t>(slot) * mini->objectSize;
+  uintptr_t canonical = record->spanStart + static_cast<uintptr_t>(slot) * record->objectSize;
   if ((isCacheTagged(canonical) && v.holds(canonical)) ||
-      !mini->bitmap().isSet(static_cast<size_t>(slot))) {
+      !record->bitmap().isSet(static_cast<size_t>(slot))) {
     reportHeapError(HeapError::kDoubleFree, "free", pointer);
   }
   if (v.length < v.capacity) {
@@ -247,20 +247,20 @@ void freeToHeldSpan(ThreadHeap* heap, void* pointer, MiniHeap* mini, int64_t slo
   // The span stays attached and reclaims the slot from its bitmap on the next refill; the tag
   // lets the local fast path notice a second free meanwhile.
   setCacheTag(canonical, releasedTag());
-  GlobalHeap::freeToBitmap(mini, mini->sizeClass, static_cast<size_t>(slot),
+  GlobalHeap::freeToBitmap(record, record->sizeClass, static_cast<size_t>(slot),
                            reinterpret_cast<uintptr_t>(pointer));
 }
 
 }  // namespace
 
 // Case 3b.
-MiniHeap* resolve(const void* pointer, uint64_t entry, const char* operation, int64_t* slot) {
+Span* resolve(const void* pointer, uint64_t entry, const char* operation, int64_t* slot) {
   uintptr_t address = reinterpret_cast<uintptr_t>(pointer);
-  if (!PageEntry::isMiniHeap(entry)) {
+  if (!PageEntry::isSpan(entry)) {
     if (Arena::contains(address)) {
       uint64_t below = Arena::entryAtOrBelow(address);
-      if (PageEntry::isMiniHeap(below)) {
-        MiniHeap* owner = PageEntry::miniHeap(below);
+      if (PageEntry::isSpan(below)) {
+        Span* owner = PageEntry::span(below);
         if (owner->isLarge() && address < owner->spanStart + owner->spanBytes(Arena::pageSize())) {
           reportHeapError(HeapError::kInteriorPointer, operation, pointer,
                           reinterpret_cast<void*>(owner->largeStart()));
@@ -271,23 +271,24 @@ MiniHeap* resolve(const void* pointer, uint64_t entry, const char* operation, in
     if (os::isInBrkHeap(address)) return nullptr;
     reportHeapError(HeapError::kInvalidPointer, operation, pointer);
   }
-  MiniHeap* mini = PageEntry::miniHeap(entry);
-  if (mini->isLarge()) {
-    if (address != mini->largeStart()) {
+  Span* record = PageEntry::span(entry);
+  if (record->isLarge()) {
+    if (address != record->largeStart()) {
       reportHeapError(HeapError::kInteriorPointer, operation, pointer,
-                      reinterpret_cast<void*>(mini->largeStart()));
+                      reinterpret_cast<void*>(record->largeStart()));
     }
     *slot = 0;
-    return mini;
+    return record;
   }
   uintptr_t spanStart = Arena::spanStartOf(address, entry);
-  *slot = mini->slotOf(address - spanStart);
+  *slot = record->slotOf(address - spanStart);
   if (*slot < 0) {
-    uintptr_t objectStart = spanStart + (address - spanStart) / mini->objectSize * mini->objectSize;
+    uintptr_t objectStart =
+        spanStart + (address - spanStart) / record->objectSize * record->objectSize;
     reportHeapError(HeapError::kInteriorPointer, operation, pointer,
                     reinterpret_cast<void*>(objectStart));
   }
-  return mini;
+  return record;
 }
 
 void freeToLibc(void* pointer) {
@@ -307,13 +308,13 @@ void checkTaggedFree(unsigned sizeClass, uintptr_t address) {
     uint64_t entry = Arena::entryFor(address);
     int64_t slot = smallSlotOf(address, entry);
     if (slot >= 0) {
-      MiniHeap* mini = PageEntry::miniHeap(entry);
-      ThreadHeap* owner = mini->owner.load(std::memory_order_acquire);
+      Span* record = PageEntry::span(entry);
+      ThreadHeap* owner = record->owner.load(std::memory_order_acquire);
       if (tag == vectorTag()) {
         freed = owner && (owner == tlsThreadHeap ? owner->vector(sizeClass).holds(address)
                                                  : vectorHoldsFreeBlock(owner, sizeClass, address));
       } else {
-        freed = owner && !mini->bitmap().isSet(static_cast<size_t>(slot));
+        freed = owner && !record->bitmap().isSet(static_cast<size_t>(slot));
       }
     }
   }
@@ -346,16 +347,16 @@ void freeRecycledToSpan(ThreadHeap* heap, uintptr_t address) {
   uint64_t entry = Arena::entryFor(address);
   if (int64_t slot = smallSlotOf(address, entry); __builtin_expect(slot >= 0, 1)) {
     unsigned sizeClass = PageEntry::sizeClass(entry);
-    MiniHeap* mini = PageEntry::miniHeap(entry);
-    if (freeToVectorIfHeld(heap, heap->vector(sizeClass), mini, Arena::spanStartOf(address, entry),
-                           address))
+    Span* record = PageEntry::span(entry);
+    if (freeToVectorIfHeld(heap, heap->vector(sizeClass), record,
+                           Arena::spanStartOf(address, entry), address))
       return;
     // Most recycled blocks lie in spans no thread holds (Redis's evictions, larson's blocks from
     // other threads). deallocateSlow would first look for the recycled tag, but this block's
     // was checked when it was recycled and cleared when it was taken out: straight to the
     // remote stack or bitmap, with the entry read again under the guard (meshing may have moved
     // the span).
-    if (mini->owner.load(std::memory_order_relaxed) != heap) {
+    if (record->owner.load(std::memory_order_relaxed) != heap) {
       OperationGuard guard;
       if (freeToRemoteStackIfUnheld(address, Arena::entryFor(address))) return;
     }

@@ -11,8 +11,8 @@
 
 #include "heap/arena.h"
 #include "heap/cache_tag.h"
-#include "heap/mini_heap.h"
 #include "heap/size_class.h"
+#include "heap/span.h"
 #include "heap/thread_heap.h"
 
 namespace meshalloc::heap {
@@ -41,7 +41,7 @@ void deallocateShuffled(ThreadHeap* heap, unsigned sizeClass, uintptr_t spanStar
 
 // Pushes the free of `address`, a slot of a span attached to the calling thread, onto `v`, its
 // vector of the class, if the free is plainly valid; false sends it to the slow path.
-// Nothing but the block and the vector is read: the span's MiniHeap (a cache miss in a large
+// Nothing but the block and the vector is read: the span's record (a cache miss in a large
 // heap) is not.
 __attribute__((always_inline)) inline bool freeToVector(ShuffleVector& v, uintptr_t address) {
   // A block with a cache tag may be free already: in this vector, in some thread's recycled
@@ -54,23 +54,23 @@ __attribute__((always_inline)) inline bool freeToVector(ShuffleVector& v, uintpt
   return true;
 }
 
-// freeToVector for a free whose span is known only by its MiniHeap `mini` (from the full
+// freeToVector for a free whose span is known only by its span record `record` (from the full
 // page-map entry), if `heap`'s thread holds that span at `spanStart`. This path takes no guard,
 // so it trusts the entry only if the span really is one this thread holds at that address (a
-// MiniHeap retired by meshing may have been reused; a free through a meshed alias resolves to
+// span record retired by meshing may have been reused; a free through a meshed alias resolves to
 // another start and takes the slow path).
 __attribute__((always_inline)) inline bool freeToVectorIfHeld(ThreadHeap* heap, ShuffleVector& v,
-                                                              MiniHeap* mini, uintptr_t spanStart,
+                                                              Span* record, uintptr_t spanStart,
                                                               uintptr_t address) {
-  if (__builtin_expect(mini->owner.load(std::memory_order_relaxed) != heap, 0)) return false;
-  unsigned span = mini->attachIndex;
+  if (__builtin_expect(record->owner.load(std::memory_order_relaxed) != heap, 0)) return false;
+  unsigned span = record->attachIndex;
   if (__builtin_expect(v.spanStarts[span] != spanStart, 0)) return false;
   return freeToVector(v, address);
 }
 
 inline void deallocate(void* pointer) {
   uintptr_t address = reinterpret_cast<uintptr_t>(pointer);
-  // The compact entry says the class and the span start; the full one (the MiniHeap) is read
+  // The compact entry says the class and the span start; the full one (the span record) is read
   // only for a span this thread may hold, whose entry is usually in cache.
   uint32_t classEntry = Arena::classEntryFor(address);
   ThreadHeap* heap = tlsThreadHeap;
@@ -78,7 +78,7 @@ inline void deallocate(void* pointer) {
     unsigned sizeClass = PageClassEntry::sizeClass(classEntry);
     uintptr_t spanStart = Arena::spanStartOfClassEntry(address, classEntry);
     if (__builtin_expect(SizeClasses::isSlotStart(sizeClass, address - spanStart), 1)) {
-      // A span this thread may hold: free now (its MiniHeap is usually in cache). Frees into
+      // A span this thread may hold: free now (its span record is usually in cache). Frees into
       // other spans are recycled (ShuffleVector), after every other kind of misuse has been
       // checked. A second free of a block some thread caches is caught by the cache tag: here
       // for one in a span this thread does not hold (this thread's own recycled blocks are all
@@ -119,9 +119,9 @@ void flushRecycledBlocks(ThreadHeap* heap);
 
 // Resolves a pointer the program passed back to us (free, realloc, malloc_usable_size: named by
 // `operation` in reports), reporting every kind of misuse: invalid, interior or stale. Returns
-// nullptr for a pointer glibc owns; else its MiniHeap, with its slot in `*slot` (0 if large).
+// nullptr for a pointer glibc owns; else its span record, with its slot in `*slot` (0 if large).
 // Call under an OperationGuard with `entry` read under it.
-MiniHeap* resolve(const void* pointer, uint64_t entry, const char* operation, int64_t* slot);
+Span* resolve(const void* pointer, uint64_t entry, const char* operation, int64_t* slot);
 // Hands a pointer glibc allocated (before meshalloc was in place) back to glibc.
 void freeToLibc(void* pointer);
 

@@ -30,12 +30,12 @@ size_t colourOffset(uintptr_t start, size_t slack) {
 }
 }  // namespace
 
-size_t GlobalHeap::binFor(const MiniHeap* heap, uint32_t live) {
+size_t GlobalHeap::binFor(const Span* heap, uint32_t live) {
   size_t bin = static_cast<size_t>(live) * kOccupancyBins / heap->objectCount;
   return bin < kOccupancyBins ? bin : kOccupancyBins - 1;
 }
 
-void GlobalHeap::unlink(ClassState& state, MiniHeap* heap) {
+void GlobalHeap::unlink(ClassState& state, Span* heap) {
   if (heap->state == SpanState::kPartial)
     state.partial[heap->occupancyBin].remove(heap);
   else if (heap->state == SpanState::kFull) {
@@ -44,18 +44,17 @@ void GlobalHeap::unlink(ClassState& state, MiniHeap* heap) {
   }
 }
 
-MiniHeap* GlobalHeap::createSpan(unsigned sizeClass) {
+Span* GlobalHeap::createSpan(unsigned sizeClass) {
   const SpanPlan& plan = SizeClasses::plan(sizeClass);
-  MiniHeap* heap =
-      static_cast<MiniHeap*>(InternalHeap::allocate(MiniHeap::bytesFor(plan.objectCount)));
+  Span* heap = static_cast<Span*>(InternalHeap::allocate(Span::bytesFor(plan.objectCount)));
   if (!heap) return nullptr;
   bool zeroed = false;
   uintptr_t start = Arena::allocate(plan.pages, 0, &zeroed);
   if (!start) {
-    InternalHeap::free(heap, MiniHeap::bytesFor(plan.objectCount));
+    InternalHeap::free(heap, Span::bytesFor(plan.objectCount));
     return nullptr;
   }
-  new (heap) MiniHeap();
+  new (heap) Span();
   heap->objectSize = plan.objectSize;
   heap->reciprocal = plan.reciprocal;
   heap->objectCount = plan.objectCount;
@@ -68,12 +67,12 @@ MiniHeap* GlobalHeap::createSpan(unsigned sizeClass) {
   return heap;
 }
 
-void GlobalHeap::pin(MiniHeap* heap) {
+void GlobalHeap::pin(Span* heap) {
   if (!heap->pinned.exchange(true, std::memory_order_relaxed))
     pinnedSpans_.fetch_add(1, std::memory_order_relaxed);
 }
 
-void GlobalHeap::destroySpan(ClassState& state, MiniHeap* heap) {
+void GlobalHeap::destroySpan(ClassState& state, Span* heap) {
   // Only a detached span (or one being detached) dies here: never one still attached to a
   // thread, taken by the mesher, retired, large or already freed.
   MESHALLOC_ASSERT(heap->state == SpanState::kAttached || heap->state == SpanState::kUnlisted ||
@@ -87,17 +86,17 @@ void GlobalHeap::destroySpan(ClassState& state, MiniHeap* heap) {
   state.spans--;
   if (heap->mesh) {
     // Its pages are in meshing's shared file: meshing takes it from here.
-    void (*died)(MiniHeap*) = meshedSpanDiedHook_.load(std::memory_order_acquire);
+    void (*died)(Span*) = meshedSpanDiedHook_.load(std::memory_order_acquire);
     MESHALLOC_ASSERT(died != nullptr);
     died(heap);
     return;
   }
   Arena::release(heap->spanStart, heap->spanPages, !tlsBypassDirtyCache_);
-  InternalHeap::free(heap, MiniHeap::bytesFor(heap->objectCount));
+  InternalHeap::free(heap, Span::bytesFor(heap->objectCount));
 }
 
-unsigned GlobalHeap::exchangeSpans(unsigned sizeClass, ThreadHeap* owner, MiniHeap* const* release,
-                                   unsigned releaseCount, MiniHeap** acquired, unsigned maxAcquire,
+unsigned GlobalHeap::exchangeSpans(unsigned sizeClass, ThreadHeap* owner, Span* const* release,
+                                   unsigned releaseCount, Span** acquired, unsigned maxAcquire,
                                    uint32_t wantSlots) {
   ClassState& state = classes_[sizeClass];
   LockGuard guard(state.lock);
@@ -110,7 +109,7 @@ unsigned GlobalHeap::exchangeSpans(unsigned sizeClass, ThreadHeap* owner, MiniHe
   uint32_t covered = 0;
   for (size_t bin = kOccupancyBins; bin-- > 0 && count < maxAcquire && covered < wantSlots;) {
     while (count < maxAcquire && covered < wantSlots) {
-      MiniHeap* heap = state.partial[bin].popFront();
+      Span* heap = state.partial[bin].popFront();
       if (!heap) break;
       MESHALLOC_ASSERT(heap->state == SpanState::kPartial && heap->occupancyBin == bin);
       covered += heap->freeSlots();
@@ -118,7 +117,7 @@ unsigned GlobalHeap::exchangeSpans(unsigned sizeClass, ThreadHeap* owner, MiniHe
     }
   }
   if (count == 0 && maxAcquire > 0) {
-    MiniHeap* heap = createSpan(sizeClass);
+    Span* heap = createSpan(sizeClass);
     if (!heap) return 0;
     state.spans++;
     acquired[count++] = heap;
@@ -129,19 +128,19 @@ unsigned GlobalHeap::exchangeSpans(unsigned sizeClass, ThreadHeap* owner, MiniHe
     MESHALLOC_ASSERT(acquired[i]->state == SpanState::kPartial ||
                      acquired[i]->state == SpanState::kFreed);
     MESHALLOC_ASSERT(acquired[i]->owner.load(std::memory_order_relaxed) == nullptr);
-    MESHALLOC_ASSERT(MiniHeap::isClosed(acquired[i]->remoteFrees.load(std::memory_order_relaxed)));
+    MESHALLOC_ASSERT(Span::isClosed(acquired[i]->remoteFrees.load(std::memory_order_relaxed)));
     acquired[i]->state = SpanState::kAttached;
     // Its new owner may hand out and write any slot: trimmed pages come back as they are touched.
     acquired[i]->trimmedBytes = 0;
     acquired[i]->owner.store(owner, std::memory_order_seq_cst);
     uintptr_t closed =
-        acquired[i]->remoteFrees.exchange(MiniHeap::kRemoteFreesEmpty, std::memory_order_acq_rel);
-    acquired[i]->claimsNeedTags = closed == MiniHeap::kRemoteFreesClosedAfterFree;
+        acquired[i]->remoteFrees.exchange(Span::kRemoteFreesEmpty, std::memory_order_acq_rel);
+    acquired[i]->claimsNeedTags = closed == Span::kRemoteFreesClosedAfterFree;
   }
   return count;
 }
 
-void GlobalHeap::placeDetached(ClassState& state, MiniHeap* heap) {
+void GlobalHeap::placeDetached(ClassState& state, Span* heap) {
   // Called for a span leaving its owner (detachLocked) or taken out of its list (refile).
   MESHALLOC_ASSERT(heap->state == SpanState::kAttached || heap->state == SpanState::kUnlisted);
   MESHALLOC_ASSERT(heap->owner.load(std::memory_order_relaxed) == nullptr);
@@ -162,7 +161,7 @@ void GlobalHeap::placeDetached(ClassState& state, MiniHeap* heap) {
   }
 }
 
-void GlobalHeap::refile(ClassState& state, MiniHeap* heap) {
+void GlobalHeap::refile(ClassState& state, Span* heap) {
   MESHALLOC_ASSERT(heap->state == SpanState::kPartial || heap->state == SpanState::kFull ||
                    heap->state == SpanState::kMeshing);
   unlink(state, heap);
@@ -170,29 +169,29 @@ void GlobalHeap::refile(ClassState& state, MiniHeap* heap) {
   placeDetached(state, heap);
 }
 
-void GlobalHeap::detachLocked(ClassState& state, MiniHeap* heap) {
+void GlobalHeap::detachLocked(ClassState& state, Span* heap) {
   // Only an attached span is detached, and its owner has closed its remote-free stack first
   // (ThreadHeap::drainRemoteFrees with kRemoteFreesClosed), so no block is left on it.
   MESHALLOC_ASSERT(heap->state == SpanState::kAttached);
   MESHALLOC_ASSERT(heap->owner.load(std::memory_order_relaxed) != nullptr);
-  MESHALLOC_ASSERT(MiniHeap::isClosed(heap->remoteFrees.load(std::memory_order_relaxed)));
+  MESHALLOC_ASSERT(Span::isClosed(heap->remoteFrees.load(std::memory_order_relaxed)));
   // seq_cst pairs with freeToBitmap: either this sees its decrement or it sees owner == nullptr.
   heap->owner.store(nullptr, std::memory_order_seq_cst);
   placeDetached(state, heap);
 }
 
-void GlobalHeap::releaseSpan(MiniHeap* heap) {
+void GlobalHeap::releaseSpan(Span* heap) {
   ClassState& state = classes_[heap->sizeClass];
   LockGuard guard(state.lock);
   detachLocked(state, heap);
 }
 
-void GlobalHeap::freeToBitmap(MiniHeap* heap, unsigned sizeClass, size_t slot, uintptr_t address) {
+void GlobalHeap::freeToBitmap(Span* heap, unsigned sizeClass, size_t slot, uintptr_t address) {
   // Into a detached span, the block stays untagged: the span's next owner must tag what it
   // claims (marked before the bit is cleared, so a refill that claims the slot sees the mark).
-  uintptr_t closed = MiniHeap::kRemoteFreesClosed;
+  uintptr_t closed = Span::kRemoteFreesClosed;
   if (heap->remoteFrees.load(std::memory_order_relaxed) == closed) {
-    heap->remoteFrees.compare_exchange_strong(closed, MiniHeap::kRemoteFreesClosedAfterFree,
+    heap->remoteFrees.compare_exchange_strong(closed, Span::kRemoteFreesClosedAfterFree,
                                               std::memory_order_release, std::memory_order_relaxed);
   }
   if (!heap->bitmap().tryUnset(slot))
@@ -230,14 +229,14 @@ void* GlobalHeap::allocateLarge(size_t bytes, size_t alignment, bool* zeroed) {
   size_t slack = (pages << os::pageShift()) - bytes;
   bool colour = gHeapConfig.largeColouring && alignment <= kCacheLine &&
                 bytes < kMaxColouredBytes && slack >= kCacheLine;
-  MiniHeap* heap = static_cast<MiniHeap*>(InternalHeap::allocate(MiniHeap::bytesFor(1)));
+  Span* heap = static_cast<Span*>(InternalHeap::allocate(Span::bytesFor(1)));
   if (!heap) return nullptr;
   uintptr_t start = Arena::allocate(pages, alignment, zeroed);
   if (!start) {
-    InternalHeap::free(heap, MiniHeap::bytesFor(1));
+    InternalHeap::free(heap, Span::bytesFor(1));
     return nullptr;
   }
-  new (heap) MiniHeap();
+  new (heap) Span();
   if (colour) heap->largeOffset = static_cast<uint32_t>(colourOffset(start, slack));
   heap->sizeClass = kLargeClass;
   heap->objectCount = 1;
@@ -251,7 +250,7 @@ void* GlobalHeap::allocateLarge(size_t bytes, size_t alignment, bool* zeroed) {
   if (pages > UINT32_MAX) {
     // spanPages is 32-bit: more than 16 TiB in one object is beyond any machine's memory.
     Arena::release(start, pages, false);
-    InternalHeap::free(heap, MiniHeap::bytesFor(1));
+    InternalHeap::free(heap, Span::bytesFor(1));
     return nullptr;
   }
   Arena::assign(start, pages, heap, false);
@@ -262,7 +261,7 @@ void* GlobalHeap::allocateLarge(size_t bytes, size_t alignment, bool* zeroed) {
   return reinterpret_cast<void*>(heap->largeStart());
 }
 
-void GlobalHeap::freeLarge(MiniHeap* heap, uintptr_t address) {
+void GlobalHeap::freeLarge(Span* heap, uintptr_t address) {
   MESHALLOC_ASSERT(heap->state == SpanState::kLarge && heap->isLarge());
   if (heap->liveCount.exchange(0, std::memory_order_acq_rel) != 1) {
     reportHeapError(HeapError::kDoubleFree, "free", reinterpret_cast<void*>(address));
@@ -275,17 +274,17 @@ void GlobalHeap::freeLarge(MiniHeap* heap, uintptr_t address) {
   }
   heap->state = SpanState::kFreed;
   Arena::release(heap->spanStart, heap->spanPages, true);
-  InternalHeap::free(heap, MiniHeap::bytesFor(1));
+  InternalHeap::free(heap, Span::bytesFor(1));
 }
 
-bool GlobalHeap::noteRequestedBytes(MiniHeap* heap, size_t bytes) {
+bool GlobalHeap::noteRequestedBytes(Span* heap, size_t bytes) {
   LockGuard guard(largeLock_);
   largeRequested_ = largeRequested_ - heap->requestedBytes + bytes;
   heap->requestedBytes = bytes;
   return true;
 }
 
-bool GlobalHeap::resizeLargeInPlace(MiniHeap* heap, size_t bytes) {
+bool GlobalHeap::resizeLargeInPlace(Span* heap, size_t bytes) {
   size_t pageSize = os::pageSize();
   if (bytes > SIZE_MAX - heap->largeOffset - pageSize) return false;
   size_t pages = (bytes + heap->largeOffset + pageSize - 1) >> os::pageShift();
@@ -307,8 +306,8 @@ bool GlobalHeap::resizeLargeInPlace(MiniHeap* heap, size_t bytes) {
   return true;
 }
 
-size_t GlobalHeap::takeMeshCandidates(unsigned sizeClass, uint32_t maxLive, MiniHeap** out,
-                                      size_t max, uint32_t minLive) {
+size_t GlobalHeap::takeMeshCandidates(unsigned sizeClass, uint32_t maxLive, Span** out, size_t max,
+                                      uint32_t minLive) {
   ClassState& state = classes_[sizeClass];
   LockGuard guard(state.lock);
   size_t count = 0;
@@ -322,9 +321,9 @@ size_t GlobalHeap::takeMeshCandidates(unsigned sizeClass, uint32_t maxLive, Mini
       state.meshSweep = next ? next : 1;
     }
     for (size_t bin = 0; bin < kOccupancyBins && count < max; bin++) {
-      MiniHeap* heap = state.partial[bin].front();
+      Span* heap = state.partial[bin].front();
       while (heap && count < max && heap->meshSweep != state.meshSweep) {
-        MiniHeap* next = state.partial[bin].next(heap);
+        Span* next = state.partial[bin].next(heap);
         uint32_t live = heap->liveCount.load(std::memory_order_acquire);
         MESHALLOC_ASSERT(heap->state == SpanState::kPartial && heap->occupancyBin == bin);
         if (live > 0 && live >= minLive && live <= maxLive &&
@@ -341,7 +340,7 @@ size_t GlobalHeap::takeMeshCandidates(unsigned sizeClass, uint32_t maxLive, Mini
   return count;
 }
 
-void GlobalHeap::returnMeshCandidates(unsigned sizeClass, MiniHeap* const* spans, size_t count) {
+void GlobalHeap::returnMeshCandidates(unsigned sizeClass, Span* const* spans, size_t count) {
   ClassState& state = classes_[sizeClass];
   LockGuard guard(state.lock);
   for (size_t i = 0; i < count; i++) {
@@ -352,7 +351,7 @@ void GlobalHeap::returnMeshCandidates(unsigned sizeClass, MiniHeap* const* spans
   }
 }
 
-void GlobalHeap::retireMeshedSource(unsigned sizeClass, MiniHeap* source) {
+void GlobalHeap::retireMeshedSource(unsigned sizeClass, Span* source) {
   ClassState& state = classes_[sizeClass];
   {
     LockGuard guard(state.lock);
@@ -361,7 +360,7 @@ void GlobalHeap::retireMeshedSource(unsigned sizeClass, MiniHeap* source) {
     source->state = SpanState::kFreed;
     state.spans--;
   }
-  InternalHeap::free(source, MiniHeap::bytesFor(source->objectCount));
+  InternalHeap::free(source, Span::bytesFor(source->objectCount));
 }
 
 void GlobalHeap::partialOccupancy(unsigned sizeClass, size_t* spans, size_t* freeSlots) {
@@ -369,8 +368,8 @@ void GlobalHeap::partialOccupancy(unsigned sizeClass, size_t* spans, size_t* fre
   LockGuard guard(state.lock);
   *spans = 0;
   *freeSlots = 0;
-  auto count = [&](IntrusiveList<MiniHeap>& list) {
-    for (MiniHeap* heap = list.front(); heap; heap = list.next(heap)) {
+  auto count = [&](IntrusiveList<Span>& list) {
+    for (Span* heap = list.front(); heap; heap = list.next(heap)) {
       if (uint32_t free = heap->freeSlots()) {
         (*spans)++;
         *freeSlots += free;
@@ -386,7 +385,7 @@ SizeClassStats GlobalHeap::classStats(unsigned sizeClass) {
   SizeClassStats result = {kSizeClassSizes[sizeClass], state.spans, 0, 0, state.fullSpans};
   for (auto& bin : state.partial) {
     result.partialSpans += bin.size();
-    for (MiniHeap* heap = bin.front(); heap; heap = bin.next(heap)) {
+    for (Span* heap = bin.front(); heap; heap = bin.next(heap)) {
       result.liveObjects += heap->liveCount.load(std::memory_order_relaxed);
     }
   }
@@ -403,7 +402,7 @@ GlobalHeap::DetachedUsage GlobalHeap::detachedUsage(unsigned sizeClass) {
   usage.spans = state.spans;
   usage.fullSpans = state.fullSpans;
   for (auto& bin : state.partial) {
-    for (MiniHeap* heap = bin.front(); heap; heap = bin.next(heap)) {
+    for (Span* heap = bin.front(); heap; heap = bin.next(heap)) {
       uint32_t live = heap->liveCount.load(std::memory_order_relaxed);
       if (live > heap->objectCount) live = heap->objectCount;
       usage.partialSpans++;
@@ -423,7 +422,7 @@ GlobalHeap::LargeUsage GlobalHeap::largeUsage() {
 void GlobalHeap::debugDump(unsigned sizeClass) {
   char line[256];
   // Diagnostics only: reads other threads' spans without their locks.
-  auto printSpan = [&](const char* what, MiniHeap* heap) {
+  auto printSpan = [&](const char* what, Span* heap) {
     TextWriter writer(line, sizeof(line));
     writer.text(what)
         .pointer(heap)
@@ -455,7 +454,7 @@ void GlobalHeap::debugDump(unsigned sizeClass) {
         .text("\n");
     os::writeStderr(writer.data(), writer.length());
     for (auto& bin : state.partial)
-      for (MiniHeap* heap = bin.front(); heap; heap = bin.next(heap)) printSpan("  partial ", heap);
+      for (Span* heap = bin.front(); heap; heap = bin.next(heap)) printSpan("  partial ", heap);
   }
   ThreadHeap::lockRegistry();
   for (ThreadHeap* threadHeap = ThreadHeap::registryHead(); threadHeap;

@@ -7,8 +7,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "heap/mini_heap.h"
 #include "heap/size_class.h"
+#include "heap/span.h"
 #include "support/list.h"
 #include "support/lock.h"
 
@@ -51,12 +51,12 @@ class GlobalHeap {
   // from `owner`, then hands it up to `maxAcquire` spans, fullest first, until about
   // `wantSlots` free slots are covered (a fresh span if there is no partial one). Returns the
   // number of spans stored in `acquired`; 0 only when memory is exhausted.
-  static unsigned exchangeSpans(unsigned sizeClass, ThreadHeap* owner, MiniHeap* const* release,
-                                unsigned releaseCount, MiniHeap** acquired, unsigned maxAcquire,
+  static unsigned exchangeSpans(unsigned sizeClass, ThreadHeap* owner, Span* const* release,
+                                unsigned releaseCount, Span** acquired, unsigned maxAcquire,
                                 uint32_t wantSlots);
   // Takes a span back from its owner; the owner has already returned its unused slots and
   // closed its remote-free stack.
-  static void releaseSpan(MiniHeap* heap);
+  static void releaseSpan(Span* heap);
   // While set on the calling thread, spans it empties go back to the OS at once instead of into
   // the dirty cache: the idle-thread reclaimer sets it (ThreadHeap::reclaimIdle), because pages
   // a sleeping thread left empty are not the churn the cache is there to serve.
@@ -64,12 +64,12 @@ class GlobalHeap {
   // A free through the bitmap (the owner's own free when its vector is full, or any free of a
   // detached span, whose remote-free stack is closed): clears the slot's bit and places the span
   // if the free changed its list. The rest of the free path is heap/free.cc's.
-  static void freeToBitmap(MiniHeap* heap, unsigned sizeClass, size_t slot, uintptr_t address);
+  static void freeToBitmap(Span* heap, unsigned sizeClass, size_t slot, uintptr_t address);
 
   static void* allocateLarge(size_t bytes, size_t alignment, bool* zeroed);
-  static void freeLarge(MiniHeap* heap, uintptr_t address);
+  static void freeLarge(Span* heap, uintptr_t address);
   // Resizes a large object in place if the arena allows; returns false otherwise.
-  static bool resizeLargeInPlace(MiniHeap* heap, size_t bytes);
+  static bool resizeLargeInPlace(Span* heap, size_t bytes);
 
   // --- for the mesher (mesh/) ---
   // Takes up to `max` detached partial spans of `sizeClass` holding at most `maxLive` objects
@@ -81,12 +81,12 @@ class GlobalHeap {
   // ahead of spans never tried.
   // With `minLive` above 1, only spans holding at least that many objects are taken (the mesher
   // trims spans too full to mesh, mesh/mesher.cc).
-  static size_t takeMeshCandidates(unsigned sizeClass, uint32_t maxLive, MiniHeap** out, size_t max,
+  static size_t takeMeshCandidates(unsigned sizeClass, uint32_t maxLive, Span** out, size_t max,
                                    uint32_t minLive = 1);
   // Hands spans taken above back to the lists (an empty one is freed).
-  static void returnMeshCandidates(unsigned sizeClass, MiniHeap* const* spans, size_t count);
+  static void returnMeshCandidates(unsigned sizeClass, Span* const* spans, size_t count);
   // Forgets a span whose objects and virtual span now belong to another (meshed into it).
-  static void retireMeshedSource(unsigned sizeClass, MiniHeap* source);
+  static void retireMeshedSource(unsigned sizeClass, Span* source);
   // Detached spans with free slots in `sizeClass` (the partial bins) and those slots: what
   // meshing could gain.
   static void partialOccupancy(unsigned sizeClass, size_t* spans, size_t* freeSlots);
@@ -100,15 +100,15 @@ class GlobalHeap {
   static size_t largeBytes();
   static size_t largeCount();
   // Pins `heap` against meshing, for good: a span attached to the calling thread, or a mesh
-  // candidate the mesher holds. See MiniHeap::pinned.
-  static void pin(MiniHeap* heap);
+  // candidate the mesher holds. See Span::pinned.
+  static void pin(Span* heap);
   // Spans that are pinned now.
   static size_t pinnedSpans() { return pinnedSpans_.load(std::memory_order_relaxed); }
 
-  // `hook(span)`: a span whose pages are in meshing's shared file (MiniHeap::mesh) died; the
+  // `hook(span)`: a span whose pages are in meshing's shared file (Span::mesh) died; the
   // hook takes it over (mesh/retired_spans.h). Called with the class lock held.
   // Atomic: every mesh pass installs it again, while other threads may be reading it.
-  static void setMeshedSpanDiedHook(void (*hook)(MiniHeap* span)) {
+  static void setMeshedSpanDiedHook(void (*hook)(Span* span)) {
     meshedSpanDiedHook_.store(hook, std::memory_order_release);
   }
   // `hook(spanBytes)`: a detached full span just got its first free slot, i.e. it became a mesh
@@ -123,7 +123,7 @@ class GlobalHeap {
  private:
   struct alignas(64) ClassState {
     Mutex lock{LockRank::kSizeClass};
-    IntrusiveList<MiniHeap> partial[kOccupancyBins];
+    IntrusiveList<Span> partial[kOccupancyBins];
     // Full detached spans are only counted, not listed: nothing takes a span from them, and the
     // first free into one (which moves it to a bin) then touches no neighbours' lines.
     size_t fullSpans = 0;
@@ -132,16 +132,16 @@ class GlobalHeap {
     uint16_t meshSweep = 1;
   };
 
-  static MiniHeap* createSpan(unsigned sizeClass);
-  static void destroySpan(ClassState& state, MiniHeap* heap);
-  static void placeDetached(ClassState& state, MiniHeap* heap);
+  static Span* createSpan(unsigned sizeClass);
+  static void destroySpan(ClassState& state, Span* heap);
+  static void placeDetached(ClassState& state, Span* heap);
   // Takes a detached span out of whatever list holds it and places it again by its live count.
-  static void refile(ClassState& state, MiniHeap* heap);
-  static void detachLocked(ClassState& state, MiniHeap* heap);
-  static void unlink(ClassState& state, MiniHeap* heap);
-  static size_t binFor(const MiniHeap* heap, uint32_t live);
+  static void refile(ClassState& state, Span* heap);
+  static void detachLocked(ClassState& state, Span* heap);
+  static void unlink(ClassState& state, Span* heap);
+  static size_t binFor(const Span* heap, uint32_t live);
   // A large object resized within its pages: only the bytes asked for change.
-  static bool noteRequestedBytes(MiniHeap* heap, size_t bytes);
+  static bool noteRequestedBytes(Span* heap, size_t bytes);
 
   static ClassState classes_[kNumSizeClasses];
   static inline constinit thread_local bool tlsBypassDirtyCache_ = false;
@@ -150,7 +150,7 @@ class GlobalHeap {
   static inline size_t largeCount_ = 0;
   static inline size_t largeRequested_ = 0;
   static inline std::atomic<size_t> pinnedSpans_{0};
-  static inline std::atomic<void (*)(MiniHeap* span)> meshedSpanDiedHook_{nullptr};
+  static inline std::atomic<void (*)(Span* span)> meshedSpanDiedHook_{nullptr};
   static inline void (*spanFreedIntoHook_)(size_t spanBytes) = nullptr;
 };
 

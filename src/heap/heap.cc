@@ -91,8 +91,8 @@ ThreadHeap* threadHeap() {
   return heap;
 }
 
-size_t usableSizeOf(const MiniHeap* mini) {
-  return mini->isLarge() ? mini->largeBytes(Arena::pageSize()) : mini->objectSize;
+size_t usableSizeOf(const Span* record) {
+  return record->isLarge() ? record->largeBytes(Arena::pageSize()) : record->objectSize;
 }
 
 void* failNoMemory() {
@@ -171,10 +171,10 @@ void* allocatePinned(size_t size) {
   for (;;) {
     block = allocate(size);
     if (!block) break;
-    MiniHeap* mini = PageEntry::miniHeap(Arena::entryFor(reinterpret_cast<uintptr_t>(block)));
-    if (mini->owner.load(std::memory_order_relaxed) == tlsThreadHeap ||
+    Span* record = PageEntry::span(Arena::entryFor(reinterpret_cast<uintptr_t>(block)));
+    if (record->owner.load(std::memory_order_relaxed) == tlsThreadHeap ||
         setAsideCount == kMaxRecycled) {
-      GlobalHeap::pin(mini);
+      GlobalHeap::pin(record);
       break;
     }
     setAside[setAsideCount++] = block;
@@ -191,8 +191,8 @@ void pinSpansUnder(const void* start, size_t bytes) {
   OperationGuard guard;
   for (uintptr_t page = first & ~(Arena::pageSize() - 1);; page += Arena::pageSize()) {
     uint64_t entry = Arena::entryFor(page < first ? first : page);
-    if (PageEntry::isMiniHeap(entry)) {
-      MiniHeap* span = PageEntry::miniHeap(entry);
+    if (PageEntry::isSpan(entry)) {
+      Span* span = PageEntry::span(entry);
       if (!span->isLarge()) GlobalHeap::pin(span);
     }
     if (last - page < Arena::pageSize()) break;
@@ -233,22 +233,22 @@ void* reallocate(void* pointer, size_t size) {
     OperationGuard guard;
     uint64_t entry = Arena::entryFor(reinterpret_cast<uintptr_t>(pointer));
     int64_t slot;
-    MiniHeap* mini = resolve(pointer, entry, "realloc", &slot);
+    Span* record = resolve(pointer, entry, "realloc", &slot);
     if (size > kMaxRequest) return failNoMemory();
-    glibcOwned = mini == nullptr;
+    glibcOwned = record == nullptr;
     if (glibcOwned) {
       oldSize = __libc_malloc_usable_size ? __libc_malloc_usable_size(pointer) : 0;
     } else {
-      oldSize = usableSizeOf(mini);
-      if (!mini->isLarge()) {
+      oldSize = usableSizeOf(record);
+      if (!record->isLarge()) {
         // Stay put while the new size still maps to this object's class (shrinking by more
         // than that moves, so the memory is not held by a much larger slot).
         if (size <= oldSize &&
-            (size > kMaxSmallSize || SizeClasses::classOf(size) == mini->sizeClass)) {
+            (size > kMaxSmallSize || SizeClasses::classOf(size) == record->sizeClass)) {
           return pointer;
         }
       } else if (size > kMaxSmallSize && size > oldSize / 2) {
-        if (GlobalHeap::resizeLargeInPlace(mini, size)) return pointer;
+        if (GlobalHeap::resizeLargeInPlace(record, size)) return pointer;
       }
     }
   }
@@ -271,15 +271,15 @@ void* reallocate(void* pointer, size_t size) {
 
 size_t usableSizeSlow(const void* pointer) {
   if (!pointer) return 0;
-  // Resolves the MiniHeap, so the entry is read again under the guard.
+  // Resolves the span record, so the entry is read again under the guard.
   uintptr_t address = reinterpret_cast<uintptr_t>(pointer);
   OperationGuard guard;
   uint64_t entry = Arena::entryFor(address);
   int64_t slot;
-  MiniHeap* mini = resolve(pointer, entry, "malloc_usable_size", &slot);
-  if (!mini)
+  Span* record = resolve(pointer, entry, "malloc_usable_size", &slot);
+  if (!record)
     return __libc_malloc_usable_size ? __libc_malloc_usable_size(const_cast<void*>(pointer)) : 0;
-  return usableSizeOf(mini);
+  return usableSizeOf(record);
 }
 
 void flushThreadCache(ThreadHeap* heap) {

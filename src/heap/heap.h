@@ -11,8 +11,8 @@
 #include "heap/errors.h"
 #include "heap/free.h"
 #include "heap/global_heap.h"
-#include "heap/mini_heap.h"
 #include "heap/size_class.h"
+#include "heap/span.h"
 #include "heap/thread_heap.h"
 
 namespace meshalloc::heap {

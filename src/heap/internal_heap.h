@@ -1,4 +1,4 @@
-// The allocator's own heap for metadata (MiniHeaps, thread heaps, arena bookkeeping). It never
+// The allocator's own heap for metadata (span records, thread heaps, arena bookkeeping). It never
 // calls malloc, and freed blocks are reused only for blocks of the same size, so metadata stays
 // type-stable: a stale pointer read by a racing free never lands in unrelated data.
 #pragma once

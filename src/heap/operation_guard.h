@@ -1,7 +1,7 @@
-// Slow-path operations that resolve a pointer to its MiniHeap (remote free, realloc,
+// Slow-path operations that resolve a pointer to its span record (remote free, realloc,
 // malloc_usable_size) run inside an OperationGuard. The mesher rewrites the page map and
-// retires the MiniHeaps it meshed away; before it does, it pauses new guarded operations and
-// waits for those in flight, so none of them can hold a MiniHeap that is about to vanish. The
+// retires the span records it meshed away; before it does, it pauses new guarded operations and
+// waits for those in flight, so none of them can hold a span record that is about to vanish. The
 // owner-local free fast path is not guarded: it validates its span against the thread's own
 // shuffle vector instead (see heap.h).
 //

@@ -19,7 +19,7 @@ constexpr size_t kMinObjectsPerSpan = 8;
 // refills (and the locking they need) stay rare.
 constexpr size_t kMinSpanBytes = 4096;
 // Spans also hold this many objects where that takes at most kPreferredSpanBytesCap: a span
-// of a few mid-size objects costs a MiniHeap (a cache miss) per few slots in a sparse heap, and
+// of a few mid-size objects costs a span record (a cache miss) per few slots in a sparse heap, and
 // a mesh, whose cost is its system calls, gives back only its bytes (docs/heap.md).
 constexpr size_t kPreferredObjectsPerSpan = 64;
 constexpr size_t kPreferredSpanBytesCap = 16384;

@@ -192,9 +192,9 @@ void ThreadHeap::checkAttached(const ShuffleVector& v, unsigned span) const {
   MESHALLOC_ASSERT(v.attachedCount <= kMaxSpansPerVector);
   MESHALLOC_ASSERT(v.length <= v.capacity);
   MESHALLOC_ASSERT(span < v.attachedCount);
-  const MiniHeap* heap = v.spans[span];
+  const Span* heap = v.spans[span];
   // An attached span is owned by this heap, knows its position, and the table's copy of its
-  // start (which frees read instead of the MiniHeap) is its start.
+  // start (which frees read instead of the span record) is its start.
   MESHALLOC_ASSERT(heap != nullptr);
   MESHALLOC_ASSERT(heap->state == SpanState::kAttached);
   MESHALLOC_ASSERT(heap->owner.load(std::memory_order_relaxed) == this);
@@ -308,16 +308,15 @@ void ThreadHeap::resetReclaimAfterFork() {
 
 void ThreadHeap::drainRemoteFrees(ShuffleVector& v, unsigned span, uintptr_t leaveAs) {
   checkAttached(v, span);
-  MESHALLOC_ASSERT(leaveAs == MiniHeap::kRemoteFreesEmpty ||
-                   leaveAs == MiniHeap::kRemoteFreesClosed);
-  MiniHeap* heap = v.spans[span];
+  MESHALLOC_ASSERT(leaveAs == Span::kRemoteFreesEmpty || leaveAs == Span::kRemoteFreesClosed);
+  Span* heap = v.spans[span];
   uintptr_t block = heap->remoteFrees.load(std::memory_order_relaxed);
   if (block == leaveAs) return;
   block = heap->remoteFrees.exchange(leaveAs, std::memory_order_acquire);
   AtomicBitmap bitmap = heap->bitmap();
   size_t spanBytes = heap->spanBytes(Arena::pageSize());
   uint32_t drained = 0;
-  while (block != MiniHeap::kRemoteFreesEmpty && !MiniHeap::isClosed(block)) {
+  while (block != Span::kRemoteFreesEmpty && !Span::isClosed(block)) {
     uintptr_t next = *reinterpret_cast<const uintptr_t*>(block);
     // A block freed through a meshed alias lies in another virtual span of the same pages.
     uintptr_t start = heap->spanStart;
@@ -342,7 +341,7 @@ void ThreadHeap::drainRemoteFrees(ShuffleVector& v, unsigned span, uintptr_t lea
 
 void ThreadHeap::claimFreeSlots(ShuffleVector& v, unsigned span) {
   checkAttached(v, span);
-  MiniHeap* heap = v.spans[span];
+  Span* heap = v.spans[span];
   AtomicBitmap bitmap = heap->bitmap();
   uint32_t claimed = 0;
   // Slots freed while the span was attached carry their tag already, and slots never handed
@@ -387,7 +386,7 @@ void ThreadHeap::spill(ShuffleVector& v) {
     if (!runMask) return;
     uint64_t wasSet = v.spans[runSpan]->bitmap().unsetMask(runWord, runMask);
     if (wasSet != runMask) {
-      MiniHeap* heap = v.spans[runSpan];
+      Span* heap = v.spans[runSpan];
       unsigned bit = static_cast<unsigned>(__builtin_ctzll(runMask & ~wasSet));
       uintptr_t block = heap->spanStart + (runWord * 64 + bit) * heap->objectSize;
       reportHeapError(HeapError::kDoubleFree, "free", reinterpret_cast<void*>(block));
@@ -401,7 +400,7 @@ void ThreadHeap::spill(ShuffleVector& v) {
                    ? runSpan
                    : attachedIndexOf(v, block);
     MESHALLOC_ASSERT(span >= 0);
-    MiniHeap* heap = v.spans[span];
+    Span* heap = v.spans[span];
     int64_t slot = heap->slotOf(block - heap->spanStart);
     MESHALLOC_ASSERT(slot >= 0);
     // A block the program freed here carries the vector tag: it now says released, so that a
@@ -439,7 +438,7 @@ void ThreadHeap::removeSpan(ShuffleVector& v, unsigned span) {
   v.spans[last] = nullptr;
   v.spanStarts[last] = 0;
   // The span filter keeps the removed span's bit until the next rebuild: a false positive only
-  // sends a free to check the MiniHeap.
+  // sends a free to check the span record.
 }
 
 void ThreadHeap::shuffle(ShuffleVector& v, const uint32_t* runStarts, unsigned runs) {
@@ -491,13 +490,13 @@ bool ThreadHeap::refill(unsigned sizeClass) {
   // room for spans that have some. (The vector is empty: no entry refers to a span index.)
   uint32_t reclaimable = 0;
   for (unsigned span = 0; span < v.attachedCount; span++) {
-    drainRemoteFrees(v, span, MiniHeap::kRemoteFreesEmpty);
+    drainRemoteFrees(v, span, Span::kRemoteFreesEmpty);
     reclaimable += v.spans[span]->freeSlots();
   }
-  MiniHeap* released[kMaxSpansPerVector];
+  Span* released[kMaxSpansPerVector];
   unsigned releasedCount = 0;
   auto release = [&](unsigned span) {
-    drainRemoteFrees(v, span, MiniHeap::kRemoteFreesClosed);
+    drainRemoteFrees(v, span, Span::kRemoteFreesClosed);
     released[releasedCount++] = v.spans[span];
     removeSpan(v, span);
   };
@@ -529,7 +528,7 @@ bool ThreadHeap::refill(unsigned sizeClass) {
   unsigned room = v.length < wanted ? kMaxSpansPerVector - v.attachedCount : 0;
   if (releasedCount || room) {
     // One trip (one lock) to the global heap per refill, however many spans change hands.
-    MiniHeap* acquired[kMaxSpansPerVector];
+    Span* acquired[kMaxSpansPerVector];
     unsigned count =
         GlobalHeap::exchangeSpans(sizeClass, this, released, releasedCount, acquired, room,
                                   wanted - (v.length < wanted ? v.length : wanted));
@@ -555,7 +554,7 @@ void ThreadHeap::detachAll(unsigned sizeClass) {
   // Before the vector's slots go back: a block both in the vector and on the stack is a
   // double free, which draining detects only while the vector still says so.
   for (unsigned span = 0; span < v.attachedCount; span++)
-    drainRemoteFrees(v, span, MiniHeap::kRemoteFreesClosed);
+    drainRemoteFrees(v, span, Span::kRemoteFreesClosed);
   uint32_t returned[kMaxSpansPerVector] = {};
   for (uint32_t i = 0; i < v.length; i++) {
     uintptr_t block = ShuffleVector::blockOf(v.entries[i]);
@@ -563,7 +562,7 @@ void ThreadHeap::detachAll(unsigned sizeClass) {
     int span = attachedIndexOf(v, block);
     // The vector holds free slots of its attached spans only, each still owned in its bitmap.
     MESHALLOC_ASSERT(span >= 0);
-    MiniHeap* heap = v.spans[span];
+    Span* heap = v.spans[span];
     int64_t slot = heap->slotOf(block - heap->spanStart);
     MESHALLOC_ASSERT(slot >= 0);
     bool wasOwned = heap->bitmap().tryUnset(static_cast<size_t>(slot));

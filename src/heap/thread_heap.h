@@ -11,9 +11,9 @@
 
 #include "heap/cache_tag.h"
 #include "heap/config.h"
-#include "heap/mini_heap.h"
 #include "heap/operation_guard.h"
 #include "heap/size_class.h"
+#include "heap/span.h"
 #include "support/rng.h"
 
 namespace meshalloc {
@@ -41,7 +41,7 @@ constexpr uint32_t kMaxRecycled = 16;
 constexpr uint32_t kMinRecycled = 2;
 constexpr size_t kRecycledBytes = 32 * 1024;
 static_assert((kMaxRecycled & (kMaxRecycled - 1)) == 0);
-// A free that applies the oldest recycled block prefetches the MiniHeap of the one this many
+// A free that applies the oldest recycled block prefetches the span record of the one this many
 // applications later: far enough ahead for the lines to arrive, near enough to stay in cache.
 constexpr uint32_t kRecycledPrefetchDistance = 4;
 struct ShuffleVector {
@@ -72,7 +72,7 @@ struct ShuffleVector {
   // span table's kSeveralSpans and kNoSpan cells: a free compares the start a cell names without
   // testing the cell first.
   uintptr_t spanStarts[kMaxSpansPerVector + 2] = {};
-  MiniHeap* spans[kMaxSpansPerVector] = {};
+  Span* spans[kMaxSpansPerVector] = {};
 
   static uintptr_t blockOf(uintptr_t entry) { return entry & ~kTaggedEntry; }
   // Whether `block` is among the free slots: a scan, for the slow paths only (a block that
@@ -89,10 +89,10 @@ struct ShuffleVector {
   }
 
   // The attached spans by a hash of their starts, so a free can tell without touching the span's
-  // MiniHeap (which misses in a large heap) whether its span is attached here, and which one it
+  // span record (which misses in a large heap) whether its span is attached here, and which one it
   // is: a cell holds the span's index, kNoSpan, or kSeveralSpans where starts collide. The
   // span is attached exactly when spanStarts[cell] is its start. (A bit filter still had to read
-  // the MiniHeap to confirm; its false positives, one in eight frees with a full table, then
+  // the span record to confirm; its false positives, one in eight frees with a full table, then
   // also went the slow way.) A table never rebuilt is all zeros, which names span 0: the start
   // comparison still decides.
   static constexpr unsigned kSpanTableCells = 256;
@@ -109,7 +109,7 @@ struct ShuffleVector {
     return static_cast<unsigned>((spanStart * kFibonacciMultiplier) >> kCellShift);
   }
   // The index of the attached span that starts at `spanStart`, kNotAttached, or kMaybeAttached
-  // (a shared cell: the caller asks the MiniHeap).
+  // (a shared cell: the caller asks the span record).
   int attachedSpanAt(uintptr_t spanStart) const {
     return attachedSpanIn(spanTable[spanCell(spanStart)], spanStart);
   }
@@ -129,7 +129,7 @@ struct ShuffleVector {
   // Recycled blocks: this thread's latest frees into spans it does not hold, handed out again
   // (newest first) before the vector's slots by a thread alone in the process, else once the
   // vector is empty, in place of a refill (recycledFirst). Such a free would
-  // otherwise miss on the span's MiniHeap, and the slot come back only when a refill attaches
+  // otherwise miss on the span's record, and the slot come back only when a refill attaches
   // its span; reused here, the block's memory and page-map entry are still in cache. A block
   // stays live in its span's bitmap while it is here (statistics count it, meshing copies it).
   // The oldest is applied to its span when the ring is full, and all of them whenever the

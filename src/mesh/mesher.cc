@@ -40,8 +40,8 @@ Rng gRng;
 bool gRngSeeded = false;
 
 // Scratch for one class at a time (passes are serialised): no allocation during a pass.
-MiniHeap* gCandidates[Mesher::kMaxCandidatesPerClass];
-MiniHeap* gSearchOrder[Mesher::kMaxCandidatesPerClass];
+Span* gCandidates[Mesher::kMaxCandidatesPerClass];
+Span* gSearchOrder[Mesher::kMaxCandidatesPerClass];
 MeshGroup gGroups[Mesher::kMaxCandidatesPerClass / 2];
 // Groups cut into batch-sized pieces: at most one piece per source, and a group has at least
 // one source for every piece, so the candidates bound both arrays.
@@ -63,7 +63,7 @@ bool busyWithIo(uintptr_t start, size_t bytes) {
   return busy;
 }
 
-bool spanBusyWithIo(MiniHeap* span, size_t bytes) {
+bool spanBusyWithIo(Span* span, size_t bytes) {
   bool busy = false;
   SpanBacking::forEachVirtualSpan(
       span, [&](uintptr_t start) { busy = busy || busyWithIo(start, bytes); });
@@ -101,7 +101,7 @@ long mappingCount(bool fresh = false) {
 
 }  // namespace
 
-void Mesher::copyLiveObjects(MiniHeap* destination, MiniHeap* source) {
+void Mesher::copyLiveObjects(Span* destination, Span* source) {
   size_t objectSize = destination->objectSize;
   AtomicBitmap src = source->bitmap();
   for (size_t w = 0; w < src.words(); w++) {
@@ -115,7 +115,7 @@ void Mesher::copyLiveObjects(MiniHeap* destination, MiniHeap* source) {
   }
 }
 
-uint32_t Mesher::claimSourceSlots(MiniHeap* destination, MiniHeap* source) {
+uint32_t Mesher::claimSourceSlots(Span* destination, Span* source) {
   AtomicBitmap src = source->bitmap();
   AtomicBitmap dst = destination->bitmap();
   uint32_t claimed = 0;
@@ -138,7 +138,7 @@ uint32_t Mesher::claimSourceSlots(MiniHeap* destination, MiniHeap* source) {
 // chains keep merging as their spans empty out. Without this, two meshed spans could never
 // mesh, and a sparse heap stopped shrinking once most of its spans were meshed (Redis LRU:
 // 256-byte spans at 15 % occupancy, all meshed once).
-bool Mesher::absorbMeshedSource(MiniHeap* destination, MiniHeap* source) {
+bool Mesher::absorbMeshedSource(Span* destination, Span* source) {
   size_t bytes = destination->spanBytes(Arena::pageSize());
   uintptr_t protectedStarts[kMaxVirtualSpans];
   uint32_t protectedCount = 0;
@@ -179,7 +179,7 @@ bool Mesher::absorbMeshedSource(MiniHeap* destination, MiniHeap* source) {
   return ok;
 }
 
-void Mesher::restoreWritable(void* start, size_t bytes, MiniHeap* span, MiniHeap* other) {
+void Mesher::restoreWritable(void* start, size_t bytes, Span* span, Span* other) {
   // mprotect merges back the very mapping protectReadOnly split off, so the kernel has no reason
   // to refuse; if it does all the same, the range must not stay read-only (the program's next
   // write there would fault with no barrier up: a crash). A private copy of it is writable but
@@ -202,7 +202,7 @@ void Mesher::restoreWritable(void* start, size_t bytes, MiniHeap* span, MiniHeap
   abort();
 }
 
-size_t Mesher::trimFreePages(MiniHeap* span) {
+size_t Mesher::trimFreePages(Span* span) {
   // A span in the shared file keeps only its live pages there already (SpanBacking::share), and
   // punching its file would need the backing's lock; a pinned one is left alone entirely.
   if (span->state != SpanState::kMeshing || span->mesh ||
@@ -240,13 +240,13 @@ size_t Mesher::trimFreePages(MiniHeap* span) {
   return gained;
 }
 
-void Mesher::returnCandidates(unsigned sizeClass, MiniHeap** spans, size_t count) {
+void Mesher::returnCandidates(unsigned sizeClass, Span** spans, size_t count) {
   for (size_t i = 0; i < count; i++) trimFreePages(spans[i]);
   GlobalHeap::returnMeshCandidates(sizeClass, spans, count);
 }
 
 bool Mesher::meshGroup(MeshGroup& group, bool* merged) {
-  MiniHeap* destination = group.destination;
+  Span* destination = group.destination;
   size_t pageSize = Arena::pageSize();
   size_t bytes = destination->spanBytes(pageSize);
   for (uint32_t i = 0; i < group.sourceCount; i++) merged[i] = false;
@@ -268,7 +268,7 @@ bool Mesher::meshGroup(MeshGroup& group, bool* merged) {
   }
   bool any = false;
   for (uint32_t i = 0; i < group.sourceCount; i++) {
-    MiniHeap* source = group.sources[i];
+    Span* source = group.sources[i];
     // Frees only ever clear bits, so the groups found before the batch are still disjoint;
     // checked again because a mistake here would overwrite live objects.
     if (!SplitMesher::disjoint(destination, source)) continue;
@@ -304,7 +304,7 @@ bool Mesher::meshGroup(MeshGroup& group, bool* merged) {
   return any;
 }
 
-void Mesher::commitSource(MiniHeap* destination, MiniHeap* source) {
+void Mesher::commitSource(Span* destination, Span* source) {
   // Both were taken out of the lists for this pass (GlobalHeap::takeMeshCandidates).
   MESHALLOC_ASSERT(destination->state == SpanState::kMeshing);
   MESHALLOC_ASSERT(source->state == SpanState::kMeshing);
@@ -378,7 +378,7 @@ size_t Mesher::meshBatchHere(MeshGroup* groups, size_t count, bool* mergedFlags)
   // shared) and sources (all of a meshed source's spans).
   uintptr_t protectable[WriteBarrier::kMaxSpans];
   uint32_t protectableCount = 0;
-  auto note = [&](MiniHeap* span) {
+  auto note = [&](Span* span) {
     SpanBacking::forEachVirtualSpan(span, [&](uintptr_t start) {
       if (protectableCount < WriteBarrier::kMaxSpans) protectable[protectableCount] = start;
       protectableCount++;
@@ -395,7 +395,7 @@ size_t Mesher::meshBatchHere(MeshGroup* groups, size_t count, bool* mergedFlags)
     anyMerged |= meshGroup(groups[g], mergedFlags + g * kMaxVirtualSpans);
   if (anyMerged) {
     // Only the switch of the page map needs guarded operations (remote frees, realloc,
-    // malloc_usable_size) paused: none may hold a source's MiniHeap across it, and the slots
+    // malloc_usable_size) paused: none may hold a source's span record across it, and the slots
     // transferred must be the final ones. It is a few atomics per source, so the pause does
     // not include the mapping calls, which can wait long for the mm lock or the CPU. It runs
     // on the commit thread, at the program's priority (mesh/commit_thread.h).
@@ -422,7 +422,7 @@ size_t Mesher::compactClassRound(unsigned sizeClass, long* mappingBudget, size_t
     returnCandidates(sizeClass, gCandidates, count);
     return 0;
   }
-  memcpy(gSearchOrder, gCandidates, count * sizeof(MiniHeap*));
+  memcpy(gSearchOrder, gCandidates, count * sizeof(Span*));
   size_t maxGroups = static_cast<size_t>(*mappingBudget / (kMappingsPerMesh * kMaxVirtualSpans));
   if (maxGroups == 0) maxGroups = *mappingBudget >= kMappingsPerMesh * 2 ? 1 : 0;
   if (maxGroups > count / 2) maxGroups = count / 2;
@@ -458,7 +458,7 @@ size_t Mesher::compactClassRound(unsigned sizeClass, long* mappingBudget, size_t
   // Sources meshed away are forgotten; everything else goes back to the lists.
   size_t returned = 0;
   for (size_t c = 0; c < count; c++) {
-    MiniHeap* span = gCandidates[c];
+    Span* span = gCandidates[c];
     if (span->state == SpanState::kMeshedAway) {
       *mappingBudget -= kMappingsPerMesh * SpanBacking::virtualSpans(span);
       SpanBacking::forgetAbsorbed(span);

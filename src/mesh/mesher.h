@@ -101,15 +101,15 @@ class Mesher {
   // Copies each source's objects into the destination and maps the destination's pages over
   // the source (merged[i] says which succeeded); the page map is not changed yet.
   static bool meshGroup(MeshGroup& group, bool* merged);
-  static void copyLiveObjects(MiniHeap* destination, MiniHeap* source);
+  static void copyLiveObjects(Span* destination, Span* source);
   // Sets the destination's bits for the source's live slots; returns how many it set.
-  static uint32_t claimSourceSlots(MiniHeap* destination, MiniHeap* source);
-  static bool absorbMeshedSource(MiniHeap* destination, MiniHeap* source);
-  static void restoreWritable(void* start, size_t bytes, MiniHeap* span, MiniHeap* other = nullptr);
+  static uint32_t claimSourceSlots(Span* destination, Span* source);
+  static bool absorbMeshedSource(Span* destination, Span* source);
+  static void restoreWritable(void* start, size_t bytes, Span* span, Span* other = nullptr);
   // Gives back to the kernel every page of `span`, a candidate this pass holds, on which no live
   // object lies, and records their slot bytes in span->trimmedBytes. Returns the bytes newly
   // given back.
-  static size_t trimFreePages(MiniHeap* span);
+  static size_t trimFreePages(Span* span);
   // Trims the spans of `sizeClass` too full to be mesh candidates, in classes whose objects are
   // large enough for a freed one to leave a page empty.
   static void trimFullerSpans(unsigned sizeClass);
@@ -123,10 +123,10 @@ class Mesher {
 
  private:
   // Hands the candidates of a round back to the lists, trimmed first.
-  static void returnCandidates(unsigned sizeClass, MiniHeap** spans, size_t count);
+  static void returnCandidates(unsigned sizeClass, Span** spans, size_t count);
   // With guarded operations paused: the source's live slots and virtual span go over to the
   // destination.
-  static void commitSource(MiniHeap* destination, MiniHeap* source);
+  static void commitSource(Span* destination, Span* source);
   // A batch's commit: its merged sources, under one pause.
   struct CommitJob {
     MeshGroup* groups;

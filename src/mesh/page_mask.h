@@ -6,8 +6,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "heap/mini_heap.h"
 #include "heap/size_class.h"
+#include "heap/span.h"
 
 namespace meshalloc {
 
@@ -20,7 +20,7 @@ struct PageMask {
 
 // The pages that hold part of a live slot. Read from the bitmap as it is now: the caller makes
 // sure no slot can be handed out meanwhile (the span is detached and held).
-inline PageMask livePages(MiniHeap* span, size_t pageSize) {
+inline PageMask livePages(Span* span, size_t pageSize) {
   PageMask mask = {};
   AtomicBitmap bitmap = span->bitmap();
   size_t objectSize = span->objectSize;

@@ -13,7 +13,7 @@ namespace meshalloc {
 namespace {
 // A leaf lock: taken under a class lock, never the other way round.
 Mutex gLock(LockRank::kRetired);
-constinit IntrusiveList<MiniHeap> gRetired;
+constinit IntrusiveList<Span> gRetired;
 size_t gCount = 0;
 bool gRestoreRequested = false;
 bool (*gHook)(bool wake) = nullptr;
@@ -23,7 +23,7 @@ void RetiredSpans::install() {
   GlobalHeap::setMeshedSpanDiedHook(retire);
 }
 
-void RetiredSpans::retire(MiniHeap* span) {
+void RetiredSpans::retire(Span* span) {
   // From here on a stale free through any of its virtual spans finds no owner.
   SpanBacking::forEachVirtualSpan(
       span, [&](uintptr_t start) { Arena::forgetOwners(start, span->spanPages); });
@@ -51,7 +51,7 @@ void RetiredSpans::retire(MiniHeap* span) {
 
 void RetiredSpans::restore(size_t limit) {
   for (size_t restored = 0; restored < limit; restored++) {
-    MiniHeap* span;
+    Span* span;
     {
       LockGuard guard(gLock);
       span = gRetired.popFront();
@@ -63,7 +63,7 @@ void RetiredSpans::restore(size_t limit) {
     }
     // Every virtual span becomes plain private memory again and goes back to the arena, empty.
     SpanBacking::restore(span);
-    InternalHeap::free(span, MiniHeap::bytesFor(span->objectCount));
+    InternalHeap::free(span, Span::bytesFor(span->objectCount));
   }
 }
 
@@ -76,10 +76,10 @@ RetiredSpans::Usage RetiredSpans::usage() {
   Usage usage = {};
   size_t pageSize = os::pageSize();
   LockGuard guard(gLock);
-  for (MiniHeap* span = gRetired.front(); span; span = gRetired.next(span)) {
+  for (Span* span = gRetired.front(); span; span = gRetired.next(span)) {
     usage.spans++;
     usage.virtualBytes += span->spanBytes(pageSize) * SpanBacking::virtualSpans(span);
-    usage.metadataBytes += (MiniHeap::bytesFor(span->objectCount) + InternalHeap::kGranule - 1) /
+    usage.metadataBytes += (Span::bytesFor(span->objectCount) + InternalHeap::kGranule - 1) /
                            InternalHeap::kGranule * InternalHeap::kGranule;
   }
   return usage;

@@ -11,7 +11,7 @@
 #include <cstdint>
 
 #include "heap/fork.h"
-#include "heap/mini_heap.h"
+#include "heap/span.h"
 
 namespace meshalloc {
 
@@ -25,15 +25,15 @@ class RetiredSpans {
   struct Usage {
     size_t spans;
     size_t virtualBytes;   // every virtual span of them: address space, their memory is returned
-    size_t metadataBytes;  // their MiniHeaps
+    size_t metadataBytes;  // their span records
   };
 
   // Makes the global heap hand dying meshed spans to retire(); idempotent.
   static void install();
   // A shared span that died (called with its class's lock held: it only takes a leaf lock and
   // may signal, unless it must restore itself).
-  static void retire(MiniHeap* span);
-  // Restores up to `limit` retired spans, oldest first, and frees their MiniHeaps. Takes no
+  static void retire(Span* span);
+  // Restores up to `limit` retired spans, oldest first, and frees their span records. Takes no
   // class lock.
   static void restore(size_t limit = SIZE_MAX);
   static size_t count();

@@ -17,7 +17,7 @@ constexpr char kFileName[] = "meshalloc-meshed-spans";
 // Only the pages holding live objects are copied into the file: the others stay holes, which
 // cost no memory until a slot there is handed out and written. The copy goes through pwrite,
 // not through the new mapping, because the span is write-protected while it moves.
-bool writeLivePages(int fd, size_t offset, MiniHeap* span, const PageMask& live) {
+bool writeLivePages(int fd, size_t offset, Span* span, const PageMask& live) {
   size_t pageSize = Arena::pageSize();
   bool written = true;
   forEachRun(live, span->spanPages, true, [&](size_t first, size_t count) {
@@ -87,7 +87,7 @@ void SpanBacking::freeFileRangeLocked(size_t offset, size_t bytes, bool punch) {
   freeRanges_.pushFront(range);
 }
 
-bool SpanBacking::share(MiniHeap* span) {
+bool SpanBacking::share(Span* span) {
   if (span->mesh) return true;
   size_t bytes = span->spanBytes(Arena::pageSize());
   MeshInfo* info = static_cast<MeshInfo*>(InternalHeap::allocate(sizeof(MeshInfo)));
@@ -120,7 +120,7 @@ bool SpanBacking::share(MiniHeap* span) {
   return true;
 }
 
-bool SpanBacking::addAlias(MiniHeap* span, uintptr_t alias) {
+bool SpanBacking::addAlias(Span* span, uintptr_t alias) {
   MeshInfo* info = span->mesh;
   if (!info || info->aliasCount >= kMaxVirtualSpans - 1) return false;
   size_t bytes = span->spanBytes(Arena::pageSize());
@@ -137,7 +137,7 @@ bool SpanBacking::addAlias(MiniHeap* span, uintptr_t alias) {
   return true;
 }
 
-bool SpanBacking::absorb(MiniHeap* span, MiniHeap* source, bool* stranded) {
+bool SpanBacking::absorb(Span* span, Span* source, bool* stranded) {
   *stranded = false;
   MeshInfo* info = span->mesh;
   MeshInfo* absorbed = source->mesh;
@@ -176,14 +176,14 @@ bool SpanBacking::absorb(MiniHeap* span, MiniHeap* source, bool* stranded) {
   return true;
 }
 
-void SpanBacking::forgetAbsorbed(MiniHeap* source) {
+void SpanBacking::forgetAbsorbed(Span* source) {
   MeshInfo* info = source->mesh;
   if (!info) return;
   source->mesh = nullptr;
   InternalHeap::free(info, sizeof(MeshInfo));
 }
 
-void SpanBacking::restore(MiniHeap* span) {
+void SpanBacking::restore(Span* span) {
   MeshInfo* info = span->mesh;
   if (!info) return;
   size_t pages = span->spanPages;
@@ -214,7 +214,7 @@ void SpanBacking::restore(MiniHeap* span) {
 
 // Without lock_: the range stays this span's until restore() frees it, and the mesher holds
 // lock_ across its mapping calls, which the freeing thread must not wait for.
-void SpanBacking::releasePages(MiniHeap* span) {
+void SpanBacking::releasePages(Span* span) {
   MeshInfo* info = span->mesh;
   if (!info || info->pagesReleased) return;
   os::punchHole(fd_, info->fileOffset, span->spanBytes(Arena::pageSize()));
@@ -270,7 +270,7 @@ void SpanBacking::copyToPrivateFileInChild() {
   }
   size_t pageSize = Arena::pageSize();
   for (MeshInfo* info = shared_.front(); info; info = shared_.next(info)) {
-    MiniHeap* span = info->owner;
+    Span* span = info->owner;
     size_t bytes = span->spanBytes(pageSize);
     PageMask live = livePages(span, pageSize);
     writeLivePages(childFd, info->fileOffset, span, live);

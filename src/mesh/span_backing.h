@@ -9,7 +9,7 @@
 #include <cstdint>
 
 #include "heap/fork.h"
-#include "heap/mini_heap.h"
+#include "heap/span.h"
 #include "support/list.h"
 #include "support/lock.h"
 
@@ -20,7 +20,7 @@ namespace meshalloc {
 constexpr uint32_t kMaxVirtualSpans = 16;
 
 struct MeshInfo : ListNode {
-  MiniHeap* owner;
+  Span* owner;
   size_t fileOffset;
   uint32_t aliasCount;                      // virtual spans besides owner->spanStart
   bool pagesReleased = false;               // dead: its file range is already punched out
@@ -40,10 +40,10 @@ class SpanBacking {
   // Moves `span`'s pages into the shared file, mapped at its own virtual address. The caller
   // has write-protected the span (the content is copied, then the mapping replaced). False,
   // with nothing changed, if the file or the mapping cannot be had.
-  static bool share(MiniHeap* span);
+  static bool share(Span* span);
   // Maps `span`'s physical pages at `alias` too (replacing whatever `alias` held) and records
   // it. False, with `alias` untouched, on failure.
-  static bool addAlias(MiniHeap* span, uintptr_t alias);
+  static bool addAlias(Span* span, uintptr_t alias);
   // Moves every virtual span of the shared span `source` (its own and its aliases), which the
   // caller has write-protected, onto `span`'s pages, read-only, and gives source's file range
   // back. Once the page map points them at `span`, forgetAbsorbed(source) frees the record.
@@ -51,15 +51,15 @@ class SpanBacking {
   // back on source's pages, still read-only, unless putting one back failed too, which sets
   // *stranded: that span shows `span`'s pages (holding copies of all of source's objects) and
   // the caller must keep `span` from handing out source's slots.
-  static bool absorb(MiniHeap* span, MiniHeap* source, bool* stranded);
-  static void forgetAbsorbed(MiniHeap* source);
+  static bool absorb(Span* span, Span* source, bool* stranded);
+  static void forgetAbsorbed(Span* source);
   // Virtual spans that show `span`'s pages: its own and its aliases.
-  static uint32_t virtualSpans(const MiniHeap* span) {
+  static uint32_t virtualSpans(const Span* span) {
     return 1 + (span->mesh ? span->mesh->aliasCount : 0);
   }
   // Calls fn(start) for each of them, its own first.
   template <typename Fn>
-  static void forEachVirtualSpan(const MiniHeap* span, Fn fn) {
+  static void forEachVirtualSpan(const Span* span, Fn fn) {
     fn(span->spanStart);
     if (span->mesh) {
       for (uint32_t i = 0; i < span->mesh->aliasCount; i++) fn(span->mesh->aliases[i]);
@@ -70,10 +70,10 @@ class SpanBacking {
   // private memory again and goes back to the arena; the file range is freed (punched out
   // unless releasePages did). A virtual span that cannot be made private again is leaked,
   // never handed out twice.
-  static void restore(MiniHeap* span);
+  static void restore(Span* span);
   // A shared span that died: its pages go back to the kernel now (one call), while its
   // virtual spans keep showing the file range, now empty, until restore() remaps them.
-  static void releasePages(MiniHeap* span);
+  static void releasePages(Span* span);
 
   static SpanBackingStats stats();
   // Testing: after `after` more mapping calls of share()/addAlias()/absorb(), the next `count`

@@ -4,7 +4,7 @@
 
 namespace meshalloc {
 
-bool SplitMesher::disjoint(MiniHeap* a, MiniHeap* b) {
+bool SplitMesher::disjoint(Span* a, Span* b) {
   AtomicBitmap x = a->bitmap();
   AtomicBitmap y = b->bitmap();
   for (size_t w = 0; w < x.words(); w++) {
@@ -14,7 +14,7 @@ bool SplitMesher::disjoint(MiniHeap* a, MiniHeap* b) {
 }
 
 namespace {
-// The search reads every candidate's bitmap once per probe; a cold MiniHeap is a cache miss,
+// The search reads every candidate's bitmap once per probe; a cold span record is a cache miss,
 // and 4096 candidates x 64 probes made the search a quarter of a pass's CPU. The bitmaps (and
 // virtual-span counts) are copied once into this dense scratch instead. Passes are serialised,
 // so one static buffer serves them all.
@@ -24,7 +24,7 @@ uint8_t gViews[kScratchWords];
 bool gUsed[kScratchWords];
 }  // namespace
 
-size_t SplitMesher::find(MiniHeap** candidates, size_t count, size_t probes, Rng& rng,
+size_t SplitMesher::find(Span** candidates, size_t count, size_t probes, Rng& rng,
                          MeshGroup* groups, size_t maxGroups) {
   if (count < 2 || maxGroups == 0) return 0;
   size_t words = candidates[0]->bitmap().words();

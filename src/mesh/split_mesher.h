@@ -8,16 +8,16 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "heap/mini_heap.h"
+#include "heap/span.h"
 #include "mesh/span_backing.h"
 #include "support/rng.h"
 
 namespace meshalloc {
 
 struct MeshGroup {
-  MiniHeap* destination;
+  Span* destination;
   uint32_t sourceCount;
-  MiniHeap* sources[kMaxVirtualSpans - 1];
+  Span* sources[kMaxVirtualSpans - 1];
 };
 
 class SplitMesher {
@@ -27,11 +27,11 @@ class SplitMesher {
 
   // Finds groups among `candidates` (reordered in place). Returns the number written to
   // `groups` (at most maxGroups). A span appears in at most one group.
-  static size_t find(MiniHeap** candidates, size_t count, size_t probes, Rng& rng,
-                     MeshGroup* groups, size_t maxGroups);
+  static size_t find(Span** candidates, size_t count, size_t probes, Rng& rng, MeshGroup* groups,
+                     size_t maxGroups);
 
   // True if no slot is allocated in both.
-  static bool disjoint(MiniHeap* a, MiniHeap* b);
+  static bool disjoint(Span* a, Span* b);
 };
 
 }  // namespace meshalloc

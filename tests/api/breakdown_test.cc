@@ -78,7 +78,7 @@ TEST(Breakdown, EveryComponentHasAMallctlNameAndAReportLine) {
   ASSERT_GE(names.size(), 15u);
   for (const char* expected :
        {"small_live", "attached_free", "detached_free_0", "dirty_cache", "large_live",
-        "large_slack", "page_maps", "miniheaps", "thread_heaps", "heap_total", "mesh_saving",
+        "large_slack", "page_maps", "span_records", "thread_heaps", "heap_total", "mesh_saving",
         "page_tables", "pss", "outside_heap"}) {
     EXPECT_NE(std::find(names.begin(), names.end(), expected), names.end()) << expected;
   }
@@ -86,7 +86,7 @@ TEST(Breakdown, EveryComponentHasAMallctlNameAndAReportLine) {
   EXPECT_GT(b["pss"], 0);
   EXPECT_GT(b["page_tables"], 0);
   EXPECT_GT(b["page_maps"], 0);
-  EXPECT_GT(b["miniheaps"], 0);
+  EXPECT_GT(b["span_records"], 0);
   EXPECT_GT(b["thread_heaps"], 0);
   EXPECT_EQ(b["charged"], b["pss"] + b["page_tables"]);
   EXPECT_EQ(b["outside_heap"], b["pss"] - b["heap_total"]);
@@ -206,12 +206,12 @@ TEST(Breakdown, ComponentsFollowKnownPatternsAndAddUpToPss) {
   for (const char* part :
        {"small_live", "attached_free", "detached_free_0", "detached_free_1", "detached_free_2",
         "detached_free_3", "span_tail", "in_transit", "dirty_cache", "large_live", "large_slack",
-        "handles_live", "handles_free", "handles_table", "page_maps", "miniheaps", "thread_heaps",
-        "internal_other"}) {
+        "handles_live", "handles_free", "handles_table", "page_maps", "span_records",
+        "thread_heaps", "internal_other"}) {
     sum += after[part];
   }
   EXPECT_EQ(after["heap_total"], sum);
-  EXPECT_GT(delta("miniheaps"), 0);
+  EXPECT_GT(delta("span_records"), 0);
   EXPECT_GT(delta("page_tables"), 0);
 
   // Against the kernel: the heap grew by about 41 MB less what meshing saved, and what lies

@@ -10,7 +10,7 @@
 
 #include "heap/config.h"
 #include "heap/heap.h"
-#include "heap/mini_heap.h"
+#include "heap/span.h"
 
 namespace meshalloc {
 namespace {
@@ -73,17 +73,17 @@ TEST_F(ArenaTest, AddressSpaceGrowsBeyondOneSegmentAndLookupsScale) {
     runs.push_back(run);
   }
   EXPECT_GE(Arena::stats().segmentCount, segmentsBefore + 2);
-  alignas(64) static char fakeOwner[64];  // stands in for a MiniHeap: only its address is used
+  alignas(64) static char fakeOwner[64];  // stands in for a span record: only its address is used
   for (uintptr_t run : runs) {
-    Arena::assign(run, 4, reinterpret_cast<MiniHeap*>(fakeOwner), true);
+    Arena::assign(run, 4, reinterpret_cast<Span*>(fakeOwner), true);
     for (size_t p = 0; p < 4; p++) {
       uint64_t entry = Arena::entryFor(run + p * page() + 17);
-      ASSERT_TRUE(PageEntry::isMiniHeap(entry));
-      EXPECT_EQ(PageEntry::miniHeap(entry), reinterpret_cast<MiniHeap*>(fakeOwner));
+      ASSERT_TRUE(PageEntry::isSpan(entry));
+      EXPECT_EQ(PageEntry::span(entry), reinterpret_cast<Span*>(fakeOwner));
       EXPECT_EQ(PageEntry::pageIndex(entry), p);
     }
     Arena::release(run, pagesPerRun, false);
-    EXPECT_FALSE(PageEntry::isMiniHeap(Arena::entryFor(run))) << "a released run has no owner";
+    EXPECT_FALSE(PageEntry::isSpan(Arena::entryFor(run))) << "a released run has no owner";
   }
 }
 
@@ -95,7 +95,7 @@ TEST_F(ArenaTest, CompactEntriesFollowAssignAndRelease) {
   bool zeroed;
   uintptr_t run = Arena::allocate(kPages, 0, &zeroed);
   ASSERT_NE(run, 0u);
-  MiniHeap small;
+  Span small;
   small.sizeClass = kSmallClass;
   Arena::assign(run, kPages, &small, true);
   for (size_t p = 0; p < kPages; p++) {
@@ -112,10 +112,10 @@ TEST_F(ArenaTest, CompactEntriesFollowAssignAndRelease) {
 
   run = Arena::allocate(kPages, 0, &zeroed);
   ASSERT_NE(run, 0u);
-  MiniHeap large;
+  Span large;
   large.sizeClass = kLargeClass;
   Arena::assign(run, kPages, &large, false);
-  EXPECT_TRUE(PageEntry::isMiniHeap(Arena::entryFor(run)));
+  EXPECT_TRUE(PageEntry::isSpan(Arena::entryFor(run)));
   for (size_t p = 0; p < kPages; p++) EXPECT_EQ(Arena::classEntryFor(run + p * page()), 0u);
   Arena::release(run, kPages, false);
 

@@ -8,7 +8,7 @@
 #include <new>
 
 #include "heap/global_heap.h"
-#include "heap/mini_heap.h"
+#include "heap/span.h"
 
 namespace meshalloc {
 namespace {
@@ -49,8 +49,8 @@ TEST(AssertDeathTest, FailureNamesTheExpressionFileAndLine) {
 TEST(AssertDeathTest, ReleasingASpanThatIsNotAttachedFires) {
   if (!kChecksEnabled) GTEST_SKIP() << "checks are compiled out of this build";
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  alignas(kCacheLine) static char storage[sizeof(MiniHeap) + sizeof(uint64_t)];
-  MiniHeap* span = new (storage) MiniHeap();
+  alignas(kCacheLine) static char storage[sizeof(Span) + sizeof(uint64_t)];
+  Span* span = new (storage) Span();
   span->objectCount = 64;
   span->state = SpanState::kPartial;
   EXPECT_DEATH(GlobalHeap::releaseSpan(span),

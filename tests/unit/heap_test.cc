@@ -685,7 +685,7 @@ TEST_F(HeapDeathTest, MisuseIsReportedWithTheAddress) {
       "meshalloc: free of interior pointer 0x[0-9a-f]+ \\(the object starts at 0x[0-9a-f]+\\)");
 }
 
-// A free finds its span among the attached ones through the span table, without the MiniHeap:
+// A free finds its span among the attached ones through the span table, without the span record:
 // the exact index for a start that has a cell to itself, "not attached" for any other start,
 // and "maybe" only where two attached starts share a cell.
 TEST(SpanTable, FindsAttachedSpansExactlyAndFlagsSharedCells) {
@@ -745,7 +745,7 @@ TEST_F(HeapTest, FreesIntoAttachedSpansArePushedLocallyThroughTheSpanTable) {
       int span = v.attachedSpanAt(spanStart);
       if (span == ShuffleVector::kMaybeAttached) continue;
       ASSERT_GE(span, 0) << "a span this thread allocates from must be found attached";
-      EXPECT_EQ(v.spans[span], PageEntry::miniHeap(Arena::entryFor(address)));
+      EXPECT_EQ(v.spans[span], PageEntry::span(Arena::entryFor(address)));
     }
     uint32_t lengthBefore = v.length;
     uint32_t recycledBefore = v.recycledCount;
@@ -788,21 +788,21 @@ TEST_F(HeapTest, AFullVectorSpillsItsOldestHalfToTheBitmaps) {
 
 // Every free that reaches the span (remote, into a detached span, a drain) reads the owner and
 // remoteFrees and then writes liveCount or the bitmap: those fields share the second cache
-// line, so such a free costs one MiniHeap miss;
+// line, so such a free costs one span record miss;
 // the first line holds what refills and the lists use.
-TEST(MiniHeapLayout, FreePathFieldsShareTheSecondCacheLine) {
-  MiniHeap mini;
+TEST(SpanLayout, FreePathFieldsShareTheSecondCacheLine) {
+  Span record;
   auto offset = [&](const void* field) {
     return static_cast<size_t>(reinterpret_cast<const char*>(field) -
-                               reinterpret_cast<const char*>(&mini));
+                               reinterpret_cast<const char*>(&record));
   };
-  EXPECT_EQ(offset(&mini.owner), kCacheLine);
-  EXPECT_LT(offset(&mini.remoteFrees), 2 * kCacheLine);
-  EXPECT_LT(offset(&mini.liveCount), 2 * kCacheLine);
-  EXPECT_LT(offset(&mini.attachIndex), 2 * kCacheLine);
-  EXPECT_LT(offset(&mini.mesh), kCacheLine);
-  EXPECT_LT(offset(&mini.spanStart), kCacheLine);
-  EXPECT_LE(sizeof(MiniHeap), kCacheLine + 3 * sizeof(uint64_t));
+  EXPECT_EQ(offset(&record.owner), kCacheLine);
+  EXPECT_LT(offset(&record.remoteFrees), 2 * kCacheLine);
+  EXPECT_LT(offset(&record.liveCount), 2 * kCacheLine);
+  EXPECT_LT(offset(&record.attachIndex), 2 * kCacheLine);
+  EXPECT_LT(offset(&record.mesh), kCacheLine);
+  EXPECT_LT(offset(&record.spanStart), kCacheLine);
+  EXPECT_LE(sizeof(Span), kCacheLine + 3 * sizeof(uint64_t));
   EXPECT_EQ(InternalHeap::kGranule % kCacheLine, 0u);
 }
 
@@ -829,8 +829,8 @@ TEST_F(HeapTest, MeshCandidatesAreOfferedOncePerSweep) {
   }
   heap::flushThreadCache();
   const uint32_t maxLive = SizeClasses::plan(sizeClass).objectCount * 3 / 4;
-  std::set<MiniHeap*> offered;
-  MiniHeap* taken[kTake];
+  std::set<Span*> offered;
+  Span* taken[kTake];
   size_t rounds = 0;
   for (; rounds < 8; rounds++) {
     size_t count = GlobalHeap::takeMeshCandidates(sizeClass, maxLive, taken, kTake);

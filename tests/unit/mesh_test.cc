@@ -57,8 +57,8 @@ uintptr_t spanStartOf(const void* p) {
   return Arena::spanStartOf(address, Arena::entryFor(address));
 }
 
-MiniHeap* ownerOf(uintptr_t address) {
-  return PageEntry::miniHeap(Arena::entryFor(address));
+Span* ownerOf(uintptr_t address) {
+  return PageEntry::span(Arena::entryFor(address));
 }
 
 struct Survivor {
@@ -162,8 +162,8 @@ TEST_F(MeshTest, TwoSpansShareOnePhysicalSpan) {
   uintptr_t first = survivors.front().spanStart;
   uintptr_t second = survivors.back().spanStart;
   ASSERT_NE(first, second);
-  MiniHeap* owner = ownerOf(first);
-  ASSERT_EQ(owner, ownerOf(second)) << "both virtual spans resolve to one MiniHeap";
+  Span* owner = ownerOf(first);
+  ASSERT_EQ(owner, ownerOf(second)) << "both virtual spans resolve to one Span";
   ASSERT_NE(owner->mesh, nullptr);
   size_t objectSize = owner->objectSize;
   for (const Survivor& s : survivors) {
@@ -229,7 +229,7 @@ TEST_F(MeshTest, ADeadMeshedSpanIsRetiredThenRestoredByTheBackgroundThread) {
   uintptr_t first = survivors.front().spanStart;
   uintptr_t second = survivors.back().spanStart;
   ASSERT_NE(first, second);
-  MiniHeap* owner = ownerOf(first);
+  Span* owner = ownerOf(first);
   ASSERT_EQ(owner, ownerOf(second));
   ASSERT_NE(owner->mesh, nullptr);
   size_t spanBytes = owner->spanBytes(Arena::pageSize());
@@ -314,7 +314,7 @@ TEST_F(MeshTest, SeveralSpansMeshOntoOne) {
   auto survivors = makeDisjointSpans(kSize, kSpans);
   MeshPolicy::compactNow();
   MeshPolicy::compactNow();
-  std::map<MiniHeap*, std::set<uintptr_t>> physical;
+  std::map<Span*, std::set<uintptr_t>> physical;
   for (const Survivor& s : survivors) physical[ownerOf(s.spanStart)].insert(s.spanStart);
   size_t largest = 0;
   for (auto& [owner, starts] : physical) largest = std::max(largest, starts.size());
@@ -383,7 +383,7 @@ TEST_F(MeshTest, MeshedSpansMeshWithEachOther) {
   SpanBackingStats before = SpanBacking::stats();
   uint64_t meshedBefore = Mesher::stats().meshedSpans;
   MeshPolicy::compactNow();
-  MiniHeap* owner = ownerOf(p.a);
+  Span* owner = ownerOf(p.a);
   for (uintptr_t start : {p.b, p.c, p.d}) EXPECT_EQ(ownerOf(start), owner) << "one physical span";
   EXPECT_EQ(owner->mesh->aliasCount, 3u);
   SpanBackingStats after = SpanBacking::stats();
@@ -438,7 +438,7 @@ TEST_F(MeshTest, TheLongerChainStaysPut) {
     ASSERT_FALSE(single.empty());
     uintptr_t a = kept.front().spanStart, b = kept.back().spanStart;
     uintptr_t e = single.front().spanStart;
-    MiniHeap* chain = ownerOf(a);
+    Span* chain = ownerOf(a);
     ASSERT_EQ(ownerOf(b), chain);
     ASSERT_EQ(SpanBacking::virtualSpans(chain), 2u);
     ASSERT_EQ(SpanBacking::virtualSpans(ownerOf(e)), 1u);
@@ -525,7 +525,7 @@ TEST_F(MeshTest, OnlyPagesWithLiveObjectsMoveIntoTheFile) {
     }
   }
   MeshPolicy::compactNow();
-  MiniHeap* owner = ownerOf(first);
+  Span* owner = ownerOf(first);
   ASSERT_EQ(owner, ownerOf(second));
   ASSERT_NE(owner->mesh, nullptr);
   std::set<size_t> livePages;
@@ -569,7 +569,7 @@ TEST_F(MeshTest, UnpairedCandidatesGiveBackTheirFreePages) {
   uint64_t trimmedBefore = Mesher::stats().trimmedBytes;
   MeshPolicy::compactNow();
   for (size_t i = 0; i < survivors.size(); i += 2) {
-    MiniHeap* span = ownerOf(survivors[i].spanStart);
+    Span* span = ownerOf(survivors[i].spanStart);
     ASSERT_EQ(span->spanStart, survivors[i].spanStart) << "the spans were meshed";
     EXPECT_EQ(span->mesh, nullptr);
     EXPECT_EQ(span->trimmedBytes, (perSpan - 2) * kSize);
@@ -614,7 +614,7 @@ TEST_F(MeshTest, SpansOfWholePageObjectsAreTrimmedNotMeshed) {
   MeshPolicy::compactNow();
   EXPECT_EQ(Mesher::stats().meshedSpans, meshedBefore);
   for (const Survivor& s : survivors) {
-    MiniHeap* span = ownerOf(s.spanStart);
+    Span* span = ownerOf(s.spanStart);
     ASSERT_EQ(span->spanStart, s.spanStart) << "the spans were meshed";
     EXPECT_EQ(span->mesh, nullptr);
     EXPECT_EQ(span->trimmedBytes, (perSpan - 1) * kSize);
@@ -639,7 +639,7 @@ TEST_F(MeshTest, SpansTooFullToMeshGiveBackTheirFreePages) {
       kSize, 2, [](size_t span, size_t slot) { return span == 0 ? slot != 1 : slot == 0; });
   ASSERT_EQ(survivors.size(), perSpan);
   MeshPolicy::compactNow();
-  MiniHeap* full = ownerOf(survivors.front().spanStart);
+  Span* full = ownerOf(survivors.front().spanStart);
   ASSERT_EQ(full->spanStart, survivors.front().spanStart);
   EXPECT_EQ(full->trimmedBytes, kSize);
   std::vector<unsigned char> resident(full->spanPages);
@@ -657,8 +657,8 @@ TEST_F(MeshTest, SpansTooFullToMeshGiveBackTheirFreePages) {
 TEST_F(MeshTest, OverlappingSpansAreNotMeshable) {
   constexpr size_t kSize = 80;
   auto survivors = makeDisjointSpans(kSize, 2);
-  MiniHeap* a = ownerOf(survivors.front().spanStart);
-  MiniHeap* b = ownerOf(survivors.back().spanStart);
+  Span* a = ownerOf(survivors.front().spanStart);
+  Span* b = ownerOf(survivors.back().spanStart);
   ASSERT_NE(a, b);
   EXPECT_TRUE(SplitMesher::disjoint(a, b));
   EXPECT_TRUE(SplitMesher::disjoint(b, a));
@@ -672,8 +672,8 @@ TEST_F(MeshTest, PinnedSpansAreNeverMeshed) {
   constexpr size_t kSize = 160;
   auto survivors = makeDisjointSpans(kSize, 2);
   ASSERT_FALSE(survivors.empty());
-  MiniHeap* a = ownerOf(survivors.front().spanStart);
-  MiniHeap* b = ownerOf(survivors.back().spanStart);
+  Span* a = ownerOf(survivors.front().spanStart);
+  Span* b = ownerOf(survivors.back().spanStart);
   ASSERT_NE(a, b);
   size_t pinnedBefore = GlobalHeap::pinnedSpans();
   GlobalHeap::pin(a);
@@ -702,7 +702,7 @@ TEST_F(MeshTest, AllocatePinnedPinsAnAttachedSpan) {
     void* plain = heap::allocate(kSize);
     void* pinned = heap::allocatePinned(kSize);
     ASSERT_NE(pinned, nullptr);
-    MiniHeap* span = ownerOf(reinterpret_cast<uintptr_t>(pinned));
+    Span* span = ownerOf(reinterpret_cast<uintptr_t>(pinned));
     EXPECT_TRUE(span->pinned.load());
     EXPECT_EQ(span->owner.load(), tlsThreadHeap);
     memset(pinned, 7, kSize);

@@ -1,4 +1,4 @@
-// SplitMesher::find on crafted bitmaps: spans that exist only as MiniHeaps (no pages), so the
+// SplitMesher::find on crafted bitmaps: spans that exist only as span records (no pages), so the
 // search alone is under test.
 #include "mesh/split_mesher.h"
 
@@ -9,7 +9,7 @@
 #include <set>
 #include <vector>
 
-#include "heap/mini_heap.h"
+#include "heap/span.h"
 #include "mesh/span_backing.h"
 #include "support/rng.h"
 
@@ -18,20 +18,20 @@ namespace {
 
 constexpr uint32_t kObjects = 64;  // one bitmap word
 
-// A MiniHeap with its one-word bitmap behind it.
+// A span record with its one-word bitmap behind it.
 struct alignas(kCacheLine) FakeSpan {
-  alignas(kCacheLine) unsigned char storage[sizeof(MiniHeap) + sizeof(uint64_t)];
-  MiniHeap* heap() { return reinterpret_cast<MiniHeap*>(storage); }
+  alignas(kCacheLine) unsigned char storage[sizeof(Span) + sizeof(uint64_t)];
+  Span* heap() { return reinterpret_cast<Span*>(storage); }
 };
 
 class SplitMesherSearch : public ::testing::Test {
  protected:
   // Spans whose bitmaps are `bits`, in that order.
-  std::vector<MiniHeap*> makeSpans(const std::vector<uint64_t>& bits) {
+  std::vector<Span*> makeSpans(const std::vector<uint64_t>& bits) {
     spans_ = std::vector<FakeSpan>(bits.size());
-    std::vector<MiniHeap*> heaps;
+    std::vector<Span*> heaps;
     for (size_t i = 0; i < bits.size(); i++) {
-      MiniHeap* heap = new (spans_[i].storage) MiniHeap();
+      Span* heap = new (spans_[i].storage) Span();
       heap->objectCount = kObjects;
       heap->state = SpanState::kMeshing;
       heap->bitmap().storeWord(0, bits[i]);
@@ -39,7 +39,7 @@ class SplitMesherSearch : public ::testing::Test {
     }
     return heaps;
   }
-  static uint64_t bitsOf(MiniHeap* heap) { return heap->bitmap().loadWord(0); }
+  static uint64_t bitsOf(Span* heap) { return heap->bitmap().loadWord(0); }
 
   std::vector<FakeSpan> spans_;
 };
@@ -49,7 +49,7 @@ TEST_F(SplitMesherSearch, FindsTheOnlyMeshablePair) {
   constexpr uint64_t kA = 0x0f0f, kB = 0xf0f0, kFull = 0xffff;
   unsigned splitApart = 0, splitTogether = 0;
   for (uint64_t seed = 1; seed <= 32; seed++) {
-    std::vector<MiniHeap*> candidates = makeSpans({kA, kFull, kB, kFull, kFull, kFull});
+    std::vector<Span*> candidates = makeSpans({kA, kFull, kB, kFull, kFull, kFull});
     Rng rng(seed);
     MeshGroup groups[3];
     size_t found = SplitMesher::find(candidates.data(), candidates.size(), 64, rng, groups, 3);
@@ -85,19 +85,19 @@ TEST_F(SplitMesherSearch, NeverPairsOverlappingSpans) {
       uint64_t word = bitsRng.next() & bitsRng.next() & bitsRng.next();
       bits.push_back(word ? word : 1);
     }
-    std::vector<MiniHeap*> candidates = makeSpans(bits);
+    std::vector<Span*> candidates = makeSpans(bits);
     Rng rng(seed);
     MeshGroup groups[32];
     size_t found = SplitMesher::find(candidates.data(), candidates.size(), 16, rng, groups, 32);
     ASSERT_LE(found, 32u);
-    std::set<MiniHeap*> seen;
+    std::set<Span*> seen;
     for (size_t g = 0; g < found; g++) {
       ASSERT_GE(groups[g].sourceCount, 1u);
       ASSERT_LE(groups[g].sourceCount, kMaxVirtualSpans - 1);
       uint64_t merged = bitsOf(groups[g].destination);
       EXPECT_TRUE(seen.insert(groups[g].destination).second) << "a span in two groups";
       for (uint32_t s = 0; s < groups[g].sourceCount; s++) {
-        MiniHeap* source = groups[g].sources[s];
+        Span* source = groups[g].sources[s];
         EXPECT_EQ(merged & bitsOf(source), 0u)
             << "seed " << seed << ": group " << g << " source " << s << " overlaps";
         merged |= bitsOf(source);
@@ -113,7 +113,7 @@ TEST_F(SplitMesherSearch, RespectsTheProbeLimit) {
   std::vector<uint64_t> bits;
   for (unsigned i = 0; i < 32; i++) bits.push_back(uint64_t{1} << i);
   for (size_t probes : {size_t{0}, size_t{1}, size_t{2}, size_t{5}}) {
-    std::vector<MiniHeap*> candidates = makeSpans(bits);
+    std::vector<Span*> candidates = makeSpans(bits);
     Rng rng(probes + 1);
     MeshGroup groups[16];
     size_t found = SplitMesher::find(candidates.data(), candidates.size(), probes, rng, groups, 16);
@@ -126,7 +126,7 @@ TEST_F(SplitMesherSearch, RespectsTheProbeLimit) {
       EXPECT_LE(groups[g].sourceCount, probes) << "probes " << probes << ", group " << g;
   }
   // Unlimited, the first destination takes sources until its table is full.
-  std::vector<MiniHeap*> candidates = makeSpans(bits);
+  std::vector<Span*> candidates = makeSpans(bits);
   Rng rng(99);
   MeshGroup groups[16];
   size_t found = SplitMesher::find(candidates.data(), candidates.size(), 1000, rng, groups, 16);
@@ -137,7 +137,7 @@ TEST_F(SplitMesherSearch, RespectsTheProbeLimit) {
 TEST_F(SplitMesherSearch, RespectsMaxGroups) {
   std::vector<uint64_t> bits;
   for (unsigned i = 0; i < 32; i++) bits.push_back(uint64_t{1} << i);
-  std::vector<MiniHeap*> candidates = makeSpans(bits);
+  std::vector<Span*> candidates = makeSpans(bits);
   Rng rng(5);
   MeshGroup groups[3];
   EXPECT_EQ(SplitMesher::find(candidates.data(), candidates.size(), 1, rng, groups, 3), 3u);

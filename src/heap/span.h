@@ -1,4 +1,4 @@
-// A MiniHeap owns one physical span: its size class, its allocation bitmap and the virtual
+// A span record owns one physical span: its size class, its allocation bitmap and the virtual
 // span(s) that map it. It is either attached (its free slots are in one thread's shuffle vector)
 // or detached (held by the global heap in an occupancy bin, the full list, or being freed).
 #pragma once
@@ -16,7 +16,7 @@ namespace meshalloc {
 
 class ThreadHeap;
 
-// Where a MiniHeap sits in the global heap; changed only under its size class's lock.
+// Where a span record sits in the global heap; changed only under its size class's lock.
 // kMeshing: taken out of the lists by the mesher for one pass; kMeshedAway: a source whose
 // objects and virtual span now belong to another span, about to be retired (mesh/mesher.cc).
 enum class SpanState : uint8_t {
@@ -32,10 +32,10 @@ enum class SpanState : uint8_t {
 
 struct MeshInfo;
 
-// MiniHeaps start on a cache line (InternalHeap's granule).
+// span records start on a cache line (InternalHeap's granule).
 constexpr size_t kCacheLine = 64;
 
-struct MiniHeap : ListNode {
+struct Span : ListNode {
   // --- first cache line: what allocation, refills and the global heap's lists use. A free
   // reads none of it (the page-map entry gives the class and the span start). ---
   uint32_t objectSize = 0;
@@ -74,7 +74,7 @@ struct MiniHeap : ListNode {
   // --- second cache line: everything a free that reaches the span reads or writes (remote
   // frees, frees into detached spans, drains), and the start of the bitmap: one cache miss per
   // such free (a program whose frees land in spans it allocated long ago, such as an LRU cache,
-  // misses on every one). A local free into an attached span reads no MiniHeap field. ---
+  // misses on every one). A local free into an attached span reads no span record field. ---
   // The thread heap this span is attached to, or nullptr. Only the owning thread sets it to
   // itself, so `owner == me` is a safe test for a local free without locks.
   std::atomic<ThreadHeap*> owner{nullptr};
@@ -132,7 +132,7 @@ struct MiniHeap : ListNode {
   }
 
   static size_t bytesFor(size_t objectCount) {
-    return sizeof(MiniHeap) + AtomicBitmap::wordsFor(objectCount) * sizeof(std::atomic<uint64_t>);
+    return sizeof(Span) + AtomicBitmap::wordsFor(objectCount) * sizeof(std::atomic<uint64_t>);
   }
   AtomicBitmap bitmap() {
     return AtomicBitmap(reinterpret_cast<std::atomic<uint64_t>*>(this + 1), objectCount);
@@ -151,7 +151,7 @@ struct MiniHeap : ListNode {
   }
 };
 
-static_assert(sizeof(MiniHeap) % alignof(std::atomic<uint64_t>) == 0);
-// (heap_test.cc, MiniHeapLayout.FreePathFieldsShareTheSecondCacheLine, checks the two lines.)
+static_assert(sizeof(Span) % alignof(std::atomic<uint64_t>) == 0);
+// (heap_test.cc, SpanLayout.FreePathFieldsShareTheSecondCacheLine, checks the two lines.)
 
 }  // namespace meshalloc
