@@ -7,10 +7,9 @@
 #include <cstddef>
 #include <new>
 
+#include "api/export.h"
 #include "heap/heap.h"
 #include "platform/os.h"
-
-#define MESHALLOC_EXPORT __attribute__((visibility("default")))
 
 namespace {
 
@@ -80,66 +79,68 @@ void* newAligned(std::size_t size, std::align_val_t alignment) {
 
 }  // namespace
 
-MESHALLOC_EXPORT void* operator new(std::size_t size) {
+MESHALLOC_EXPORT_CXX void* operator new(std::size_t size) {
   return newSized(size);
 }
-MESHALLOC_EXPORT void* operator new[](std::size_t size) {
+MESHALLOC_EXPORT_CXX void* operator new[](std::size_t size) {
   return newSized(size);
 }
-MESHALLOC_EXPORT void* operator new(std::size_t size, const std::nothrow_t&) noexcept {
+MESHALLOC_EXPORT_CXX void* operator new(std::size_t size, const std::nothrow_t&) noexcept {
   return newSizedNothrow(size);
 }
-MESHALLOC_EXPORT void* operator new[](std::size_t size, const std::nothrow_t&) noexcept {
+MESHALLOC_EXPORT_CXX void* operator new[](std::size_t size, const std::nothrow_t&) noexcept {
   return newSizedNothrow(size);
 }
-MESHALLOC_EXPORT void* operator new(std::size_t size, std::align_val_t alignment) {
+MESHALLOC_EXPORT_CXX void* operator new(std::size_t size, std::align_val_t alignment) {
   return newAligned(size, alignment);
 }
-MESHALLOC_EXPORT void* operator new[](std::size_t size, std::align_val_t alignment) {
+MESHALLOC_EXPORT_CXX void* operator new[](std::size_t size, std::align_val_t alignment) {
   return newAligned(size, alignment);
 }
-MESHALLOC_EXPORT void* operator new(std::size_t size, std::align_val_t alignment,
-                                    const std::nothrow_t&) noexcept {
+MESHALLOC_EXPORT_CXX void* operator new(std::size_t size, std::align_val_t alignment,
+                                        const std::nothrow_t&) noexcept {
   return newAlignedNothrow(size, alignment);
 }
-MESHALLOC_EXPORT void* operator new[](std::size_t size, std::align_val_t alignment,
-                                      const std::nothrow_t&) noexcept {
+MESHALLOC_EXPORT_CXX void* operator new[](std::size_t size, std::align_val_t alignment,
+                                          const std::nothrow_t&) noexcept {
   return newAlignedNothrow(size, alignment);
 }
 
-MESHALLOC_EXPORT void operator delete(void* p) noexcept {
+MESHALLOC_EXPORT_CXX void operator delete(void* p) noexcept {
   meshalloc::heap::deallocate(p);
 }
-MESHALLOC_EXPORT void operator delete[](void* p) noexcept {
+MESHALLOC_EXPORT_CXX void operator delete[](void* p) noexcept {
   meshalloc::heap::deallocate(p);
 }
-MESHALLOC_EXPORT void operator delete(void* p, const std::nothrow_t&) noexcept {
+MESHALLOC_EXPORT_CXX void operator delete(void* p, const std::nothrow_t&) noexcept {
   meshalloc::heap::deallocate(p);
 }
-MESHALLOC_EXPORT void operator delete[](void* p, const std::nothrow_t&) noexcept {
+MESHALLOC_EXPORT_CXX void operator delete[](void* p, const std::nothrow_t&) noexcept {
   meshalloc::heap::deallocate(p);
 }
-MESHALLOC_EXPORT void operator delete(void* p, std::size_t) noexcept {
+MESHALLOC_EXPORT_CXX void operator delete(void* p, std::size_t) noexcept {
   meshalloc::heap::deallocate(p);
 }
-MESHALLOC_EXPORT void operator delete[](void* p, std::size_t) noexcept {
+MESHALLOC_EXPORT_CXX void operator delete[](void* p, std::size_t) noexcept {
   meshalloc::heap::deallocate(p);
 }
-MESHALLOC_EXPORT void operator delete(void* p, std::align_val_t) noexcept {
+MESHALLOC_EXPORT_CXX void operator delete(void* p, std::align_val_t) noexcept {
   meshalloc::heap::deallocate(p);
 }
-MESHALLOC_EXPORT void operator delete[](void* p, std::align_val_t) noexcept {
+MESHALLOC_EXPORT_CXX void operator delete[](void* p, std::align_val_t) noexcept {
   meshalloc::heap::deallocate(p);
 }
-MESHALLOC_EXPORT void operator delete(void* p, std::size_t, std::align_val_t) noexcept {
+MESHALLOC_EXPORT_CXX void operator delete(void* p, std::size_t, std::align_val_t) noexcept {
   meshalloc::heap::deallocate(p);
 }
-MESHALLOC_EXPORT void operator delete[](void* p, std::size_t, std::align_val_t) noexcept {
+MESHALLOC_EXPORT_CXX void operator delete[](void* p, std::size_t, std::align_val_t) noexcept {
   meshalloc::heap::deallocate(p);
 }
-MESHALLOC_EXPORT void operator delete(void* p, std::align_val_t, const std::nothrow_t&) noexcept {
+MESHALLOC_EXPORT_CXX void operator delete(void* p, std::align_val_t,
+                                          const std::nothrow_t&) noexcept {
   meshalloc::heap::deallocate(p);
 }
-MESHALLOC_EXPORT void operator delete[](void* p, std::align_val_t, const std::nothrow_t&) noexcept {
+MESHALLOC_EXPORT_CXX void operator delete[](void* p, std::align_val_t,
+                                            const std::nothrow_t&) noexcept {
   meshalloc::heap::deallocate(p);
 }

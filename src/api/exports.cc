@@ -7,6 +7,7 @@
 
 #include "api/ctl.h"
 #include "api/entry_points.h"
+#include "api/export.h"
 #include "api/libc_buffers.h"
 #include "api/live_stats.h"
 #include "api/stats.h"
@@ -15,8 +16,6 @@
 #include "heap/heap.h"
 #include "mesh/policy.h"
 #include "meshalloc.h"
-
-#define MESHALLOC_EXPORT extern "C" __attribute__((visibility("default")))
 
 using namespace meshalloc;
 

@@ -1,9 +1,8 @@
 // The exported handle API (include/meshalloc_handle.h), over handle/.
+#include "api/export.h"
 #include "handle/handles.h"
 #include "meshalloc_handle.h"
 #include "platform/os.h"
-
-#define MESHALLOC_EXPORT extern "C" __attribute__((visibility("default")))
 
 using namespace meshalloc;
 

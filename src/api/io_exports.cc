@@ -29,13 +29,12 @@
 #include <atomic>
 #include <type_traits>
 
+#include "api/export.h"
 #include "api/next_symbol.h"
 #include "heap/arena.h"
 #include "heap/heap.h"
 #include "heap/thread_heap.h"
 #include "mesh/write_barrier.h"
-
-#define MESHALLOC_EXPORT extern "C" __attribute__((visibility("default")))
 
 namespace meshalloc {
 namespace {

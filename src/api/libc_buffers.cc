@@ -5,6 +5,7 @@
 #include <link.h>
 #include <stdio.h>
 
+#include "api/export.h"
 #include "api/next_symbol.h"
 #include "heap/heap.h"
 #include "mesh/mesher.h"
@@ -58,8 +59,6 @@ void pinStreamBuffer(const char* buffer, size_t size) {
 }
 
 }  // namespace
-
-#define MESHALLOC_EXPORT extern "C" __attribute__((visibility("default")))
 
 MESHALLOC_EXPORT int setvbuf(FILE* stream, char* buffer, int mode, size_t size) {
   auto real = MESHALLOC_NEXT_SYMBOL(setvbuf);

@@ -5,10 +5,9 @@
 #include <signal.h>
 #include <string.h>
 
+#include "api/export.h"
 #include "mesh/write_barrier.h"
 #include "platform/os.h"
-
-#define MESHALLOC_EXPORT extern "C" __attribute__((visibility("default")))
 
 using meshalloc::WriteBarrier;
 

@@ -10,10 +10,9 @@
 
 #include <atomic>
 
+#include "api/export.h"
 #include "api/next_symbol.h"
 #include "heap/thread_heap.h"
-
-#define MESHALLOC_EXPORT extern "C" __attribute__((visibility("default")))
 
 namespace meshalloc {
 namespace {
