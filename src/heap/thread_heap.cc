@@ -74,8 +74,8 @@ size_t ThreadHeap::storageBytes() {
   return bytes;
 }
 
-void ThreadHeap::initialize(char* storage) {
-  char* cursor = storage + sizeof(ThreadHeap);
+void ThreadHeap::initialize() {
+  char* cursor = reinterpret_cast<char*>(this) + sizeof(ThreadHeap);
   reorderScratch_ = reinterpret_cast<uintptr_t*>(cursor);
   cursor += maxEntryBytes();
   for (unsigned c = 0; c < kNumSizeClasses; c++) {
@@ -102,12 +102,12 @@ ThreadHeap* ThreadHeap::create() {
   }
   if (heap) {
     // retire() gave back the vectors' pages: configure them again.
-    heap->initialize(reinterpret_cast<char*>(heap));
+    heap->initialize();
   } else {
     char* storage = static_cast<char*>(InternalHeap::allocate(storageBytes()));
     if (!storage) return nullptr;
     heap = new (storage) ThreadHeap();
-    heap->initialize(storage);
+    heap->initialize();
     LockGuard guard(gRegistryLock);
     heap->registryNext_ = gRegistry;
     gRegistry = heap;

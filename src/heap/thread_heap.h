@@ -319,7 +319,9 @@ class ThreadHeap {
   static void resetRegistryAfterFork();
 
  private:
-  void initialize(char* storage);
+  // Configures the vectors (object size, capacity, where their entries lie in the storage that
+  // follows this object, the ring's size) and the scratch.
+  void initialize();
   void setRecycledFirst(bool first);
   // Counts the calling thread's heap in (`joined`) or out of the heaps in use, and sets each
   // in-use heap's recycled-first order (ShuffleVector::recycledFirst). Under gRegistryLock.
