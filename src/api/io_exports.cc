@@ -134,7 +134,7 @@ auto guardedRange(const HeapRange& range, Call call) -> decltype(call()) {
     // (Redis: about 450 waits during one LRU insertion).
     if ((sequence & 1) && WriteBarrier::mayProtect(sequence, range.start, range.end)) {
       activity.ioBufferEnd.store(0, std::memory_order_seq_cst);
-      WriteBarrier::waitForEnd(sequence);
+      WriteBarrier::waitForRelease(sequence);
       continue;
     }
     auto result = call();

@@ -159,7 +159,7 @@ MemoryBreakdown collectBreakdown();
   X(pauseWaitMaxNs, "mesh.pause_wait_max_ns", "mesh_pause_wait_max_ns",                        \
     "of the longest, the time waiting for guarded operations in flight")                       \
   X(barrierMaxNs, "mesh.barrier_max_ns", "mesh_barrier_max_ns",                                \
-    "the longest a write into a span being meshed could wait (one batch)")                     \
+    "the longest a write into a span being meshed could wait (its copy and remapping)")        \
   X(meshCpuNs, "mesh.cpu_ns", "mesh_cpu_ns", "CPU time spent meshing")                         \
   X(meshRestoreCpuNs, "mesh.restore_cpu_ns", "mesh_restore_cpu_ns",                            \
     "CPU time remapping meshed spans that died")                                               \

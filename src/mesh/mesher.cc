@@ -99,6 +99,17 @@ long mappingCount(bool fresh = false) {
   return gCountedMappings + added * Mesher::kMappingsPerMesh;
 }
 
+// A span this batch write-protected at `since` is writable for good: writes and system calls
+// waiting on it go on without waiting for the rest of the batch, so the window is what such a
+// write can wait (mesh.barrier_max_ns).
+void endProtection(uintptr_t start, uint64_t since) {
+  WriteBarrier::release(start);
+  uint64_t window = os::monotonicNanos() - since;
+  updateStats([&](MeshStats& s) {
+    if (window > s.barrierMaxNs) s.barrierMaxNs = window;
+  });
+}
+
 }  // namespace
 
 void Mesher::copyLiveObjects(Span* destination, Span* source) {
@@ -143,6 +154,7 @@ bool Mesher::absorbMeshedSource(Span* destination, Span* source) {
   uintptr_t protectedStarts[kMaxVirtualSpans];
   uint32_t protectedCount = 0;
   bool ok = true;
+  uint64_t since = os::monotonicNanos();
   SpanBacking::forEachVirtualSpan(source, [&](uintptr_t start) {
     if (ok && os::protectReadOnly(reinterpret_cast<void*>(start), bytes))
       protectedStarts[protectedCount++] = start;
@@ -173,8 +185,10 @@ bool Mesher::absorbMeshedSource(Span* destination, Span* source) {
     updateStats([](MeshStats& s) { s.strandedSpans++; });
   }
   // Writable again: on the destination's pages if the move succeeded, else on its own.
-  for (uint32_t i = 0; i < protectedCount; i++)
+  for (uint32_t i = 0; i < protectedCount; i++) {
     restoreWritable(reinterpret_cast<void*>(protectedStarts[i]), bytes, destination, source);
+    endProtection(protectedStarts[i], since);
+  }
   if (!ok) updateStats([](MeshStats& s) { s.failedMeshes++; });
   return ok;
 }
@@ -256,12 +270,15 @@ bool Mesher::meshGroup(MeshGroup& group, bool* merged) {
   }
   if (!destination->mesh) {
     void* start = reinterpret_cast<void*>(destination->spanStart);
+    uint64_t since = os::monotonicNanos();
     if (!os::protectReadOnly(start, bytes)) {
       updateStats([](MeshStats& s) { s.failedMeshes++; });
       return false;
     }
-    if (!SpanBacking::share(destination)) {
-      restoreWritable(start, bytes, destination);
+    bool shared = SpanBacking::share(destination);
+    if (!shared) restoreWritable(start, bytes, destination);
+    endProtection(destination->spanStart, since);
+    if (!shared) {
       updateStats([](MeshStats& s) { s.failedMeshes++; });
       return false;
     }
@@ -282,6 +299,7 @@ bool Mesher::meshGroup(MeshGroup& group, bool* merged) {
       continue;
     }
     void* sourceStart = reinterpret_cast<void*>(source->spanStart);
+    uint64_t since = os::monotonicNanos();
     if (!os::protectReadOnly(sourceStart, bytes)) {
       updateStats([](MeshStats& s) { s.failedMeshes++; });
       continue;
@@ -289,10 +307,15 @@ bool Mesher::meshGroup(MeshGroup& group, bool* merged) {
     // Objects freed from here on are copied for nothing; commitSource transfers only the slots
     // still live once guarded operations are paused.
     copyLiveObjects(destination, source);
-    if (!SpanBacking::addAlias(destination, source->spanStart)) {
-      // Undo: the source keeps its own pages and objects; what was copied lands in slots
-      // the destination does not own, so it is never seen.
-      restoreWritable(sourceStart, bytes, source);
+    bool aliased = SpanBacking::addAlias(destination, source->spanStart);
+    // Undo on failure: the source keeps its own pages and objects; what was copied lands in
+    // slots the destination does not own, so it is never seen.
+    if (!aliased) restoreWritable(sourceStart, bytes, source);
+    // Either way the source is writable for good now. Its writes land in the copies from here
+    // on (the page map still resolves it to the source until the commit, which only frees
+    // need), so they need not wait for the batch's commit.
+    endProtection(source->spanStart, since);
+    if (!aliased) {
       updateStats([](MeshStats& s) { s.failedMeshes++; });
       continue;
     }
@@ -370,13 +393,12 @@ void Mesher::runBatch(void* argument) {
 size_t Mesher::meshBatchHere(MeshGroup* groups, size_t count, bool* mergedFlags) {
   size_t released = 0;
   size_t bytes = groups[0].destination->spanBytes(Arena::pageSize());
-  // The write barrier is up for the whole batch: a thread writing into one of its spans while
-  // that span is write-protected waits for the batch. Other threads, and every other span,
-  // are not held up by the copies and mapping calls.
-  uint64_t barrierStart = os::monotonicNanos();
+  // The write barrier is up for the whole batch, but a thread writing into one of its spans
+  // while that span is write-protected waits only until that span is released (endProtection):
+  // one copy and one mapping call. Other threads, and every other span, are not held up.
   // Every virtual span the batch may write-protect: destinations (their own span when first
   // shared) and sources (all of a meshed source's spans).
-  uintptr_t protectable[WriteBarrier::kMaxSpans];
+  uintptr_t protectable[WriteBarrier::kMaxSpans] = {};
   uint32_t protectableCount = 0;
   auto note = [&](Span* span) {
     SpanBacking::forEachVirtualSpan(span, [&](uintptr_t start) {
@@ -403,11 +425,7 @@ size_t Mesher::meshBatchHere(MeshGroup* groups, size_t count, bool* mergedFlags)
     commitBatch(&job);
     released = job.released;
   }
-  uint64_t barrier = os::monotonicNanos() - barrierStart;
   WriteBarrier::end();
-  updateStats([&](MeshStats& s) {
-    if (barrier > s.barrierMaxNs) s.barrierMaxNs = barrier;
-  });
   return released;
 }
 

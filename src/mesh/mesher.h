@@ -34,7 +34,8 @@ struct MeshStats {
   // Of the longest pause, the part spent waiting for guarded operations already
   // in flight (a thread preempted inside one); the rest of a long pause is the mesher itself.
   uint64_t pauseWaitMaxNs;
-  // The longest batch: a thread writing into a span of a batch may wait this long.
+  // The longest a span of a batch stayed write-protected: a thread writing into it may wait
+  // this long (not for the whole batch: WriteBarrier::release).
   uint64_t barrierMaxNs;
   uint64_t cpuNs;  // time spent in passes, restores of retired spans excepted, batches included
   // Of it, batches run on the commit thread (Mesher::meshBatch) rather than the mesher's own.

@@ -89,14 +89,40 @@ bool WriteBarrier::mayProtect(uint32_t seen, uintptr_t start, uintptr_t end) {
   return overlap || sequence_.load(std::memory_order_acquire) != seen;
 }
 
+void WriteBarrier::release(uintptr_t spanStart) {
+  // Only the batch's own thread writes the description while the barrier is up; a reader that
+  // still sees the span waits for the next release for nothing, never the other way round.
+  uint32_t count = spanCount_.load(std::memory_order_relaxed);
+  for (uint32_t i = 0; i < count && i < kMaxSpans; i++) {
+    if (spans_[i].load(std::memory_order_relaxed) == spanStart)
+      spans_[i].store(0, std::memory_order_release);
+  }
+  wakeReleaseWaiters();
+}
+
 void WriteBarrier::end() {
   uint32_t seq = sequence_.load(std::memory_order_relaxed);
   sequence_.store((seq | 1) + 1, std::memory_order_seq_cst);
   os::futexWakeAll(&sequence_);
+  wakeReleaseWaiters();
+}
+
+void WriteBarrier::wakeReleaseWaiters() {
+  // A Dekker pair with waitForRelease: the waiter counts itself before it sleeps on the
+  // value it read, so either we see it here and wake it, or its futex sees the new value.
+  releases_.fetch_add(1, std::memory_order_seq_cst);
+  if (waiters_.load(std::memory_order_seq_cst) != 0) os::futexWakeAll(&releases_);
 }
 
 void WriteBarrier::waitForEnd(uint32_t seen) {
   while (sequence_.load(std::memory_order_acquire) == seen) os::futexWait(&sequence_, seen);
+}
+
+void WriteBarrier::waitForRelease(uint32_t seen) {
+  uint32_t releases = releases_.load(std::memory_order_seq_cst);
+  waiters_.fetch_add(1, std::memory_order_seq_cst);
+  if (sequence_.load(std::memory_order_seq_cst) == seen) os::futexWait(&releases_, releases);
+  waiters_.fetch_sub(1, std::memory_order_relaxed);
 }
 
 void WriteBarrier::onFault(int signal, siginfo_t* info, void* context) {
@@ -105,8 +131,13 @@ void WriteBarrier::onFault(int signal, siginfo_t* info, void* context) {
   if (info->si_code == SEGV_ACCERR && Arena::contains(address)) {
     uint32_t seq = sequence_.load(std::memory_order_acquire);
     if (seq & 1) {
-      faultsWaited_.fetch_add(1, std::memory_order_relaxed);
-      waitForEnd(seq);
+      // The write waits for its own span only: once that span is released the write is
+      // retried (a span released since the fault is retried at once), so it does not wait for
+      // the batch's other meshes and its commit.
+      if (mayProtect(seq, address, address + 1)) {
+        faultsWaited_.fetch_add(1, std::memory_order_relaxed);
+        waitForRelease(seq);
+      }
       errno = savedErrno;
       return;
     }

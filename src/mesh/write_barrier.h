@@ -25,11 +25,17 @@ class WriteBarrier {
   // elsewhere need not wait for it (mayProtect).
   static void begin();
   static void beginSpans(const uintptr_t* starts, uint32_t count, size_t bytes);
+  // A span of the current beginSpans() barrier is writable for good (its new mapping is in
+  // place, or its protection was lifted): it leaves the description, so that a write or a
+  // system call into it no longer waits for the rest of the batch.
+  static void release(uintptr_t spanStart);
   static void end();
   static bool active() { return sequence_.load(std::memory_order_seq_cst) & 1; }
   static uint32_t sequence() { return sequence_.load(std::memory_order_seq_cst); }
   // Blocks until the barrier whose sequence number is `seen` (odd) has ended.
   static void waitForEnd(uint32_t seen);
+  // Blocks until that barrier releases a span or ends (then the caller looks again).
+  static void waitForRelease(uint32_t seen);
   // Whether the barrier with sequence number `seen` (odd) may write-protect part of
   // [start, end): false only for a barrier limited to spans that all lie outside it. True as
   // well once that barrier is over (the caller then reads the sequence again).
@@ -60,6 +66,11 @@ class WriteBarrier {
   static inline std::atomic<size_t> spanBytes_{0};
   static inline std::atomic<uintptr_t> spans_[kMaxSpans] = {};
   static inline std::atomic<uint64_t> faultsWaited_{0};
+  // Bumped by every release() and end(): the futex word waitForRelease sleeps on, woken only
+  // when someone sleeps (waiters_), so that a batch's releases cost no system call.
+  static inline std::atomic<uint32_t> releases_{0};
+  static inline std::atomic<uint32_t> waiters_{0};
+  static void wakeReleaseWaiters();
 };
 
 }  // namespace meshalloc

@@ -901,6 +901,46 @@ TEST(WriteBarrierScope, ABatchBarrierCoversOnlyItsSpans) {
   WriteBarrier::end();
 }
 
+// A write into a span of a batch waits for that span's release, not for the end of the batch
+// (its other meshes and its commit): what a write can wait is one copy and one mapping call.
+TEST(WriteBarrierScope, AWriteWaitsOnlyUntilItsSpanIsReleased) {
+  ASSERT_TRUE(heap::ensureInitialized());
+  ASSERT_TRUE(WriteBarrier::install());
+  const size_t page = Arena::pageSize();
+  // Two large blocks stand for two spans of a batch; one page of each is protected.
+  void* blocks[] = {heap::allocate(16 * page), heap::allocate(16 * page)};
+  ASSERT_NE(blocks[0], nullptr);
+  ASSERT_NE(blocks[1], nullptr);
+  uintptr_t spans[2];
+  for (int i = 0; i < 2; i++)
+    spans[i] = (reinterpret_cast<uintptr_t>(blocks[i]) + page - 1) & ~(page - 1);
+  WriteBarrier::beginSpans(spans, 2, page);
+  for (uintptr_t span : spans)
+    ASSERT_TRUE(os::protectReadOnly(reinterpret_cast<void*>(span), page));
+  uint64_t faultsBefore = WriteBarrier::faultsWaited();
+  std::atomic<bool> wrote{false};
+  std::thread writer([&] {
+    *reinterpret_cast<volatile char*>(spans[0] + 8) = 42;
+    wrote.store(true);
+  });
+  os::sleepNanos(50'000'000);
+  EXPECT_FALSE(wrote.load()) << "a write went through a write-protected span";
+  ASSERT_TRUE(os::protectReadWrite(reinterpret_cast<void*>(spans[0]), page));
+  WriteBarrier::release(spans[0]);
+  uint32_t sequence = WriteBarrier::sequence();
+  EXPECT_FALSE(WriteBarrier::mayProtect(sequence, spans[0], spans[0] + page));
+  EXPECT_TRUE(WriteBarrier::mayProtect(sequence, spans[1], spans[1] + page));
+  for (int i = 0; i < 5000 && !wrote.load(); i++) os::sleepNanos(1'000'000);
+  EXPECT_TRUE(wrote.load()) << "the write waited for the rest of the batch";
+  EXPECT_TRUE(WriteBarrier::active());
+  ASSERT_TRUE(os::protectReadWrite(reinterpret_cast<void*>(spans[1]), page));
+  WriteBarrier::end();
+  writer.join();
+  EXPECT_EQ(*reinterpret_cast<volatile char*>(spans[0] + 8), 42);
+  EXPECT_GE(WriteBarrier::faultsWaited(), faultsBefore + 1);
+  for (void* block : blocks) heap::deallocate(block);
+}
+
 // A guarded operation that meets a short pause spins through it instead of sleeping (a sleep
 // and wake-up cost more than the pause). Voluntary context switches tell the two apart; the
 // bound leaves room for a loaded machine, where the waiter may lose its CPU to the pauser.

@@ -121,7 +121,7 @@ DETAIL_COLUMNS: List[Column] = [
     ("mesh_passes", "mesh passes", 1, 0),
     ("mesh_pause_total_s", "total pause s", 1, 3),
     ("mesh_pause_wait_max_ms", "longest pause's wait ms", 1, 2),
-    ("mesh_barrier_max_ms", "longest barrier ms", 1, 2),
+    ("mesh_barrier_max_ms", "longest write-protection ms", 1, 2),
     ("barrier_faults", "writes that waited", 1, 0),
     ("server_cpu_s", "server CPU s", 1, 2),
     ("insertion_cpu_s", "insertion main-thread CPU s", 1, 3),
@@ -438,7 +438,8 @@ def claims(table: Table, runs: Sequence[Run], checked: bool, rounds: Optional[Ro
              if run.config.name == MESHALLOC and run.ok and run.metric("barrier_faults") is not None]
     barrier_note = ""
     if barriers:
-        barrier_note = (f"; a write into a span being meshed waits for its batch instead: longest batch "
+        barrier_note = (f"; a write into a span being meshed waits for that span's copy and remapping instead: "
+                        f"longest write protection "
                         f"{max(barriers):.2f} ms, writes that waited {int(sum(waits))} in {len(waits)} run(s)")
     add("meshalloc 3y longest meshing pause", f"{PAPER_PAUSE_MS:g} ms", ours,
         pause_stat.high <= TARGET_PAUSE_MS if pause_stat else None,
