@@ -1,7 +1,8 @@
 // Free blocks carry a tag in their second word, so that a second free of one is noticed from the
 // block alone (heap::deallocate), as glibc's tcache key does: looking the block up on every free
 // cost more than the free itself, and the span's metadata is a cache miss in a large heap. One
-// random value per process (set at start-up), with two bits telling where the block went:
+// random value per process (set at start-up), with two bits telling where the block went
+// (neither, the released bit, or both):
 //   recycledTag()  among a thread's recycled blocks (ShuffleVector's ring);
 //   vectorTag()    in a shuffle vector: freed locally, or claimed by a refill from a span whose
 //                  slots have been handed out before;
