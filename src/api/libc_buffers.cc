@@ -34,7 +34,7 @@ size_t findLibcBufferCallers() {
     span.start = range.start < span.start ? range.start : span.start;
     span.end = range.end > span.end ? range.end : span.end;
   }
-  if (found) gLibcBufferCallerSpan = span;
+  if (found) gLibcBufferCallerSpan = {span.start, span.end - span.start};
   return found;
 }
 

@@ -1,7 +1,8 @@
 // Free blocks carry a tag in their second word, so that a second free of one is noticed from the
 // block alone (heap::deallocate), as glibc's tcache key does: looking the block up on every free
 // cost more than the free itself, and the span's metadata is a cache miss in a large heap. One
-// random value per process (set at start-up), with two bits telling where the block went:
+// random value per process (set at start-up), with two bits telling where the block went
+// (neither, the released bit, or both):
 //   recycledTag()  among a thread's recycled blocks (ShuffleVector's ring);
 //   vectorTag()    in a shuffle vector: freed locally, or claimed by a refill from a span whose
 //                  slots have been handed out before;
@@ -21,6 +22,13 @@ namespace meshalloc {
 inline uintptr_t gCacheTag = 1;
 constexpr uintptr_t kVectorTagBit = 2;
 constexpr uintptr_t kReleasedTagBit = 4;
+// gCacheTag with both bits set: the vector tag, and what any tag becomes with both bits set, so
+// that the local free tests and writes the one value it loads (setCacheTags sets both).
+inline uintptr_t gVectorTag = 1 | kVectorTagBit | kReleasedTagBit;
+inline void setCacheTags(uintptr_t random) {
+  gCacheTag = (random | 1) & ~(kVectorTagBit | kReleasedTagBit);
+  gVectorTag = gCacheTag | kVectorTagBit | kReleasedTagBit;
+}
 constexpr size_t kCacheTagWord = 1;  // every class's blocks have at least two words
 
 inline uintptr_t cacheTagOf(uintptr_t block) {
@@ -33,14 +41,14 @@ inline uintptr_t recycledTag() {
   return gCacheTag;
 }
 inline uintptr_t vectorTag() {
-  return gCacheTag | kVectorTagBit;
+  return gVectorTag;
 }
 inline uintptr_t releasedTag() {
   return gCacheTag | kReleasedTagBit;
 }
 // Any of the three: the block may be free already (the slow path finds out).
 inline bool isCacheTagged(uintptr_t block) {
-  return (cacheTagOf(block) & ~(kVectorTagBit | kReleasedTagBit)) == gCacheTag;
+  return (cacheTagOf(block) | kVectorTagBit | kReleasedTagBit) == gVectorTag;
 }
 
 }  // namespace meshalloc

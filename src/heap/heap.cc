@@ -38,7 +38,7 @@ void onThreadExit(void* value) {
   if (tlsParkedHeap == heap) ThreadHeap::resumeParked();
   if (tlsThreadHeap == heap) {
     flushRecycledBlocks();
-    tlsThreadHeap = nullptr;
+    setThreadHeap(nullptr);
   }
   heap->retire();
   for (auto& hook : gThreadExitHooks) {
@@ -66,9 +66,7 @@ bool initializeOnce() {
   os::initPlatform();
   loadConfigFromEnvironment();
   SizeClasses::init(os::pageSize());
-  // Odd, so never an aligned pointer a program would store in a freed block; bit 1 is the
-  // vector tag's.
-  gCacheTag = (os::entropy64() | 1) & ~(kVectorTagBit | kReleasedTagBit);
+  setCacheTags(os::entropy64());
   if (!Arena::init()) return false;
   OperationGuard::init();
   if (pthread_key_create(&gThreadExitKey, onThreadExit) != 0) return false;
@@ -86,7 +84,7 @@ ThreadHeap* threadHeap() {
   if (!ensureInitialized()) return nullptr;
   heap = ThreadHeap::create();
   if (!heap) return nullptr;
-  tlsThreadHeap = heap;
+  setThreadHeap(heap);
   pthread_setspecific(gThreadExitKey, heap);
   return heap;
 }
@@ -151,6 +149,9 @@ void* allocateSlow(size_t size) {
   // (the class's recycled blocks are all gone; see ThreadHeap::refill).
   ShuffleVector& v = heap->vector(sizeClass);
   if (v.recycledCount != 0) return v.popRecycled();
+  // A floor set over an empty ring (ShuffleVector::setRecycledFirst) sent us here: the vector's
+  // slots, if it has any, are next.
+  v.setPopFloor(0);
   if (!heap->refill(sizeClass)) return failNoMemory();
   void* block = v.pop();
   if (gRefillHook) gRefillHook();

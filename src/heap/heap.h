@@ -36,14 +36,12 @@ void* allocateRecycled(ShuffleVector& v);
 
 inline void* allocate(size_t size) {
   if (__builtin_expect(size <= kMaxSmallSize, 1)) {
-    ThreadHeap* heap = tlsThreadHeap;
-    if (__builtin_expect(heap != nullptr, 1)) {
-      ShuffleVector& v = vectorInRegister(heap, SizeClasses::classOf(size));
-      if (__builtin_expect(v.recycledFirst(), 0)) return allocateRecycled(v);
-      if (__builtin_expect(v.length != 0, 1)) return v.pop();
-      // Otherwise recycled blocks only once the vector is empty, in place of a refill.
-      if (v.recycledCount != 0) return allocateRecycled(v);
-    }
+    // Never nullptr: a thread without a heap reads the empty heap, whose vectors are empty.
+    ShuffleVector& v = vectorInRegister(tlsFastPathHeap, SizeClasses::classOf(size));
+    if (__builtin_expect(v.popsVector(), 1)) return v.pop();
+    // The recycled blocks: first for a thread alone (popFloor), else once the vector is empty,
+    // in place of a refill.
+    if (v.recycledCount != 0) return allocateRecycled(v);
   }
   return allocateSlow(size);
 }

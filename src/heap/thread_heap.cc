@@ -18,6 +18,9 @@ namespace meshalloc {
 
 constinit thread_local ThreadHeap* tlsThreadHeap __attribute__((tls_model("initial-exec"))) =
     nullptr;
+constinit ThreadHeap gEmptyThreadHeap{};
+constinit thread_local ThreadHeap* tlsFastPathHeap __attribute__((tls_model("initial-exec"))) =
+    &gEmptyThreadHeap;
 constinit thread_local ThreadHeap* tlsParkedHeap __attribute__((tls_model("initial-exec"))) =
     nullptr;
 
@@ -79,8 +82,10 @@ void ThreadHeap::initialize() {
   reorderScratch_ = reinterpret_cast<uintptr_t*>(cursor);
   cursor += maxEntryBytes();
   for (unsigned c = 0; c < kNumSizeClasses; c++) {
-    ShuffleVector& v = vectors_[c].vector;
+    ShuffleVector& v = vector(c);
     v.objectSize = SizeClasses::plan(c).objectSize;
+    v.slotBytes = SizeClasses::plan(c).slotBytes;
+    v.divisibility = SizeClasses::plan(c).divisibility;
     v.capacity = vectorCapacity(c);
     size_t recycled = kRecycledBytes / v.objectSize;
     v.recycledCapacity = static_cast<uint32_t>(recycled > kMaxRecycled   ? kMaxRecycled
@@ -113,13 +118,13 @@ ThreadHeap* ThreadHeap::create() {
     gRegistry = heap;
   }
   for (unsigned c = 0; c < kNumSizeClasses; c++) {
-    const ShuffleVector& v = heap->vectors_[c].vector;
+    const ShuffleVector& v = heap->vector(c);
     MESHALLOC_ASSERT(v.length == 0 && v.attachedCount == 0 && v.recycledCount == 0);
   }
   heap->rng_.reseed(os::entropy64() ^ reinterpret_cast<uintptr_t>(heap));
   heap->randomization_ = gHeapConfig.randomization;
   for (unsigned c = 0; c < kNumSizeClasses; c++) {
-    ShuffleVector& v = heap->vectors_[c].vector;
+    ShuffleVector& v = heap->vector(c);
     v.inlinePushLimit = heap->randomization_ == Randomization::kOnRefillAndFree ? 0 : v.capacity;
   }
   heap->parkWord_.store(heap->parkWord_.load(std::memory_order_relaxed) & ~kStateMask,
@@ -131,7 +136,7 @@ ThreadHeap* ThreadHeap::create() {
 }
 
 void ThreadHeap::setRecycledFirst(bool first) {
-  for (PaddedVector& padded : vectors_) padded.vector.setRecycledFirst(first);
+  for (unsigned c = 0; c < kNumSizeClasses; c++) vector(c).setRecycledFirst(first);
 }
 
 void ThreadHeap::updateRecycledOrder(bool joined) {
@@ -162,7 +167,7 @@ ThreadHeap::PageRange ThreadHeap::vectorPages() const {
 }
 
 void ThreadHeap::releaseEntryPages() {
-  for (unsigned c = 0; c < kNumSizeClasses; c++) MESHALLOC_ASSERT(vectors_[c].vector.length == 0);
+  for (unsigned c = 0; c < kNumSizeClasses; c++) MESHALLOC_ASSERT(vector(c).length == 0);
   PageRange pages = entryPages();
   // A refusal only leaves the pages resident.
   if (pages.bytes) (void)os::dropPages(reinterpret_cast<void*>(pages.start), pages.bytes);
@@ -209,7 +214,7 @@ ThreadHeap* ThreadHeap::park() {
   // From here on, an allocation by a signal handler finds no heap and resumes it first.
   tlsParkedHeap = heap;
   std::atomic_signal_fence(std::memory_order_seq_cst);
-  tlsThreadHeap = nullptr;
+  setThreadHeap(nullptr);
   std::atomic_signal_fence(std::memory_order_seq_cst);
   heap->parkedSinceNs_.store(os::monotonicNanos(), std::memory_order_relaxed);
   // Release: everything this thread did to its heap is visible to the reclaimer. Fails only if
@@ -243,7 +248,7 @@ void ThreadHeap::takeRunning() {
 void ThreadHeap::unpark(ThreadHeap* heap) {
   if (!heap) return;
   heap->takeRunning();
-  tlsThreadHeap = heap;
+  setThreadHeap(heap);
   std::atomic_signal_fence(std::memory_order_seq_cst);
   tlsParkedHeap = nullptr;
 }
@@ -479,7 +484,7 @@ void ThreadHeap::shuffleRuns(ShuffleVector& v, const uint32_t* runStarts, unsign
 }
 
 bool ThreadHeap::refill(unsigned sizeClass) {
-  ShuffleVector& v = vectors_[sizeClass].vector;
+  ShuffleVector& v = vector(sizeClass);
   if (v.length) return true;
   uint32_t objectsPerSpan = SizeClasses::plan(sizeClass).objectCount;
   uint32_t wanted = objectsPerSpan < v.capacity ? objectsPerSpan : v.capacity;
@@ -550,7 +555,7 @@ bool ThreadHeap::refill(unsigned sizeClass) {
 }
 
 void ThreadHeap::detachAll(unsigned sizeClass) {
-  ShuffleVector& v = vectors_[sizeClass].vector;
+  ShuffleVector& v = vector(sizeClass);
   // Before the vector's slots go back: a block both in the vector and on the stack is a
   // double free, which draining detects only while the vector still says so.
   for (unsigned span = 0; span < v.attachedCount; span++)
@@ -591,7 +596,7 @@ bool ThreadHeap::recycledAnywhere(unsigned sizeClass, uintptr_t block) {
   bool held = false;
   lockRegistry();
   for (ThreadHeap* heap = gRegistry; heap && !held; heap = heap->nextInRegistry())
-    held = heap->vectors_[sizeClass].vector.holdsRecycled(block);
+    held = heap->vector(sizeClass).holdsRecycled(block);
   unlockRegistry();
   return held;
 }

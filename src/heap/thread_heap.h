@@ -51,10 +51,18 @@ struct ShuffleVector {
   static constexpr uintptr_t kTaggedEntry = 1;
 
   // The fast paths' fields share the first cache line.
-  uint32_t length = 0;           // free slots available, popped from the end
-  uint32_t capacity = 0;         // entries
+  uint32_t length = 0;  // free slots available, popped from the end
+  // malloc pops only while length is above this: 0, or kRecycledFirstFloor while this vector's
+  // ring holds blocks to serve first (a recycled push sets it to recycledFloor; the pop that
+  // empties the ring clears it). So malloc's one test covers both an empty vector and a ring to
+  // serve first; testing the ring's order, then the length, cost it 3 instructions. Another
+  // thread may set it when the order changes (setRecycledFirst), hence the relaxed atomics (plain
+  // loads and stores); a floor left set over an empty ring only sends one malloc to
+  // allocateSlow, which clears it.
+  uint32_t popFloor = 0;
   uintptr_t* entries = nullptr;  // `capacity` entries
   uint32_t recycledCount = 0;
+  uint32_t capacity = 0;  // entries
   uint32_t objectSize = 0;
   uint32_t attachedCount = 0;
   // The inline local free pushes only below this: `capacity`, or 0 where every local free must
@@ -63,11 +71,17 @@ struct ShuffleVector {
   // moving `entries` cost malloc two instructions.)
   uint32_t inlinePushLimit = 0;
   uint32_t recycledCapacity = 0;  // read by the recycling push (deallocateRecycled)
-  // malloc serves recycled blocks before the vector's slots while recycledCount is at least
-  // this: 1 while this is the process's only thread heap in use, else kRecycledNeverFirst
-  // (ThreadHeap::create and retire set it; see setRecycledFirst).
-  uint32_t recycledFirstFrom = kRecycledNeverFirst;
-  static constexpr uint32_t kRecycledNeverFirst = UINT32_MAX;
+  // What a recycled push sets popFloor to: kRecycledFirstFloor while this is the process's
+  // only thread heap in use (malloc serves the ring first), else 0 (ThreadHeap::create and
+  // retire set it; see setRecycledFirst). A vector of zeros never serves the ring first.
+  uint32_t recycledFloor = 0;
+  static constexpr uint32_t kRecycledFirstFloor = UINT32_MAX;
+  // The class's SpanPlan::slotBytes and divisibility, copied here so that the inline free checks
+  // that a pointer is a slot's start from the line it reads anyway (from the class's plan it
+  // took 4 instructions more: the plan's address). Zero in an unconfigured vector (the empty
+  // heap's): no pointer passes, so such a free goes to the slow path.
+  uint32_t slotBytes = 0;
+  uint64_t divisibility = 0;
   // The attached spans' starts, then two entries that stay 0 (no span starts there), for the
   // span table's kSeveralSpans and kNoSpan cells: a free compares the start a cell names without
   // testing the cell first.
@@ -75,6 +89,10 @@ struct ShuffleVector {
   Span* spans[kMaxSpansPerVector] = {};
 
   static uintptr_t blockOf(uintptr_t entry) { return entry & ~kTaggedEntry; }
+  // SizeClasses::isSlotStart for this vector's class.
+  bool isSlotStart(uintptr_t delta) const {
+    return (delta < slotBytes) & (static_cast<uint64_t>(delta) * divisibility < divisibility);
+  }
   // Whether `block` is among the free slots: a scan, for the slow paths only (a block that
   // carries the vector tag). Other threads peek too, to report a double free (best effort: the
   // owner's length and entries change under them), so each is read once, single-copy atomic:
@@ -103,10 +121,14 @@ struct ShuffleVector {
   static constexpr int kMaybeAttached = -2;
   uint8_t spanTable[kSpanTableCells] = {};
 
+  // Fibonacci hashing of the start's low 32 bits (its page number's low 20 with 4 KiB pages):
+  // a 32-bit multiply takes its constant inline, where the 64-bit one first loaded it into a
+  // register (one instruction per free). Starts 4 GiB apart share a cell, which costs only the
+  // shared cell's slower path.
   static unsigned spanCell(uintptr_t spanStart) {
-    constexpr uint64_t kFibonacciMultiplier = 0x9E3779B97F4A7C15ull;
-    constexpr unsigned kCellShift = 64 - __builtin_ctz(kSpanTableCells);
-    return static_cast<unsigned>((spanStart * kFibonacciMultiplier) >> kCellShift);
+    constexpr uint32_t kFibonacciMultiplier = 0x9E3779B1u;
+    constexpr unsigned kCellShift = 32 - __builtin_ctz(kSpanTableCells);
+    return (static_cast<uint32_t>(spanStart) * kFibonacciMultiplier) >> kCellShift;
   }
   // The index of the attached span that starts at `spanStart`, kNotAttached, or kMaybeAttached
   // (a shared cell: the caller asks the span record).
@@ -156,7 +178,7 @@ struct ShuffleVector {
   }
   void* popRecycled() {
     recycledHead = (recycledHead - 1) & (kMaxRecycled - 1);
-    recycledCount--;
+    if (--recycledCount == 0) setPopFloor(0);
     uintptr_t block = recycledAt(recycledHead);
     setRecycledAt(recycledHead, 0);
     return reinterpret_cast<void*>(untag(block));
@@ -170,6 +192,7 @@ struct ShuffleVector {
   }
   // Adds `block` to a ring that is not full.
   void pushRecycledWithRoom(uintptr_t block) {
+    setPopFloor(__atomic_load_n(&recycledFloor, __ATOMIC_RELAXED));
     setCacheTag(block, recycledTag());
     setRecycledAt(recycledHead, block);
     recycledHead = (recycledHead + 1) & (kMaxRecycled - 1);
@@ -182,14 +205,18 @@ struct ShuffleVector {
   // thread's live blocks, and a thread that frees blocks other threads allocated (larson) kept
   // reusing those instead of moving to its own spans: 1.37x the time. Another thread writes
   // the field (ThreadHeap::create), hence the relaxed atomics (plain loads and stores).
-  bool recycledFirst() const {
-    return recycledCount >= __atomic_load_n(&recycledFirstFrom, __ATOMIC_RELAXED);
-  }
+  // The vector's slots are to be popped (its ring, if any, is served after them).
+  bool popsVector() const { return length > __atomic_load_n(&popFloor, __ATOMIC_RELAXED); }
+  void setPopFloor(uint32_t floor) { __atomic_store_n(&popFloor, floor, __ATOMIC_RELAXED); }
   bool servesRecycledLast() const {
-    return __atomic_load_n(&recycledFirstFrom, __ATOMIC_RELAXED) == kRecycledNeverFirst;
+    return __atomic_load_n(&recycledFloor, __ATOMIC_RELAXED) != kRecycledFirstFloor;
   }
+  // Also sets popFloor, whether or not the ring holds blocks (the owner's count is not read
+  // here): over an empty ring, the next malloc of the class goes to allocateSlow, which clears it.
   void setRecycledFirst(bool first) {
-    __atomic_store_n(&recycledFirstFrom, first ? 1u : kRecycledNeverFirst, __ATOMIC_RELAXED);
+    uint32_t floor = first ? kRecycledFirstFloor : 0u;
+    __atomic_store_n(&recycledFloor, floor, __ATOMIC_RELAXED);
+    setPopFloor(floor);
   }
   // The block `distance` places after the oldest (the newest if there are fewer), or 0.
   uintptr_t recycledToApplyAfter(uint32_t distance) const {
@@ -203,7 +230,7 @@ struct ShuffleVector {
     uint32_t oldest = (recycledHead - recycledCount) & (kMaxRecycled - 1);
     *block = untag(recycledAt(oldest));
     setRecycledAt(oldest, 0);
-    recycledCount--;
+    if (--recycledCount == 0) setPopFloor(0);
     return true;
   }
 
@@ -348,7 +375,7 @@ class ThreadHeap {
   static_assert(sizeof(ShuffleVector) <= kVectorStride);
   struct PaddedVector {
     ShuffleVector vector;
-    char padding[kVectorStride - sizeof(ShuffleVector)];
+    char padding[kVectorStride - sizeof(ShuffleVector)] = {};
   };
   PaddedVector vectors_[kNumSizeClasses];
   Rng rng_;
@@ -380,7 +407,31 @@ __attribute__((always_inline)) inline ShuffleVector& vectorInRegister(ThreadHeap
 // initial-exec TLS: one %fs-relative load on the fast path, valid even for LD_PRELOAD since
 // glibc reserves static TLS surplus for preloaded libraries.
 // constinit: no dynamic initialisation, so the fast paths read it without a TLS wrapper call.
+// The calling thread's heap, or nullptr (no heap yet, parked, exited).
 extern constinit thread_local ThreadHeap* tlsThreadHeap __attribute__((tls_model("initial-exec")));
+// What the inline malloc and free read instead: tlsThreadHeap, or gEmptyThreadHeap where that is
+// nullptr, so they need no test for a missing heap (2 instructions each). Every vector of the
+// empty heap is empty and unconfigured: malloc finds nothing to pop and goes to allocateSlow,
+// and free's slot check fails and it goes to deallocateSlow, both of which read tlsThreadHeap.
+// Only setThreadHeap writes it; nothing ever writes to the empty heap.
+extern constinit thread_local ThreadHeap* tlsFastPathHeap
+    __attribute__((tls_model("initial-exec")));
+extern constinit ThreadHeap gEmptyThreadHeap;
+// Sets tlsThreadHeap (nullptr: none) and tlsFastPathHeap together. A signal handler that runs
+// between the two stores sees either the heap in both or nullptr in tlsThreadHeap, which the
+// slow paths handle (ThreadHeap::park's comment): the fast path's pointer is cleared first and
+// set last.
+inline void setThreadHeap(ThreadHeap* heap) {
+  if (heap == nullptr) {
+    tlsFastPathHeap = &gEmptyThreadHeap;
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+    tlsThreadHeap = nullptr;
+  } else {
+    tlsThreadHeap = heap;
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+    tlsFastPathHeap = heap;
+  }
+}
 // The heap of a thread that parked it (tlsThreadHeap is then nullptr), until it resumes.
 extern constinit thread_local ThreadHeap* tlsParkedHeap __attribute__((tls_model("initial-exec")));
 

@@ -9,9 +9,11 @@ namespace meshalloc {
 
 class Rng {
  public:
-  explicit Rng(uint64_t seed = 0x9e3779b97f4a7c15ull) { reseed(seed); }
+  // constexpr: a ThreadHeap (which holds one) can be constant-initialised (the empty heap the
+  // fast paths read before a thread has its own, heap/thread_heap.h).
+  constexpr explicit Rng(uint64_t seed = 0x9e3779b97f4a7c15ull) { reseed(seed); }
 
-  void reseed(uint64_t seed) {
+  constexpr void reseed(uint64_t seed) {
     for (auto& word : state_) {
       seed += 0x9e3779b97f4a7c15ull;  // splitmix64 expands one seed into the four state words
       uint64_t z = seed;
@@ -51,7 +53,7 @@ class Rng {
 
  private:
   static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-  uint64_t state_[4];
+  uint64_t state_[4] = {};
 };
 
 }  // namespace meshalloc

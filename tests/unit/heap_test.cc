@@ -571,6 +571,63 @@ TEST_F(HeapTest, ReallocKeepsContentsAcrossClasses) {
   api::freeImpl(p);
 }
 
+// The inline malloc and free read tlsFastPathHeap, which is the empty heap while a thread has
+// no heap of its own (before its first allocation, and while it is parked): there they must go
+// to the slow paths, which do the real work, and never write to the empty heap, which every
+// such thread shares.
+bool emptyHeapIsUntouched() {
+  for (unsigned c = 0; c < kNumSizeClasses; c++) {
+    const ShuffleVector& v = gEmptyThreadHeap.vector(c);
+    if (v.length || v.capacity || v.recycledCount || v.attachedCount || v.slotBytes ||
+        v.divisibility || v.recycledHead || v.popFloor || v.recycledFloor)
+      return false;
+    for (uintptr_t start : v.spanStarts)
+      if (start) return false;
+    for (uintptr_t block : v.recycled)
+      if (block) return false;
+  }
+  return true;
+}
+
+TEST_F(HeapTest, AThreadWithoutAHeapGoesThroughTheEmptyHeapToTheSlowPaths) {
+  // Blocks of the main thread's spans (attached here: frees from the other thread are remote).
+  std::vector<void*> blocks;
+  for (int i = 0; i < 64; i++) blocks.push_back(heap::allocate(48));
+  onNewThread([&] {
+    EXPECT_EQ(tlsThreadHeap, nullptr);
+    EXPECT_EQ(tlsFastPathHeap, &gEmptyThreadHeap);
+    // Frees before the thread's first allocation: remote frees, and still no heap.
+    for (void* block : blocks) heap::deallocate(block);
+    EXPECT_EQ(tlsThreadHeap, nullptr);
+    EXPECT_EQ(tlsFastPathHeap, &gEmptyThreadHeap);
+    EXPECT_TRUE(emptyHeapIsUntouched());
+    // The first allocation creates the heap, and both pointers name it.
+    void* own = heap::allocate(48);
+    ASSERT_NE(own, nullptr);
+    ThreadHeap* heap = tlsThreadHeap;
+    ASSERT_NE(heap, nullptr);
+    EXPECT_EQ(tlsFastPathHeap, heap);
+    // Parked, the fast paths read the empty heap again; an allocation then resumes the heap.
+    ThreadHeap* parked = ThreadHeap::park();
+    ASSERT_EQ(parked, heap);
+    EXPECT_EQ(tlsFastPathHeap, &gEmptyThreadHeap);
+    // A free while parked goes to the slow path (onto its span's remote-free stack) and leaves
+    // the heap parked.
+    heap::deallocate(own);
+    EXPECT_EQ(tlsThreadHeap, nullptr);
+    EXPECT_EQ(tlsFastPathHeap, &gEmptyThreadHeap);
+    ThreadHeap::unpark(parked);
+    EXPECT_EQ(tlsFastPathHeap, heap);
+    void* again = heap::allocate(48);  // a resumed allocation takes the fast path again
+    ASSERT_NE(again, nullptr);
+    heap::deallocate(again);
+    EXPECT_TRUE(emptyHeapIsUntouched());
+  });
+  // The main thread gets the freed slots back from its spans' remote-free stacks.
+  heap::flushThreadCache();
+  EXPECT_TRUE(emptyHeapIsUntouched());
+}
+
 using HeapDeathTest = HeapTest;
 
 TEST_F(HeapDeathTest, MisuseIsReportedWithTheAddress) {
