@@ -134,6 +134,31 @@ def test_commands_answer_as_redis_does(storage):
         assert server.stop() == 0
 
 
+def test_memory_malloc_stats_is_meshallocs_report_with_its_breakdown():
+    """MEMORY MALLOC-STATS (Redis's command) answers meshalloc's JSON report, whose breakdown
+    holds the handle store's bytes; without meshalloc, one error."""
+    if "handles" not in storages():
+        pytest.skip("this libmeshalloc.so has no handle API (mh_alloc ...)")
+    server = Server("handles")
+    try:
+        for index in range(1000):
+            server.send("SET", f"k{index}", "v" * 300)
+        assert [server.reply() for _ in range(1000)] == ["OK"] * 1000
+        report = json.loads(server.call("MEMORY", "MALLOC-STATS"))
+        breakdown = report["breakdown"]
+        # 1000 payloads of 8 + 5 + 300 bytes, each in a 320-byte slot.
+        assert 1000 * 320 <= breakdown["handles_live"] < 1000 * 320 + (64 << 10)
+        assert breakdown["handles_table"] >= 1000 * 16
+        assert isinstance(server.call("MEMORY", "DOCTOR"), RuntimeError)
+    finally:
+        assert server.stop() == 0
+    server = Server("malloc")  # glibc: no meshalloc to ask
+    try:
+        assert "needs meshalloc" in str(server.call("MEMORY", "MALLOC-STATS"))
+    finally:
+        assert server.stop() == 0
+
+
 def test_eviction_keeps_used_memory_under_maxmemory_and_recent_keys(storage):
     """allkeys-lru at 640 KiB, where 2,000 entries of 232 bytes fit under any allocator and 1,800
     more make it evict 1,000-1,400 of them (the count depends on the allocator's size classes):
