@@ -21,6 +21,7 @@ from meshalloc_cli.allocators import resolve
 from meshalloc_cli.bench import handles, redis_support
 from meshalloc_cli.bench.handles import OpsResult
 from meshalloc_cli.compare import Stat
+from meshalloc_cli.measure import MIB
 
 SERVER = handles.SERVER_BINARY
 OPS = handles.OPS_BINARY
@@ -316,6 +317,11 @@ def test_claims_on_made_up_numbers():
     failing = verdicts(12.0, 1.5)
     assert [name for name, holds in failing.items() if not holds] == [
         "mh_alloc + mh_free vs malloc + free (meshalloc, same process)", "mh_pin + mh_unpin, uncontended"]
+    # The accounting's bound: maxmemory over the baseline's PSS after the insertion.
+    table[handles.BASELINE]["mean_pss_after_insertion"] = Stat(175 * MIB, 175 * MIB, 175 * MIB)
+    ops = OpsResult({}, [])
+    note = handles.claims(table, [], rounds, ops, checked=True, reads=rounds, maxmemory_mib=100.0)[0].note
+    assert "its maxmemory (100 MiB) would be at 0.57× after the insertion" in note
     slow = {"r": dict(rounds["timing round 1"], **{handles.CACHE_HANDLES: 1.3})}
     found = {claim.claim: claim.holds for claim in handles.claims(table, [], slow, OpsResult({}, []), checked=True,
                                                                    reads=slow)}
