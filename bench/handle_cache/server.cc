@@ -6,7 +6,7 @@
 // Like Redis: one thread, an epoll loop, pipelined requests answered in order, eviction before
 // each command while the accounted memory is above maxmemory. Commands: SET key value, GET,
 // DEL, DBSIZE, PING, INFO [section], CONFIG GET/SET (maxmemory, maxmemory-samples, ...),
-// SHUTDOWN [NOSAVE|SAVE], QUIT, COMMAND.
+// MEMORY MALLOC-STATS, SHUTDOWN [NOSAVE|SAVE], QUIT, COMMAND.
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -311,6 +312,12 @@ class Server {
       replyBulk(out, info());
     } else if (is("CONFIG")) {
       config(out);
+    } else if (is("MEMORY")) {
+      if (argc == 2 && equalsIgnoreCase(arguments_[1], "MALLOC-STATS")) {
+        mallocStats(out);
+      } else {
+        replyError(out, "ERR MEMORY takes MALLOC-STATS");
+      }
     } else if (is("SHUTDOWN")) {
       if (argc == 2 && !isAny(arguments_[1], {"NOSAVE", "SAVE"})) {
         replyError(out, "ERR syntax error");
@@ -387,6 +394,30 @@ class Server {
       return;
     }
     replyError(out, "ERR CONFIG takes GET <parameter> or SET <parameter> <value>");
+  }
+
+  // Redis's MEMORY MALLOC-STATS: the allocator's own report, here meshalloc's statistics in
+  // JSON (its memory breakdown included, docs/memory.md), so that a client can take the heap
+  // apart at any moment of a run. Under another allocator, an error.
+  void mallocStats(std::string& out) {
+    if (meshalloc_print_stats == nullptr) {
+      replyError(out, "ERR MALLOC-STATS needs meshalloc (LD_PRELOAD=libmeshalloc.so)");
+      return;
+    }
+    int fd = memfd_create("malloc-stats", 0);
+    if (fd < 0) {
+      replyError(out, std::string("ERR memfd_create: ") + strerror(errno));
+      return;
+    }
+    meshalloc_print_stats(fd, 1);
+    std::string report;
+    char buffer[4096];
+    ssize_t got;
+    for (off_t at = 0; (got = pread(fd, buffer, sizeof buffer, at)) > 0; at += got) {
+      report.append(buffer, static_cast<size_t>(got));
+    }
+    close(fd);
+    replyBulk(out, report);
   }
 
   // INFO's text: the fields of Redis's INFO that the experiment reads, under Redis's names.

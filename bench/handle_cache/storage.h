@@ -26,6 +26,7 @@
 #pragma weak mh_unpin
 #pragma weak mh_compact
 #pragma weak meshalloc_mallctl
+#pragma weak meshalloc_print_stats
 
 namespace handle_cache {
 

@@ -21,6 +21,7 @@ from meshalloc_cli.allocators import resolve
 from meshalloc_cli.bench import handles, redis_support
 from meshalloc_cli.bench.handles import OpsResult
 from meshalloc_cli.compare import Stat
+from meshalloc_cli.measure import MIB
 
 SERVER = handles.SERVER_BINARY
 OPS = handles.OPS_BINARY
@@ -130,6 +131,31 @@ def test_commands_answer_as_redis_does(storage):
         info = server.info()
         assert info["storage"] == storage and int(info["process_id"]) == server.process.pid
         assert info["db0"].startswith("keys=1000,") and float(info["used_cpu_user_main_thread"]) >= 0
+    finally:
+        assert server.stop() == 0
+
+
+def test_memory_malloc_stats_is_meshallocs_report_with_its_breakdown():
+    """MEMORY MALLOC-STATS (Redis's command) answers meshalloc's JSON report, whose breakdown
+    holds the handle store's bytes; without meshalloc, one error."""
+    if "handles" not in storages():
+        pytest.skip("this libmeshalloc.so has no handle API (mh_alloc ...)")
+    server = Server("handles")
+    try:
+        for index in range(1000):
+            server.send("SET", f"k{index}", "v" * 300)
+        assert [server.reply() for _ in range(1000)] == ["OK"] * 1000
+        report = json.loads(server.call("MEMORY", "MALLOC-STATS"))
+        breakdown = report["breakdown"]
+        # 1000 payloads of 8 + 5 + 300 bytes, each in a 320-byte slot.
+        assert 1000 * 320 <= breakdown["handles_live"] < 1000 * 320 + (64 << 10)
+        assert breakdown["handles_table"] >= 1000 * 16
+        assert isinstance(server.call("MEMORY", "DOCTOR"), RuntimeError)
+    finally:
+        assert server.stop() == 0
+    server = Server("malloc")  # glibc: no meshalloc to ask
+    try:
+        assert "needs meshalloc" in str(server.call("MEMORY", "MALLOC-STATS"))
     finally:
         assert server.stop() == 0
 
@@ -291,6 +317,11 @@ def test_claims_on_made_up_numbers():
     failing = verdicts(12.0, 1.5)
     assert [name for name, holds in failing.items() if not holds] == [
         "mh_alloc + mh_free vs malloc + free (meshalloc, same process)", "mh_pin + mh_unpin, uncontended"]
+    # The accounting's bound: maxmemory over the baseline's PSS after the insertion.
+    table[handles.BASELINE]["mean_pss_after_insertion"] = Stat(175 * MIB, 175 * MIB, 175 * MIB)
+    ops = OpsResult({}, [])
+    note = handles.claims(table, [], rounds, ops, checked=True, reads=rounds, maxmemory_mib=100.0)[0].note
+    assert "its maxmemory (100 MiB) would be at 0.57× after the insertion" in note
     slow = {"r": dict(rounds["timing round 1"], **{handles.CACHE_HANDLES: 1.3})}
     found = {claim.claim: claim.holds for claim in handles.claims(table, [], slow, OpsResult({}, []), checked=True,
                                                                    reads=slow)}

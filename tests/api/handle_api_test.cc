@@ -177,7 +177,8 @@ TEST(HandleApi, TheControllerCompactsAFragmentedHeapOnItsOwn) {
   // cache holds goes back when that thread returns them, not in the pass.
   uint64_t moved = handleStat("handles.moved");
   std::vector<mh_t> kept = fragment(200000, 160, 10);
-  // F_ub is 1.4 and F_lb 1.05 by default; the controller wakes every 10 ms.
+  // F_ub is 1.1 and F_lb 1.05 by default; the controller wakes every 10 ms. Checked against
+  // 1.4: the test asks that the controller acts on its own, not how close it gets to F_lb.
   for (int i = 0; i < 1000 && handleStat("handles.fragmentation_permille") > 1400; i++)
     usleep(10000);
   EXPECT_LE(handleStat("handles.fragmentation_permille"), 1400u);

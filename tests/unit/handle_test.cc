@@ -252,10 +252,10 @@ TEST_F(HandleTest, ControllerRunsBetweenTheBounds) {
   constexpr size_t kMiB = size_t{1} << 20;
   // Below the minimum gain: never.
   EXPECT_FALSE(Controller::shouldRun(kMiB / 2, 1, false));
-  // Starts above F_ub (1.4), keeps going down to F_lb (1.05).
-  EXPECT_FALSE(Controller::shouldRun(13 * kMiB, 10 * kMiB, false));
-  EXPECT_TRUE(Controller::shouldRun(15 * kMiB, 10 * kMiB, false));
-  EXPECT_TRUE(Controller::shouldRun(13 * kMiB, 10 * kMiB, true));
+  // Starts above F_ub (1.1), keeps going down to F_lb (1.05).
+  EXPECT_FALSE(Controller::shouldRun(108 * kMiB, 100 * kMiB, false));
+  EXPECT_TRUE(Controller::shouldRun(112 * kMiB, 100 * kMiB, false));
+  EXPECT_TRUE(Controller::shouldRun(108 * kMiB, 100 * kMiB, true));
   EXPECT_FALSE(Controller::shouldRun(100 * kMiB + kMiB, 100 * kMiB, true));
 }
 

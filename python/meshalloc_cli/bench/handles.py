@@ -274,8 +274,20 @@ def paired_claim_text(rounds: redis_lru.Rounds, name: str, baseline: str) -> Tup
     return stat, (redis_lru.ratio_text(stat, len(paired)).replace(" run", " paired round") if stat else "—")
 
 
+def floor_text(table: redis_lru.Table, maxmemory_mib: Optional[float]) -> str:
+    """What a cache whose PSS were exactly its `maxmemory` would score after the insertion
+    against the baseline: the bound the accounting sets on the handle cache's ratio, since the
+    cache holds `maxmemory` of accounted bytes from early in the load on."""
+    after = table.get(BASELINE, {}).get("mean_pss_after_insertion")
+    if not maxmemory_mib or not after or not after.median:
+        return ""
+    return (f"; a cache whose PSS were its maxmemory ({maxmemory_mib:g} MiB) would be at "
+            f"{maxmemory_mib * MIB / after.median:.2f}× after the insertion")
+
+
 def claims(table: redis_lru.Table, runs: Sequence[Run], rounds: redis_lru.Rounds, ops: OpsResult,
-           checked: bool, reads: Optional[redis_lru.Rounds] = None) -> List[Claim]:
+           checked: bool, reads: Optional[redis_lru.Rounds] = None,
+           maxmemory_mib: Optional[float] = None) -> List[Claim]:
     """Alaska's and issue 27's statements, each with this machine's number. With checked False
     (smoke), every verdict is None."""
     count = lambda name: sum(1 for run in runs if run.config.name == name and run.ok)  # noqa: E731
@@ -292,7 +304,7 @@ def claims(table: redis_lru.Table, runs: Sequence[Run], rounds: redis_lru.Rounds
         f"{ALASKA_MEAN_RATIO:.2f}× (Alaska: 40 % less; target ≤ {TARGET_MEAN_RATIO:.2f}×)",
         redis_lru.ratio_text(handles, n_handles), handles.median <= TARGET_MEAN_RATIO if handles else None,
         f"issue 27's target ≤ {TARGET_MEAN_RATIO:.2f}×" + (f"; after the insertion alone: {after.median:.2f}×"
-                                                            if after else ""))
+                                                            if after else "") + floor_text(table, maxmemory_mib))
 
     defrag = mean_ratio(REDIS_DEFRAG)
     ours = (f"handles {redis_lru.ratio_text(handles, n_handles)} vs activedefrag "
@@ -427,7 +439,8 @@ class Handles(redis_lru.RedisLru):
     def claims(self, session: Session, results: Results) -> List[Claim]:
         numbers = self.numbers(session, results)
         reads, ops = self.extra(session, results)
-        return claims(numbers.table, numbers.runs, numbers.rounds, ops, checked=session.checked, reads=reads)
+        return claims(numbers.table, numbers.runs, numbers.rounds, ops, checked=session.checked, reads=reads,
+                      maxmemory_mib=redis_lru.maxmemory_in_mib(session.params.load.maxmemory))
 
     def report(self, session: Session, results: Results, found: Sequence[Claim]) -> Report:
         numbers, out = self.numbers(session, results), session.out
