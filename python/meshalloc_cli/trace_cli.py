@@ -4,6 +4,7 @@ printing only; the work is in trace_replay.py and trace_analyze.py. cli.py hooks
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 from typing import List, Optional, Tuple
 
@@ -18,6 +19,13 @@ from .errors import EXIT_FAILURE, EXIT_OK, MeshallocError
 
 REPLAY_EXIT = ("exit status: 0; 1 for a missing or corrupt trace; 2 for bad usage; else the first failed run's "
                "status (3: a block lost its contents or came back misaligned; its log names the address).")
+
+
+def _warp(text: str):
+    try:
+        return trace_replay.parse_warp(text)
+    except MeshallocError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def add_parsers(actions) -> None:
@@ -44,6 +52,10 @@ def add_parsers(actions) -> None:
     replay.add_argument("--speed", type=lambda text: _positive_number(text, "a number", "the speed"), default=1.0,
                         metavar="X",
                         help="with --timing recorded: replay X times faster than recorded (default 1)")
+    replay.add_argument("--warp", type=_warp, default=(), metavar="R:P,...",
+                        help="with --timing recorded: map the recorded clock onto the replay's through these "
+                        "points (seconds since the start, recorded:replay), linearly between them, as recorded "
+                        "after the last; replays a phase at another pace than the recording's")
     replay.add_argument("--touch", choices=trace_replay.TOUCHES, default="page",
                         help="what of each block is written and checked: one byte per page, the whole "
                         "block, or nothing (default %(default)s)")
@@ -102,7 +114,8 @@ def cmd_replay(args, out_console: Console, err: Console) -> int:
     with _Progress(err) as progress:
         result = trace_replay.replay(args.trace, chosen, out, args.repeat, baseline, args.timing, args.touch,
                                      args.speed, args.interval / 1000.0, not args.no_cgroup,
-                                     on_start=progress.start, on_finish=progress.finish, heap_map=args.heap_map)
+                                     on_start=progress.start, on_finish=progress.finish, heap_map=args.heap_map,
+                                     warp=args.warp)
     comparison = result.comparison
     files, figure = trace_replay.write_results(result, out, figures=not args.no_figure)
     headers, rows = trace_replay.time_table(result)

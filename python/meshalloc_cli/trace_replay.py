@@ -89,9 +89,34 @@ def prepare(trace: Path, directory: Path) -> Prepared:
     return Prepared(trace, directory, summary)
 
 
-def replay_command(prepared: Prepared, timing: str, touch: str, speed: float) -> List[str]:
+# --warp: points (recorded s, replay s) through which the recorded clock is mapped onto the
+# replay's (replay.cc, Warp); at most this many.
+MAX_WARP_POINTS = 32
+Warp = Sequence[Tuple[float, float]]
+
+
+def parse_warp(text: str) -> List[Tuple[float, float]]:
+    """"R1:P1,R2:P2,...", each point later than the one before (and than 0) on both clocks."""
+    points: List[Tuple[float, float]] = []
+    for part in text.split(","):
+        recorded, colon, replayed = part.partition(":")
+        try:
+            point = (float(recorded), float(replayed))
+        except ValueError:
+            point = None
+        last = points[-1] if points else (0.0, 0.0)
+        if not colon or point is None or not (point[0] > last[0] and point[1] > last[1]):
+            raise MeshallocError(f"{part!r} is not RECORDED_S:REPLAY_S after {last[0]:g}:{last[1]:g}")
+        points.append(point)
+    if len(points) > MAX_WARP_POINTS:
+        raise MeshallocError(f"at most {MAX_WARP_POINTS} points")
+    return points
+
+
+def replay_command(prepared: Prepared, timing: str, touch: str, speed: float, warp: Warp = ()) -> List[str]:
     return [str(replayer()), str(prepared.file("ops")), "--timing", timing, "--touch", touch,
-            "--speed", f"{speed:g}", "--stats", "-"]
+            "--speed", f"{speed:g}", "--stats", "-"] + \
+        (["--warp", ",".join(f"{recorded:.6f}:{replayed:.6f}" for recorded, replayed in warp)] if warp else [])
 
 
 @dataclass
@@ -255,7 +280,7 @@ class HeapMap:
 def replay(trace: Path, allocators: Sequence[Allocator], out: Path, repeat: int, baseline: Optional[str] = None,
            timing: str = "fast", touch: str = "page", speed: float = 1.0, interval: float = DEFAULT_INTERVAL_S,
            use_cgroup: bool = True, on_start: Optional[Callable] = None,
-           on_finish: Optional[Callable] = None, heap_map: bool = False) -> Replay:
+           on_finish: Optional[Callable] = None, heap_map: bool = False, warp: Warp = ()) -> Replay:
     if timing not in TIMINGS:
         raise MeshallocError(f"--timing must be one of {', '.join(TIMINGS)}")
     if touch not in TOUCHES:
@@ -280,7 +305,7 @@ def replay(trace: Path, allocators: Sequence[Allocator], out: Path, repeat: int,
         if on_finish:
             on_finish(record, total)
 
-    comparison = compare(replay_command(prepared, timing, touch, speed), allocators, repeat=repeat,
+    comparison = compare(replay_command(prepared, timing, touch, speed, warp), allocators, repeat=repeat,
                          baseline=baseline, interval=interval, use_cgroup=use_cgroup, log_dir=out / "logs",
                          on_start=started, on_finish=finished)
     if mapper:

@@ -98,3 +98,67 @@ def test_fidelity_is_judged_without_the_replayers_own_tables():
     missing = _fidelity({"glibc": (100.0, 150.0), "meshalloc": (None, 140.0)},
                         {"glibc": (100.0, 150.0), "meshalloc": (80.0, 140.0)}, 0.0)
     assert [claim.holds for claim in traces.judge([missing], allocators, 3)[0]] == [None, None]
+
+
+def _samples(points):
+    from meshalloc_cli.measure import Sample
+    return [Sample(time, int(mib * (1 << 20)), 0, 0, None, None, 1) for time, mib in points]
+
+
+def test_the_redis_peak_splits_into_plateau_and_rise():
+    # Phase 2 starts at 10 s: the plateau is the mean of the samples of the 2 s before it
+    # (100 and 104 MiB), not the earlier ramp (50 MiB at 7.5 s) nor phase 2 itself.
+    samples = _samples([(7.5, 50.0), (8.5, 100.0), (9.5, 104.0), (10.5, 160.0), (12.0, 120.0)])
+    plateau, rise = traces.plateau_and_growth(samples, 10.0)
+    assert (plateau / (1 << 20), rise / (1 << 20)) == (102.0, 58.0)
+    assert traces.plateau_and_growth(samples, 2.0) is None  # no sample in the window
+
+
+def test_the_redis_peak_table_compares_live_and_replay(tmp_path):
+    from types import SimpleNamespace
+    from meshalloc_cli.bench.redis_support import Run
+    from meshalloc_cli.trace_replay import RunTimes
+
+    def run(name, start, phase1, keys, points):
+        made = Run(SimpleNamespace(name=name), 1, 1, tmp_path)
+        made.client = {"phase1_s": str(phase1), "errors": "0"}
+        made.client_start_s, made.info = start, {"db0": f"keys={keys},expires=0"}
+        made.result = SimpleNamespace(samples=_samples(points), succeeded=True, summary=lambda metric: None)
+        return made
+
+    # Recorded: phase 2 at 0.5 + 9.5 = 10 s; live: at 1 + 9.5 = 10.5 s (its plateau window takes in
+    # the sample at 10.2 s), with 4 % fewer keys.
+    recording = run("recorded", 0.5, 9.5, 100_000, [])
+    live = [run("meshalloc", 1.0, 9.5, 96_000, [(9.0, 100.0), (10.2, 104.0), (11.0, 150.0)])]
+    replay_run = SimpleNamespace(allocator="meshalloc", repetition=1,
+                                 result=SimpleNamespace(samples=_samples([(9.0, 110.0), (9.9, 110.0), (11.0, 160.0)]),
+                                                        succeeded=True))
+    replayed = SimpleNamespace(comparison=SimpleNamespace(allocators=[SimpleNamespace(name="meshalloc")],
+                                                          runs=[replay_run]),
+                               times={("meshalloc", 1): RunTimes(0, 0, 0, 0, 10 << 20, {})})
+    table = traces.redis_peak_table(recording, live, replayed)
+    row = next(line for line in table.splitlines() if line.startswith("| meshalloc"))
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    assert cells == ["meshalloc", "102.0 (102.0–102.0)", "110.0 (110.0–110.0)", "48.0 (48.0–48.0)",
+                     "50.0 (50.0–50.0)", "10.0", "96,000 (-4.0 %)"], cells
+
+
+def test_the_redis_replay_takes_the_live_runs_pace(tmp_path):
+    from types import SimpleNamespace
+    from meshalloc_cli.bench.redis_support import Run
+
+    def run(start, phase1, phase2, served=True):
+        made = Run(SimpleNamespace(name="x"), 1, 1, tmp_path)
+        made.client = {"phase1_s": str(phase1), "phase2_s": str(phase2), "errors": "0" if served else "3"}
+        made.client_start_s = start
+        made.result = SimpleNamespace(succeeded=True)
+        return made
+
+    # Recorded: a slow second phase (5 s); live: 2, 3 and 4 s (median 3), and a failed run.
+    recording = run(0.5, 10.0, 5.0)
+    live = [run(1.0, 10.0, 2.0), run(0.6, 10.2, 3.0), run(0.8, 10.0, 4.0), run(0.1, 1.0, 1.0, served=False)]
+    warp = traces.live_pace_warp(recording, live)
+    assert [(a, round(b, 6)) for a, b in warp] == [(0.5, 0.8), (10.5, 10.8), (15.5, 13.8)]
+    assert traces.live_pace_warp(recording, [live[3]]) == []  # no live run served: the recorded pace
+    recording.client = {}
+    assert traces.live_pace_warp(recording, live) == []

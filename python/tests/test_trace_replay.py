@@ -100,14 +100,24 @@ def test_a_lost_write_is_caught(build, cross_thread, helper_dir, tmp_path):
     assert "block 0x" in completed.stderr
 
 
-def test_recorded_timing_keeps_the_gaps(lifetimes, tmp_path):
-    # 221 calls a microsecond apart: about 0.22 ms at the recorded pace, 0.022 ms at --speed 0.1.
+@pytest.mark.parametrize("pace", [["--speed", "0.001"], ["--warp", "0.0001:0.2"]], ids=["speed", "warp"])
+def test_recorded_timing_keeps_the_gaps(lifetimes, tmp_path, pace):
+    # 221 calls a microsecond apart: about 0.22 ms at the recorded pace; 0.22 s at --speed 0.001,
+    # and at least 0.2 s when a warp maps the first 0.1 ms onto 0.2 s (the gaps after it as recorded).
     out = tmp_path / "replay"
     completed = run_meshalloc("trace", "replay", str(lifetimes), "--allocators", "glibc", "--repeat", "1",
-                              "--timing", "recorded", "--speed", "0.001", "--no-figure", "--no-cgroup",
-                              "--out", str(out))
+                              "--timing", "recorded", *pace, "--no-figure", "--no-cgroup", "--out", str(out))
     assert completed.returncode == 0, completed.stderr
-    assert float(_tsv(out / "runs.tsv")[0]["wall_time_s"]) >= 0.2  # 222 µs × 1000
+    assert float(_tsv(out / "runs.tsv")[0]["wall_time_s"]) >= 0.2
+
+
+def test_warp_points_must_increase():
+    from meshalloc_cli.errors import MeshallocError
+    from meshalloc_cli.trace_replay import parse_warp
+    assert parse_warp("1:2,3:3.5") == [(1.0, 2.0), (3.0, 3.5)]
+    for bad in ("1:2,0.5:3", "1:2,2:2", "0:1", "1", "a:b", ",".join(f"{n}:{n}" for n in range(1, 34))):
+        with pytest.raises(MeshallocError):
+            parse_warp(bad)
 
 
 def _damaged(trace, directory):
@@ -154,6 +164,7 @@ def test_malformed_ops_files_are_rejected(build, cross_thread, tmp_path):
     (["trace", "analyze", "/no/such/trace"], EXIT_FAILURE, "no such trace file"),
     (["trace", "replay", "t", "--timing", "slow"], EXIT_USAGE, "invalid choice"),
     (["trace", "replay", "t", "--speed", "0"], EXIT_USAGE, "must be positive"),
+    (["trace", "replay", "t", "--warp", "2:1,1:2"], EXIT_USAGE, "is not RECORDED_S:REPLAY_S"),
     (["trace", "replay", "t", "--", "ls"], EXIT_USAGE, "takes no command"),
 ])
 def test_bad_invocations_give_one_line(build, tmp_path, arguments, status, words):

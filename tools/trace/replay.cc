@@ -1,8 +1,8 @@
 // meshalloc-replay: replays a prepared trace (replay_ops.h) against whatever allocator is
 // preloaded, timing every call (docs/trace.md, Replay).
 //
-//   meshalloc-replay OPS [--timing fast|recorded] [--speed X] [--touch none|page|block]
-//                        [--stats FILE|-]
+//   meshalloc-replay OPS [--timing fast|recorded] [--speed X] [--warp R:P,...]
+//                        [--touch none|page|block] [--stats FILE|-]
 //   meshalloc-replay --size-classes     (the preloaded allocator's small size classes, through
 //                                        jemalloc's mallctl names, which meshalloc also answers)
 //
@@ -57,12 +57,36 @@ constexpr size_t kKindCount = static_cast<size_t>(Kind::kLast) + 1;
 constexpr uintptr_t kFailedBlock = 1;           // in a slot: the replayed allocation returned NULL
 constexpr uint64_t kSleepThresholdNs = 50'000;  // shorter gaps are not worth a sleep
 constexpr size_t kThreadStack = 1 << 20;
+constexpr size_t kMaxWarpPoints = 32;
 
 enum class Touch { kNone, kPage, kBlock };
+
+// --warp: the recorded clock mapped piecewise linearly onto the replay's, through points
+// (recorded ns, replay ns) that follow an implicit (0, 0); past the last point the gaps are kept
+// as recorded. So a phase the recorder (or a loaded machine) slowed can be replayed at the pace
+// the live runs had (docs/trace.md, Timing modes).
+struct Warp {
+  size_t points = 0;
+  double recorded[kMaxWarpPoints];
+  double replayed[kMaxWarpPoints];
+
+  double map(double ns) const {
+    double fromRecorded = 0, fromReplayed = 0;
+    for (size_t i = 0; i < points; ++i) {
+      if (ns <= recorded[i])
+        return fromReplayed +
+               (ns - fromRecorded) * (replayed[i] - fromReplayed) / (recorded[i] - fromRecorded);
+      fromRecorded = recorded[i];
+      fromReplayed = replayed[i];
+    }
+    return fromReplayed + (ns - fromRecorded);
+  }
+};
 
 struct Options {
   bool timed = false;
   double speed = 1.0;
+  Warp warp;
   Touch touch = Touch::kPage;
   const char* stats = nullptr;
   const char* ops = nullptr;
@@ -451,6 +475,12 @@ void replayOne(ThreadState& state, const Op& op) {
   }
 }
 
+// When a call recorded `recordedNs` after the trace began is due, in the replay's clock.
+uint64_t dueNs(uint64_t recordedNs) {
+  double ns = replay.options.warp.map(static_cast<double>(recordedNs)) / replay.options.speed;
+  return replay.startNs + static_cast<uint64_t>(ns);
+}
+
 void sleepUntil(uint64_t targetNs) {
   uint64_t now = monotonicNs();
   if (targetNs <= now + kSleepThresholdNs) return;
@@ -485,9 +515,7 @@ void* replayThread(void* argument) {
               replay.options.ops, info.offset + index * sizeof(Op));
       _exit(kExitInput);
     }
-    if (replay.options.timed)
-      sleepUntil(replay.startNs +
-                 static_cast<uint64_t>(static_cast<double>(op.ns) / replay.options.speed));
+    if (replay.options.timed) sleepUntil(dueNs(op.ns));
     replayOne(*state, op);
     state->done = index + 1;
   }
@@ -603,7 +631,7 @@ void writeStats(ThreadState* states, uint64_t wallNs, uint64_t tickSpan) {
 int usage(const char* message) {
   fprintf(stderr,
           "meshalloc-replay: %s (usage: meshalloc-replay OPS [--timing fast|recorded] [--speed X] "
-          "[--touch none|page|block] [--stats FILE])\n",
+          "[--warp RECORDED_S:REPLAY_S,...] [--touch none|page|block] [--stats FILE])\n",
           message);
   return kExitUsage;
 }
@@ -629,6 +657,29 @@ int printSizeClasses() {
   return 0;
 }
 
+// "R1:P1,R2:P2,...": seconds, each point after the last (and after (0, 0)) in both clocks.
+bool parseWarp(const char* text, Warp* warp) {
+  warp->points = 0;
+  double lastRecorded = 0, lastReplayed = 0;
+  while (*text != '\0') {
+    if (warp->points == kMaxWarpPoints) return false;
+    char* end;
+    double recorded = strtod(text, &end);
+    if (end == text || *end != ':') return false;
+    text = end + 1;
+    double replayed = strtod(text, &end);
+    if (end == text || (*end != ',' && *end != '\0')) return false;
+    if (!(recorded > lastRecorded) || !(replayed > lastReplayed)) return false;
+    warp->recorded[warp->points] = recorded * 1e9;
+    warp->replayed[warp->points] = replayed * 1e9;
+    ++warp->points;
+    lastRecorded = recorded;
+    lastReplayed = replayed;
+    text = *end == ',' ? end + 1 : end;
+  }
+  return warp->points > 0;
+}
+
 int parse(int argc, char** argv, Options* options) {
   for (int i = 1; i < argc; ++i) {
     std::string argument = argv[i];
@@ -636,7 +687,7 @@ int parse(int argc, char** argv, Options* options) {
       _exit(printSizeClasses() == 0 && fflush(stdout) == 0 ? 0 : kExitInput);
     const char* value = i + 1 < argc ? argv[i + 1] : nullptr;
     if (argument == "--timing" || argument == "--touch" || argument == "--speed" ||
-        argument == "--stats") {
+        argument == "--warp" || argument == "--stats") {
       if (!value) return usage((argument + " needs a value").c_str());
       ++i;
       std::string text = value;
@@ -656,6 +707,9 @@ int parse(int argc, char** argv, Options* options) {
         char* end;
         options->speed = strtod(value, &end);
         if (*end != '\0' || !(options->speed > 0)) return usage("--speed needs a positive number");
+      } else if (argument == "--warp") {
+        if (!parseWarp(value, &options->warp))
+          return usage("--warp needs up to 32 points RECORDED_S:REPLAY_S, both increasing");
       } else {
         options->stats = value;
       }
@@ -693,10 +747,7 @@ int main(int argc, char** argv) {
   replay.startNs = monotonicNs();
   for (uint32_t i = 0; i < count; ++i) {
     // Threads start in recorded order; with --timing recorded, at their recorded time.
-    if (replay.options.timed)
-      sleepUntil(replay.startNs +
-                 static_cast<uint64_t>(static_cast<double>(replay.threads[i].startNs) /
-                                       replay.options.speed));
+    if (replay.options.timed) sleepUntil(dueNs(replay.threads[i].startNs));
     int error = pthread_create(&handles[i], &attributes, replayThread, &states[i]);
     if (error != 0) {
       fprintf(stderr, "meshalloc-replay: cannot create replay thread %u: %s\n", i, strerror(error));
