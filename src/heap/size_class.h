@@ -53,6 +53,12 @@ struct SpanPlan {
   // delta * divisibility, modulo 2^64, is below divisibility (Lemire, Kaser and Kurz, "Faster
   // remainder by direct computation", 2019). One multiply, no quotient.
   uint64_t divisibility;
+
+  // Whether `delta` bytes into a span is a slot's start, from the two fields above (the shuffle
+  // vector keeps copies of them for the inline free).
+  static bool isSlotStart(uint32_t slotBytes, uint64_t divisibility, uintptr_t delta) {
+    return (delta < slotBytes) & (static_cast<uint64_t>(delta) * divisibility < divisibility);
+  }
 };
 
 class SizeClasses {
@@ -74,7 +80,7 @@ class SizeClasses {
   // free fast path needs only the answer (one multiply instead of two in a row).
   static bool isSlotStart(unsigned sizeClass, uintptr_t delta) {
     const SpanPlan& p = plans_[sizeClass];
-    return (delta < p.slotBytes) & (static_cast<uint64_t>(delta) * p.divisibility < p.divisibility);
+    return SpanPlan::isSlotStart(p.slotBytes, p.divisibility, delta);
   }
   static size_t maxObjectsPerSpan() { return maxObjects_; }
 

@@ -91,7 +91,7 @@ struct ShuffleVector {
   static uintptr_t blockOf(uintptr_t entry) { return entry & ~kTaggedEntry; }
   // SizeClasses::isSlotStart for this vector's class.
   bool isSlotStart(uintptr_t delta) const {
-    return (delta < slotBytes) & (static_cast<uint64_t>(delta) * divisibility < divisibility);
+    return SpanPlan::isSlotStart(slotBytes, divisibility, delta);
   }
   // Whether `block` is among the free slots: a scan, for the slow paths only (a block that
   // carries the vector tag). Other threads peek too, to report a double free (best effort: the
