@@ -103,7 +103,6 @@ void WriteBarrier::release(uintptr_t spanStart) {
 void WriteBarrier::end() {
   uint32_t seq = sequence_.load(std::memory_order_relaxed);
   sequence_.store((seq | 1) + 1, std::memory_order_seq_cst);
-  os::futexWakeAll(&sequence_);
   wakeReleaseWaiters();
 }
 
@@ -115,7 +114,8 @@ void WriteBarrier::wakeReleaseWaiters() {
 }
 
 void WriteBarrier::waitForEnd(uint32_t seen) {
-  while (sequence_.load(std::memory_order_acquire) == seen) os::futexWait(&sequence_, seen);
+  // end() is a release too (the last), so one futex word serves both waits.
+  while (sequence_.load(std::memory_order_acquire) == seen) waitForRelease(seen);
 }
 
 void WriteBarrier::waitForRelease(uint32_t seen) {

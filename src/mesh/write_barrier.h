@@ -66,8 +66,9 @@ class WriteBarrier {
   static inline std::atomic<size_t> spanBytes_{0};
   static inline std::atomic<uintptr_t> spans_[kMaxSpans] = {};
   static inline std::atomic<uint64_t> faultsWaited_{0};
-  // Bumped by every release() and end(): the futex word waitForRelease sleeps on, woken only
-  // when someone sleeps (waiters_), so that a batch's releases cost no system call.
+  // Bumped by every release() and end(): the futex word waitForRelease and waitForEnd sleep
+  // on, woken only when someone sleeps (waiters_), so that a batch's releases and its end cost
+  // no system call.
   static inline std::atomic<uint32_t> releases_{0};
   static inline std::atomic<uint32_t> waiters_{0};
   static void wakeReleaseWaiters();
