@@ -133,20 +133,21 @@ void deallocateOther(ThreadHeap* heap, unsigned sizeClass, uint8_t cell, uintptr
 }
 
 // Case 2c's common case, without deallocateOther's frame.
-void deallocateRecycled(ThreadHeap* heap, unsigned sizeClass, uint8_t cell, uintptr_t spanStart,
+void deallocateRecycled(ThreadHeap* heap, ShuffleVector& v, uint8_t cell, uintptr_t spanStart,
                         uintptr_t address) {
-  ShuffleVector& v = heap->vector(sizeClass);
   if (__builtin_expect(cell != ShuffleVector::kSeveralSpans && !isCacheTagged(address) &&
                            v.recycledCount < v.recycledCapacity,
                        1)) {
     // The block's full page-map entry, for when it is applied to its span (deallocateOther):
     // only where malloc serves the ring last, which leaves it to fill up (a thread alone
     // reuses its recycled blocks first, and the prefetch cost old-free 14 instructions a step).
-    if (v.servesRecycledLast()) __builtin_prefetch(Arena::entryAddressFor(address));
-    v.pushRecycledWithRoom(address);
+    uint32_t floor = v.recycledPopFloor();
+    if (floor != ShuffleVector::kRecycledFirstFloor)
+      __builtin_prefetch(Arena::entryAddressFor(address));
+    v.pushRecycledWithRoom(address, floor);
     return;
   }
-  deallocateOther(heap, sizeClass, cell, spanStart, address);
+  deallocateOther(heap, heap->sizeClassOf(v), cell, spanStart, address);
 }
 
 // Case 1 at Randomization::kOnRefillAndFree.

@@ -27,10 +27,13 @@ void deallocateOther(ThreadHeap* heap, unsigned sizeClass, uint8_t cell, uintptr
                      uintptr_t address);
 
 // A free of a valid small block whose span-table cell does not name its span: onto the recycled
-// ring if the cell is not shared, the block carries no cache tag and the ring has room (a leaf
-// function, entered by a tail call, so the local push saves no register); anything else goes
-// on to deallocateOther.
-void deallocateRecycled(ThreadHeap* heap, unsigned sizeClass, uint8_t cell, uintptr_t spanStart,
+// ring of `v` (heap's vector of the block's class, whose address the inline free has computed
+// already: passing it in place of the class saved 6 instructions, and a sixth argument made the
+// inline free save a register) if
+// the cell is not shared, the block carries no cache tag and the ring has room (a leaf function,
+// entered by a tail call, so the local push saves no register); anything else goes on to
+// deallocateOther.
+void deallocateRecycled(ThreadHeap* heap, ShuffleVector& v, uint8_t cell, uintptr_t spanStart,
                         uintptr_t address);
 
 // A local free at Randomization::kOnRefillAndFree (whose inline push limit is 0): swapped
@@ -98,7 +101,7 @@ __attribute__((always_inline)) inline void deallocate(void* pointer) {
         // deallocateOther's frame.
         if (v.inlinePushLimit == 0) return deallocateShuffled(heap, sizeClass, spanStart, address);
       } else {
-        return deallocateRecycled(heap, sizeClass, cell, spanStart, address);
+        return deallocateRecycled(heap, v, cell, spanStart, address);
       }
       // Out of line, and entered by a tail call, like every other way out: the push above then
       // needs no register saved.

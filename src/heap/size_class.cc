@@ -39,8 +39,11 @@ void SizeClasses::init(size_t pageSize) {
     p.pages = planPages(p.objectSize, pageSize);
     p.objectCount = static_cast<uint32_t>(p.pages * pageSize / p.objectSize);
     p.reciprocal = static_cast<uint32_t>(((1ull << 32) + p.objectSize - 1) / p.objectSize);
-    p.slotBytes = p.objectCount * p.objectSize;
-    p.divisibility = UINT64_MAX / p.objectSize + 1;
+    // floor(2^64 / size) + 1, and e = slotMultiplier * size - 2^64 (see SpanPlan).
+    bool powerOfTwo = (p.objectSize & (p.objectSize - 1)) == 0;
+    p.slotMultiplier = UINT64_MAX / p.objectSize + (powerOfTwo ? 2 : 1);
+    uint32_t excess = static_cast<uint32_t>(p.slotMultiplier * p.objectSize);
+    p.slotLimit = p.objectCount * excess;
     if (p.objectCount > maxObjects_) maxObjects_ = p.objectCount;
   }
   unsigned c = 0;

@@ -48,16 +48,21 @@ struct SpanPlan {
   // of objectSize below 2^32, which is all a valid free needs; anything else is caught by the
   // multiply-back check.
   uint32_t reciprocal;
-  uint32_t slotBytes;  // objectCount * objectSize: where the last slot ends
-  // floor((2^64 - 1) / objectSize) + 1: a 32-bit delta is a multiple of objectSize exactly when
-  // delta * divisibility, modulo 2^64, is below divisibility (Lemire, Kaser and Kurz, "Faster
-  // remainder by direct computation", 2019). One multiply, no quotient.
-  uint64_t divisibility;
+  // The slot-start test in one multiply and one comparison: with slotMultiplier = floor(2^64 /
+  // objectSize) + 1, slotMultiplier * objectSize = 2^64 + e for some e in [1, objectSize], so
+  // modulo 2^64 the product of delta and slotMultiplier is k * e for the k-th slot's start and at
+  // least slotMultiplier (2^50 and more) for any other delta below 2^40. It is below
+  // slotLimit = objectCount * e exactly at the starts of slots 0 .. objectCount - 1: the test
+  // rejects interior pointers, the unused tail and everything past it at once. (A test for a
+  // multiple alone, Lemire, Kaser and Kurz's "Faster remainder by direct computation", 2019,
+  // needed a second comparison with the end of the last slot.)
+  uint64_t slotMultiplier;
+  uint32_t slotLimit;
 
-  // Whether `delta` bytes into a span is a slot's start, from the two fields above (the shuffle
-  // vector keeps copies of them for the inline free).
-  static bool isSlotStart(uint32_t slotBytes, uint64_t divisibility, uintptr_t delta) {
-    return (delta < slotBytes) & (static_cast<uint64_t>(delta) * divisibility < divisibility);
+  // Whether `delta` bytes into a span (below 2^40) is a slot's start, from the two fields above
+  // (the shuffle vector keeps copies of them for the inline free).
+  static bool isSlotStart(uint32_t slotLimit, uint64_t slotMultiplier, uintptr_t delta) {
+    return static_cast<uint64_t>(delta) * slotMultiplier < slotLimit;
   }
 };
 
@@ -80,7 +85,7 @@ class SizeClasses {
   // free fast path needs only the answer (one multiply instead of two in a row).
   static bool isSlotStart(unsigned sizeClass, uintptr_t delta) {
     const SpanPlan& p = plans_[sizeClass];
-    return SpanPlan::isSlotStart(p.slotBytes, p.divisibility, delta);
+    return SpanPlan::isSlotStart(p.slotLimit, p.slotMultiplier, delta);
   }
   static size_t maxObjectsPerSpan() { return maxObjects_; }
 

@@ -84,8 +84,8 @@ void ThreadHeap::initialize() {
   for (unsigned c = 0; c < kNumSizeClasses; c++) {
     ShuffleVector& v = vector(c);
     v.objectSize = SizeClasses::plan(c).objectSize;
-    v.slotBytes = SizeClasses::plan(c).slotBytes;
-    v.divisibility = SizeClasses::plan(c).divisibility;
+    v.slotLimit = SizeClasses::plan(c).slotLimit;
+    v.slotMultiplier = SizeClasses::plan(c).slotMultiplier;
     v.capacity = vectorCapacity(c);
     size_t recycled = kRecycledBytes / v.objectSize;
     v.recycledCapacity = static_cast<uint32_t>(recycled > kMaxRecycled   ? kMaxRecycled

@@ -76,12 +76,12 @@ struct ShuffleVector {
   // retire set it; see setRecycledFirst). A vector of zeros never serves the ring first.
   uint32_t recycledFloor = 0;
   static constexpr uint32_t kRecycledFirstFloor = UINT32_MAX;
-  // The class's SpanPlan::slotBytes and divisibility, copied here so that the inline free checks
-  // that a pointer is a slot's start from the line it reads anyway (from the class's plan it
-  // took 4 instructions more: the plan's address). Zero in an unconfigured vector (the empty
+  // The class's SpanPlan::slotLimit and slotMultiplier, copied here so that the inline free
+  // checks that a pointer is a slot's start from the line it reads anyway (from the class's plan
+  // it took 4 instructions more: the plan's address). Zero in an unconfigured vector (the empty
   // heap's): no pointer passes, so such a free goes to the slow path.
-  uint32_t slotBytes = 0;
-  uint64_t divisibility = 0;
+  uint32_t slotLimit = 0;
+  uint64_t slotMultiplier = 0;
   // The attached spans' starts, then two entries that stay 0 (no span starts there), for the
   // span table's kSeveralSpans and kNoSpan cells: a free compares the start a cell names without
   // testing the cell first.
@@ -91,7 +91,7 @@ struct ShuffleVector {
   static uintptr_t blockOf(uintptr_t entry) { return entry & ~kTaggedEntry; }
   // SizeClasses::isSlotStart for this vector's class.
   bool isSlotStart(uintptr_t delta) const {
-    return SpanPlan::isSlotStart(slotBytes, divisibility, delta);
+    return SpanPlan::isSlotStart(slotLimit, slotMultiplier, delta);
   }
   // Whether `block` is among the free slots: a scan, for the slow paths only (a block that
   // carries the vector tag). Other threads peek too, to report a double free (best effort: the
@@ -176,11 +176,14 @@ struct ShuffleVector {
     setCacheTag(block, 0);
     return block;
   }
+  // (The ring's head is kept in a local: after the atomic accesses to the slots, reading the
+  // field again was one more load per push and per pop.)
   void* popRecycled() {
-    recycledHead = (recycledHead - 1) & (kMaxRecycled - 1);
+    uint32_t head = (recycledHead - 1) & (kMaxRecycled - 1);
+    recycledHead = head;
     if (--recycledCount == 0) setPopFloor(0);
-    uintptr_t block = recycledAt(recycledHead);
-    setRecycledAt(recycledHead, 0);
+    uintptr_t block = recycledAt(head);
+    setRecycledAt(head, 0);
     return reinterpret_cast<void*>(untag(block));
   }
   // Adds `block`; returns the oldest block if that made room for it (to be applied), else 0.
@@ -191,13 +194,18 @@ struct ShuffleVector {
     return evicted;
   }
   // Adds `block` to a ring that is not full.
-  void pushRecycledWithRoom(uintptr_t block) {
-    setPopFloor(__atomic_load_n(&recycledFloor, __ATOMIC_RELAXED));
+  void pushRecycledWithRoom(uintptr_t block) { pushRecycledWithRoom(block, recycledPopFloor()); }
+  // The same, with recycledPopFloor() read already by the caller.
+  void pushRecycledWithRoom(uintptr_t block, uint32_t floor) {
+    uint32_t head = recycledHead;
+    setPopFloor(floor);
     setCacheTag(block, recycledTag());
-    setRecycledAt(recycledHead, block);
-    recycledHead = (recycledHead + 1) & (kMaxRecycled - 1);
+    setRecycledAt(head, block);
+    recycledHead = (head + 1) & (kMaxRecycled - 1);
     recycledCount++;
   }
+  // What a recycled push sets popFloor to (recycledFloor).
+  uint32_t recycledPopFloor() const { return __atomic_load_n(&recycledFloor, __ATOMIC_RELAXED); }
   // Whether malloc takes a recycled block before the vector's slots. Reused first, a block
   // freed into a span this thread does not hold is never applied to its span and no cold slot
   // is taken in its place (old-free: 0.58x the time). Only for a thread alone in the process:
@@ -208,9 +216,7 @@ struct ShuffleVector {
   // The vector's slots are to be popped (its ring, if any, is served after them).
   bool popsVector() const { return length > __atomic_load_n(&popFloor, __ATOMIC_RELAXED); }
   void setPopFloor(uint32_t floor) { __atomic_store_n(&popFloor, floor, __ATOMIC_RELAXED); }
-  bool servesRecycledLast() const {
-    return __atomic_load_n(&recycledFloor, __ATOMIC_RELAXED) != kRecycledFirstFloor;
-  }
+  bool servesRecycledLast() const { return recycledPopFloor() != kRecycledFirstFloor; }
   // Also sets popFloor, whether or not the ring holds blocks (the owner's count is not read
   // here): over an empty ring, the next malloc of the class goes to allocateSlow, which clears it.
   void setRecycledFirst(bool first) {
@@ -301,6 +307,10 @@ class ThreadHeap {
   PageRange vectorPages() const;
 
   ShuffleVector& vector(unsigned sizeClass) { return vectors_[sizeClass].vector; }
+  // The size class whose vector is `v` (one of this heap's).
+  unsigned sizeClassOf(const ShuffleVector& v) const {
+    return static_cast<unsigned>(reinterpret_cast<const PaddedVector*>(&v) - vectors_);
+  }
   // Whether any thread holds `block` among its recycled blocks of `sizeClass` (best effort
   // across threads: for reporting a double free of a block that carries the tag).
   static bool recycledAnywhere(unsigned sizeClass, uintptr_t block);

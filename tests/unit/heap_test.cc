@@ -578,8 +578,8 @@ TEST_F(HeapTest, ReallocKeepsContentsAcrossClasses) {
 bool emptyHeapIsUntouched() {
   for (unsigned c = 0; c < kNumSizeClasses; c++) {
     const ShuffleVector& v = gEmptyThreadHeap.vector(c);
-    if (v.length || v.capacity || v.recycledCount || v.attachedCount || v.slotBytes ||
-        v.divisibility || v.recycledHead || v.popFloor || v.recycledFloor)
+    if (v.length || v.capacity || v.recycledCount || v.attachedCount || v.slotLimit ||
+        v.slotMultiplier || v.recycledHead || v.popFloor || v.recycledFloor)
       return false;
     for (uintptr_t start : v.spanStarts)
       if (start) return false;
