@@ -172,9 +172,9 @@ class ThreadCache {
   static const heap::ForkParticipant& forkParticipant();
 
  private:
-  // A class's magazine, but its pairs (pairedObjects_, pairedEntries_): one cache line, which
-  // the fast paths find by a shift of the class, as they find the pairs. No initialisers: a new
-  // cache is zero-filled memory, and only the magazines a thread uses get touched.
+  // A class's magazine apart from its pairs (pairedObjects_, pairedEntries_): one cache line,
+  // which the fast paths find by a shift of the class, as they find the pairs. No initialisers:
+  // a new cache is zero-filled memory, and only the magazines a thread uses get touched.
   struct alignas(64) Magazine {
     uint32_t count;         // written by the owner only, read by cachedSlots (atomic_ref)
     uint32_t capacity;      // capacity_ of the class, set by the first refill or give (0 before)
