@@ -60,9 +60,9 @@ int64_t bytes(uint64_t value) {
 // (single-copy-atomic loads; the registry lock keeps the heap itself in place).
 template <typename Visit>
 void forEachAttachedSpan(ShuffleVector& v, Visit visit) {
-  uint32_t count = __atomic_load_n(&v.attachedCount, __ATOMIC_RELAXED);
+  unsigned count = v.attached.countSeenByPeers();
   for (unsigned span = 0; span < count && span < kMaxSpansPerVector; span++) {
-    if (Span* record = __atomic_load_n(&v.spans[span], __ATOMIC_RELAXED)) visit(record);
+    if (Span* record = v.attached.recordSeenByPeers(span)) visit(record);
   }
 }
 
@@ -105,8 +105,7 @@ MemoryBreakdown collectBreakdown() {
         attached[c].slots += record->objectCount;
         attached[c].live += live < record->objectCount ? live : record->objectCount;
       });
-      attached[c].held += __atomic_load_n(&v.length, __ATOMIC_RELAXED) +
-                          __atomic_load_n(&v.recycledCount, __ATOMIC_RELAXED);
+      attached[c].held += v.slots.lengthSeenByPeers() + v.recycled.countSeenByPeers();
     }
   }
   ThreadHeap::unlockRegistry();
@@ -187,7 +186,7 @@ HeapStats collectStats() {
       uint64_t live = 0;
       forEachAttachedSpan(
           v, [&](Span* record) { live += record->liveCount.load(std::memory_order_relaxed); });
-      uint32_t waiting = __atomic_load_n(&v.length, __ATOMIC_RELAXED);
+      uint32_t waiting = v.slots.lengthSeenByPeers();
       stats.classes[c].liveObjects += live > waiting ? live - waiting : 0;
     }
   }

@@ -133,14 +133,14 @@ bool Defragmenter::commit(const Move& move) {
 bool Defragmenter::fenceFrees(const Move* moves, unsigned count) {
   // Without the asymmetric free ever in use, every free is a compare-and-swap, which the
   // commit's orders by itself.
-  if (!gFreeProtocol.fenced.load(std::memory_order_relaxed)) return true;
+  if (!gFencedFrees.load(std::memory_order_relaxed)) return true;
   if (barrierLost_) return false;
   // The moving bits were set with locked compare-and-swaps, before this. Every thread now runs
   // a full barrier: a free whose announcement came before it is seen below; one whose
   // announcement came after it then loads the state and sees kMovingBit.
   if (!membarrierLost_ && !os::membarrierAllThreads()) {
     membarrierLost_ = true;
-    gFreeProtocol.asymmetric.store(false, std::memory_order_seq_cst);
+    ThreadCache::setAsymmetricFrees(false);
     static constexpr char kMessage[] =
         "meshalloc: membarrier(2) failed after it was registered; mh_free uses a "
         "compare-and-swap from now on\n";

@@ -113,13 +113,12 @@ uint64_t allocateSlow(size_t size, bool zero) {
   uint64_t object = 0;
   if (cache && size <= kMaxSmallSize) {
     unsigned sizeClass = SizeClasses::classOf(size);
-    uintptr_t address;
-    if (!cache->take(sizeClass, index, address)) {
+    if (!cache->take(sizeClass, index, object)) {
       errno = ENOMEM;
       return 0;
     }
-    if (zero) memset(reinterpret_cast<void*>(address), 0, Store::layout(sizeClass).slotSize);
-    object = makeObject(address, sizeClass);
+    if (zero)
+      memset(reinterpret_cast<void*>(addressOf(object)), 0, Store::layout(sizeClass).slotSize);
   } else {
     if (cache) {
       index = cache->takeEntry();
@@ -181,8 +180,8 @@ bool initialize() {
   // Registering again is harmless (the heap's OperationGuard may have). Before any handle
   // exists, so no free has yet run under the other protocol.
   bool asymmetric = os::registerMembarrier();
-  gFreeProtocol.fenced.store(asymmetric, std::memory_order_relaxed);
-  gFreeProtocol.asymmetric.store(asymmetric, std::memory_order_relaxed);
+  gFencedFrees.store(asymmetric, std::memory_order_relaxed);
+  ThreadCache::setAsymmetricFrees(asymmetric);
   // In the layer's lock order (prepare in this order, the child's resets in reverse), all before
   // every heap lock: a chunk is made or released under a class lock, with the arena's lock
   // inside it.
@@ -300,7 +299,7 @@ void releaseObject(uint64_t object, uint32_t index) {
   unsigned storeClass = classOfObject(object);
   ThreadCache* cache = ThreadCache::current();
   if (cache && storeClass != kLargeStoreClass) {
-    cache->give(storeClass, index, addressOf(object));
+    cache->give(storeClass, index, object);
     return;
   }
   Store::free(object);

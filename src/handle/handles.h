@@ -83,21 +83,24 @@ void freeSlow(uint64_t handle);
 // Gives back the object and the entry of a handle just freed.
 void releaseObject(uint64_t object, uint32_t index);
 
+// The free's fast path gives large objects to their class's magazine, which never takes them.
+static_assert(kLargeStoreClass == kNumSizeClasses, "ThreadCache has a magazine for large objects");
+
 // MH_NULL (0) with errno ENOMEM on failure. The common case, inline: a small object and its
 // entry from the thread's cache, with no lock and no atomic read-modify-write; the entry is
 // published live (release) only once its object word is set, so that a defragmenter pass
 // finding the slot's owner meanwhile leaves it alone.
-inline uint64_t allocate(size_t size) {
-  ThreadCache* cache = ThreadCache::existing();
-  if (__builtin_expect(cache != nullptr && size <= kMaxSmallSize, 1)) {
-    unsigned sizeClass = SizeClasses::classOf(size);
+__attribute__((always_inline)) inline uint64_t allocate(size_t size) {
+  if (__builtin_expect(size <= kMaxSmallSize, 1)) {
     uint32_t index;
-    uintptr_t slot;
-    if (__builtin_expect(cache->takeFast(sizeClass, index, slot), 1)) {
+    uint64_t object;
+    // Without a cache in use, the empty one: nothing to take.
+    if (__builtin_expect(ThreadCache::fast()->takeFast(SizeClasses::classOf(size), index, object),
+                         1)) {
       Entry& entry = Table::at(index);
       uint64_t generation = Table::nextGeneration(entry.state.load(std::memory_order_relaxed));
       // The slot's owner word names the entry already (ThreadCache, "paired").
-      entry.object.store(makeObject(slot, sizeClass), std::memory_order_relaxed);
+      entry.object.store(object, std::memory_order_relaxed);
       entry.state.store(generation | kLiveBit, std::memory_order_release);
       return makeHandle(index, generation);
     }
@@ -107,18 +110,12 @@ inline uint64_t allocate(size_t size) {
 uint64_t allocateZeroed(size_t count, size_t size);
 uint64_t reallocate(uint64_t handle, size_t size);
 // How mh_free's common path is ordered against a move's commit (docs/handles.md, "Freeing
-// without a read-modify-write"). On its own cache line: the fast path reads it on every free,
-// and the mover writes its neighbours (gPublishing, gCounters) on every move.
-struct alignas(64) FreeProtocol {
-  // The asymmetric free: plain loads and stores, announced to the mover (ThreadCache::
-  // announceFree), which runs a barrier on every thread and waits for the frees in flight
-  // before it commits. Chosen at start-up when membarrier(2) works; cleared if it fails later.
-  std::atomic<bool> asymmetric{false};
-  // Set when `asymmetric` first is: every batch of moves fences from then on (a free that read
-  // `asymmetric` before it was cleared may still be in flight).
-  std::atomic<bool> fenced{false};
-};
-inline FreeProtocol gFreeProtocol;
+// without a read-modify-write"). The asymmetric free (plain loads and stores, announced to the
+// mover, which runs a barrier on every thread and waits for the frees in flight before it
+// commits) is ThreadCache::asymmetricFrees(), each cache's copy of which the free reads. Set
+// when that is first: every batch of moves fences from then on (a free that read its cache's
+// copy before it was cleared may still be in flight).
+inline std::atomic<bool> gFencedFrees{false};
 
 // Where tests stop an operation, as a preemption would; nothing in the library's own calls.
 struct NoStops {
@@ -128,41 +125,30 @@ struct NoStops {
 
 // The common case, inline: a live entry that no pin, move or resize holds goes to not live
 // (the generation kept: a later use of the handle finds it stale), and the slot and entry to
-// the thread's cache. With the asymmetric protocol the check and the store are a plain load and
-// a plain store, announced to the mover; without it, one compare-and-swap.
+// the thread's cache, with the asymmetric protocol's plain load and plain store, announced to
+// the mover. Everything else, and every free of a thread without a cache or of a process
+// without that protocol (one compare-and-swap), is freeSlow's.
 template <typename Stops = NoStops>
-inline void free(uint64_t handle) {
-  ThreadCache* cache = ThreadCache::existing();
-  if (__builtin_expect(Table::names(handle) && cache != nullptr, 1)) {
+__attribute__((always_inline)) inline void free(uint64_t handle) {
+  ThreadCache* cache = ThreadCache::fast();
+  if (__builtin_expect(Table::names(handle) && cache->freesAsymmetrically(), 1)) {
     Entry* entry = &Table::at(indexOf(handle));
-    uint64_t live = (handle & kGenerationMask) | kLiveBit;
-    uint64_t object;
-    if (__builtin_expect(gFreeProtocol.asymmetric.load(std::memory_order_relaxed), 1)) {
-      cache->announceFree(handle);
-      // Acquire: the object word a finished move stored (its publication ends with a release).
-      if (__builtin_expect(entry->state.load(std::memory_order_acquire) != live, 0)) {
-        cache->endFree();
-        freeSlow(handle);
-        return;
-      }
-      // No move can commit before endFree: one that began after the load above waits for it.
-      object = entry->object.load(std::memory_order_relaxed);
-      Stops::inFree(*entry, object);
-      entry->state.store(handle & kGenerationMask, std::memory_order_relaxed);
+    cache->announceFree(handle);
+    // Acquire: the object word a finished move stored (its publication ends with a release).
+    if (__builtin_expect(
+            entry->state.load(std::memory_order_acquire) != ((handle & kGenerationMask) | kLiveBit),
+            0)) {
       cache->endFree();
-    } else {
-      if (__builtin_expect(!entry->state.compare_exchange_strong(live, handle & kGenerationMask,
-                                                                 std::memory_order_acquire),
-                           0)) {
-        freeSlow(handle);
-        return;
-      }
-      object = entry->object.load(std::memory_order_relaxed);
+      freeSlow(handle);
+      return;
     }
-    unsigned storeClass = classOfObject(object);
-    if (__builtin_expect(storeClass != kLargeStoreClass &&
-                             cache->giveFast(storeClass, indexOf(handle), addressOf(object)),
-                         1))
+    // No move can commit before endFree: one that began after the load above waits for it.
+    uint64_t object = entry->object.load(std::memory_order_relaxed);
+    Stops::inFree(*entry, object);
+    entry->state.store(handle & kGenerationMask, std::memory_order_relaxed);
+    cache->endFree();
+    // A large object's class has a magazine that never takes it.
+    if (__builtin_expect(cache->giveFast(classOfObject(object), indexOf(handle), object), 1))
       return;
     releaseObject(object, indexOf(handle));
     return;

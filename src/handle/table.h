@@ -88,8 +88,8 @@ class Table {
   // The generation after the one in `state` (in place, bits 32..62), never 0, so that no
   // handle of a never-used entry is valid.
   static uint64_t nextGeneration(uint64_t state) {
-    uint64_t generation =
-        ((state & kGenerationMask) + (uint64_t{1} << kGenerationShift)) & kGenerationMask;
+    // Nothing below bit 32 carries into the generation, and bit 63 is never set in a state.
+    uint64_t generation = (state + (uint64_t{1} << kGenerationShift)) & kGenerationMask;
     return generation ? generation : uint64_t{1} << kGenerationShift;
   }
 

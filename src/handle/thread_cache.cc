@@ -7,6 +7,7 @@
 #include "heap/heap.h"
 #include "heap/internal_heap.h"
 #include "platform/os.h"
+#include "support/assert.h"
 #include "support/lock.h"
 
 namespace meshalloc::handles {
@@ -31,9 +32,15 @@ std::atomic<ThreadCache*> gRegistry{nullptr};
 
 }  // namespace
 
+constinit ThreadCache gEmptyThreadCache{ThreadCache::Empty{}};
+constinit thread_local ThreadCache* tlsFastPathCache __attribute__((tls_model("initial-exec"))) =
+    &gEmptyThreadCache;
+
 void ThreadCache::init() {
   for (unsigned c = 0; c < kNumSizeClasses; c++) {
     size_t slots = kCacheBytesPerClass / Store::layout(c).slotSize;
+    MESHALLOC_ASSERT_MSG(Store::layout(c).chunkBytes >= uintptr_t{1} << kHotBlockShift,
+                         "a hot block must lie within one chunk");
     chunkMask_[c] = ~(Store::layout(c).chunkBytes - 1);
     capacity_[c] = static_cast<uint32_t>(slots < kMinSlots   ? kMinSlots
                                          : slots > kMaxSlots ? kMaxSlots
@@ -53,6 +60,7 @@ ThreadCache* ThreadCache::currentSlow() {
       if (!c->inUse_) {
         cache = c;
         cache->inUse_ = true;
+        cache->asymmetricFree_.store(asymmetricFrees(), std::memory_order_relaxed);
         break;
       }
     }
@@ -64,11 +72,25 @@ ThreadCache* ThreadCache::currentSlow() {
     cache = new (storage) ThreadCache;
     cache->inUse_ = true;
     LockGuard guard(gRegistryLock);
+    cache->asymmetricFree_.store(asymmetricFrees(), std::memory_order_relaxed);
     cache->next_ = gRegistry.load(std::memory_order_relaxed);
     gRegistry.store(cache, std::memory_order_release);
   }
+  // The real pointer first, the fast paths' last: a signal handler running in between finds
+  // the cache through current() and the empty one through fast() (as setThreadHeap).
   tls_ = cache;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  tlsFastPathCache = cache;
   return cache;
+}
+
+// Under the registry lock, which caches taken into use copy the flag under: a cache is either
+// in the registry when this walks it, or copies the new value.
+void ThreadCache::setAsymmetricFrees(bool asymmetric) {
+  LockGuard guard(gRegistryLock);
+  asymmetricFrees_.store(asymmetric, std::memory_order_relaxed);
+  for (ThreadCache* c = gRegistry.load(std::memory_order_relaxed); c; c = c->next_)
+    c->asymmetricFree_.store(asymmetric, std::memory_order_relaxed);
 }
 
 uint32_t ThreadCache::refillEntries() {
@@ -88,14 +110,24 @@ void ThreadCache::flushEntries(unsigned count) {
 // entries kept apart.
 void ThreadCache::returnSlots(unsigned sizeClass, unsigned count) {
   Magazine& m = magazines_[sizeClass];
+  uint64_t* objects = pairedObjectsOf(sizeClass);
+  uint32_t* entries = pairedEntriesOf(sizeClass);
   uint32_t held = m.count;
-  Store::returnSlots(sizeClass, m.slots, count);
-  for (unsigned i = 0; i < count; i++) giveEntry(m.entries[i]);
+  // The store takes addresses: the leaving object words lose their class in place.
+  for (unsigned i = 0; i < count; i++) objects[i] = addressOf(objects[i]);
+  Store::returnSlots(sizeClass, objects, count);
+  for (unsigned i = 0; i < count; i++) giveEntry(entries[i]);
   for (unsigned i = count; i < held; i++) {
-    m.slots[i - count] = m.slots[i];
-    m.entries[i - count] = m.entries[i];
+    objects[i - count] = objects[i];
+    entries[i - count] = entries[i];
   }
   m.setCount(held - count);
+}
+
+void ThreadCache::forgetRunChunks(unsigned sizeClass) {
+  Magazine& m = magazines_[sizeClass];
+  for (uintptr_t& chunk : m.runChunks) chunk = 0;
+  m.hotBlock = 0;
 }
 
 // Gives back every slot of the class and forgets its run chunks: the defragmenter asked, and
@@ -103,7 +135,7 @@ void ThreadCache::returnSlots(unsigned sizeClass, unsigned count) {
 void ThreadCache::answerReturnRequest(unsigned sizeClass, uint32_t requests) {
   Magazine& m = magazines_[sizeClass];
   returnSlots(sizeClass, m.count);
-  for (uintptr_t& chunk : m.runChunks) chunk = 0;
+  forgetRunChunks(sizeClass);
   m.seenRequests = requests;
 }
 
@@ -112,29 +144,34 @@ bool ThreadCache::refill(unsigned sizeClass) {
   m.capacity = capacity_[sizeClass];
   uint32_t requests = returnRequests_[sizeClass].load(std::memory_order_relaxed);
   if (m.seenRequests != requests) answerReturnRequest(sizeClass, requests);
-  uint32_t taken = Store::takeSlots(sizeClass, m.slots, m.capacity / 2);
+  // Addresses from the store, object words once paired.
+  uint64_t* objects = pairedObjectsOf(sizeClass);
+  uint32_t taken = Store::takeSlots(sizeClass, objects, m.capacity / 2);
   // Each slot with an entry, which its owner word names from now on (a move reads it under the
-  // class lock and checks it against the entry, which is not live yet).
+  // class lock and checks it against the entry, which is not live yet). Their chunks become the
+  // run chunks whose freed slots this cache keeps.
   uint32_t paired = 0;
   for (; paired < taken; paired++) {
     uint32_t index = takeEntry();
     if (index == kNoEntry) break;
-    m.entries[paired] = index;
-    Store::setOwner(m.slots[paired], sizeClass, index);
-  }
-  if (paired < taken) Store::returnSlots(sizeClass, m.slots + paired, taken - paired);
-  // Their chunks become the run chunks whose freed slots this cache keeps.
-  for (uint32_t i = 0; i < paired; i++) {
-    uintptr_t chunk = m.slots[i] & chunkMask_[sizeClass];
+    uintptr_t slot = objects[paired];
+    pairedEntriesOf(sizeClass)[paired] = index;
+    Store::setOwner(slot, sizeClass, index);
+    objects[paired] = makeObject(slot, sizeClass);
+    uintptr_t chunk = slot & chunkMask_[sizeClass];
     bool known = false;
     for (uintptr_t run : m.runChunks) known |= run == chunk;
     if (!known) m.runChunks[m.nextRunChunk++ % kRunChunks] = chunk;
   }
+  if (paired < taken) Store::returnSlots(sizeClass, objects + paired, taken - paired);
+  // The top of the stack, handed out first, and its chunk a run chunk (the last one added).
+  if (paired != 0) m.hotBlock = objects[paired - 1] >> kHotBlockShift;
   m.setCount(paired);
   return paired != 0;
 }
 
-void ThreadCache::giveSlow(unsigned sizeClass, uint32_t index, uintptr_t slot) {
+void ThreadCache::giveSlow(unsigned sizeClass, uint32_t index, uint64_t object) {
+  uintptr_t slot = addressOf(object);
   Magazine& m = magazines_[sizeClass];
   m.capacity = capacity_[sizeClass];
   uint32_t requests = returnRequests_[sizeClass].load(std::memory_order_relaxed);
@@ -145,16 +182,18 @@ void ThreadCache::giveSlow(unsigned sizeClass, uint32_t index, uintptr_t slot) {
     return;
   }
   if (m.count == m.capacity) returnSlots(sizeClass, m.capacity / 2);
+  // Its block becomes the one the fast path keeps slots of.
+  m.hotBlock = object >> kHotBlockShift;
   uint32_t count = m.count;
-  m.slots[count] = slot;
-  m.entries[count] = index;
+  pairedObjectsOf(sizeClass)[count] = object;
+  pairedEntriesOf(sizeClass)[count] = index;
   m.setCount(count + 1);
 }
 
 void ThreadCache::flushAll() {
   for (unsigned c = 0; c < kNumSizeClasses; c++) {
     returnSlots(c, magazines_[c].count);
-    for (uintptr_t& chunk : magazines_[c].runChunks) chunk = 0;
+    forgetRunChunks(c);
   }
   flushEntries(entryCount_);
 }
@@ -169,7 +208,9 @@ void ThreadCache::onThreadExit() {
   if (reinterpret_cast<uintptr_t>(cache) <= kExited) return;
   cache->flushAll();
   // Later handle calls of this thread (other threads' destructors) go to the table and the
-  // store directly.
+  // store directly. The fast paths' pointer first (setThreadHeap's order).
+  tlsFastPathCache = &gEmptyThreadCache;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
   tls_ = reinterpret_cast<ThreadCache*>(kExited);
   LockGuard guard(gRegistryLock);
   cache->inUse_ = false;

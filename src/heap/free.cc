@@ -96,22 +96,22 @@ inline void prefetchRecycledSpan(uintptr_t block) {
 // Case 2.
 void deallocateOther(ThreadHeap* heap, unsigned sizeClass, uint8_t cell, uintptr_t spanStart,
                      uintptr_t address) {
-  ShuffleVector& v = heap->vector(sizeClass);
-  int span = v.attachedSpanIn(cell, spanStart);
+  ShuffleVector& v = vectorInRegister(heap, sizeClass);
+  int span = v.attached.indexIn(cell, spanStart);
   if (span >= 0) {
     // Case 2a: a tagged block may be free already (the slow path looks). Else the vector is full,
     // or (Randomization::kOnRefillAndFree, whose inline push limit is 0) the block is to be
     // shuffled in.
     if (isCacheTagged(address)) return deallocateSlow(reinterpret_cast<void*>(address));
-    if (v.length >= v.capacity) heap->spill(v);
+    if (v.slots.full()) heap->spill(v);
     if (heap->randomization() == Randomization::kOnRefillAndFree) {
-      v.pushRandomly(address, heap->rng());
+      v.slots.pushRandomly(address, heap->rng());
     } else {
-      v.push(address);
+      v.slots.push(address);
     }
     return;
   }
-  if (__builtin_expect(span == ShuffleVector::kMaybeAttached, 0)) {
+  if (__builtin_expect(span == AttachedSpans::kMaybeAttached, 0)) {
     uint64_t entry = Arena::entryFor(address);
     if (!PageEntry::isSpan(entry) ||
         !freeToVectorIfHeld(heap, v, PageEntry::span(entry), spanStart, address)) {
@@ -127,7 +127,7 @@ void deallocateOther(ThreadHeap* heap, unsigned sizeClass, uint8_t cell, uintptr
   __builtin_prefetch(Arena::entryAddressFor(address));
   uintptr_t due = v.pushRecycled(address);
   if (due) {
-    prefetchRecycledSpan(v.recycledToApplyAfter(kRecycledPrefetchDistance));
+    prefetchRecycledSpan(v.recycled.afterOldest(kRecycledPrefetchDistance));
     freeRecycledToSpan(heap, due);
   }
 }
@@ -135,15 +135,15 @@ void deallocateOther(ThreadHeap* heap, unsigned sizeClass, uint8_t cell, uintptr
 // Case 2c's common case, without deallocateOther's frame.
 void deallocateRecycled(ThreadHeap* heap, ShuffleVector& v, uint8_t cell, uintptr_t spanStart,
                         uintptr_t address) {
-  if (__builtin_expect(cell != ShuffleVector::kSeveralSpans && !isCacheTagged(address) &&
-                           v.recycledCount < v.recycledCapacity,
-                       1)) {
+  if (__builtin_expect(
+          cell != AttachedSpans::kSeveralSpans && !isCacheTagged(address) && v.recycled.hasRoom(),
+          1)) {
     // The block's full page-map entry, for when it is applied to its span (deallocateOther):
     // only where malloc serves the ring last, which leaves it to fill up (a thread alone
     // reuses its recycled blocks first, and the prefetch cost old-free 14 instructions a step).
-    uint32_t floor = v.recycledPopFloor();
-    if (floor != ShuffleVector::kRecycledFirstFloor)
-      __builtin_prefetch(Arena::entryAddressFor(address));
+    // The floor is read once, for the test and for the push.
+    uint32_t floor = v.recycled.floor();
+    if (floor != RecycledRing::kFirstFloor) __builtin_prefetch(Arena::entryAddressFor(address));
     v.pushRecycledWithRoom(address, floor);
     return;
   }
@@ -154,12 +154,11 @@ void deallocateRecycled(ThreadHeap* heap, ShuffleVector& v, uint8_t cell, uintpt
 void deallocateShuffled(ThreadHeap* heap, unsigned sizeClass, uintptr_t spanStart,
                         uintptr_t address) {
   ShuffleVector& v = heap->vector(sizeClass);
-  if (__builtin_expect(!isCacheTagged(address) && v.length < v.capacity, 1)) {
-    v.pushRandomly(address, heap->rng());
+  if (__builtin_expect(!isCacheTagged(address) && !v.slots.full(), 1)) {
+    v.slots.pushRandomly(address, heap->rng());
     return;
   }
-  deallocateOther(heap, sizeClass, v.spanTable[ShuffleVector::spanCell(spanStart)], spanStart,
-                  address);
+  deallocateOther(heap, sizeClass, v.attached.cellFor(spanStart), spanStart, address);
 }
 
 // Case 3.
@@ -233,15 +232,15 @@ void freeToHeldSpan(ThreadHeap* heap, void* pointer, Span* record, int64_t slot)
   // The vector holds the span's own addresses; `pointer` may be a meshed alias of the slot
   // (a span meshed before this thread attached it).
   uintptr_t canonical = record->spanStart + static_cast<uintptr_t>(slot) * record->objectSize;
-  if ((isCacheTagged(canonical) && v.holds(canonical)) ||
+  if ((isCacheTagged(canonical) && v.slots.holds(canonical)) ||
       !record->bitmap().isSet(static_cast<size_t>(slot))) {
     reportHeapError(HeapError::kDoubleFree, "free", pointer);
   }
-  if (v.length < v.capacity) {
+  if (!v.slots.full()) {
     if (heap->randomization() == Randomization::kOnRefillAndFree) {
-      v.pushRandomly(canonical, heap->rng());
+      v.slots.pushRandomly(canonical, heap->rng());
     } else {
-      v.push(canonical);
+      v.slots.push(canonical);
     }
     return;
   }
@@ -312,7 +311,7 @@ void checkTaggedFree(unsigned sizeClass, uintptr_t address) {
       Span* record = PageEntry::span(entry);
       ThreadHeap* owner = record->owner.load(std::memory_order_acquire);
       if (tag == vectorTag()) {
-        freed = owner && (owner == tlsThreadHeap ? owner->vector(sizeClass).holds(address)
+        freed = owner && (owner == tlsThreadHeap ? owner->vector(sizeClass).slots.holds(address)
                                                  : vectorHoldsFreeBlock(owner, sizeClass, address));
       } else {
         freed = owner && !record->bitmap().isSet(static_cast<size_t>(slot));
@@ -337,7 +336,7 @@ bool vectorHoldsFreeBlock(ThreadHeap* owner, unsigned sizeClass, uintptr_t block
 #else
   // An entry the owner popped meanwhile names a block whose tag it cleared before handing it
   // out: the tag, read after the scan, must still say so.
-  return owner->vector(sizeClass).holds(block) && cacheTagOf(block) == vectorTag();
+  return owner->vector(sizeClass).slots.holds(block) && cacheTagOf(block) == vectorTag();
 #endif
 }
 

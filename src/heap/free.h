@@ -52,8 +52,8 @@ __attribute__((always_inline)) inline bool freeToVector(ShuffleVector& v, uintpt
   // looks. A full vector (its spans can have more slots out than it holds) sends the slot back
   // through the bitmap instead; the span stays attached and reclaims it on refill. At
   // Randomization::kOnRefillAndFree the limit is 0: deallocateOther shuffles the block in.
-  if (__builtin_expect(isCacheTagged(address) || v.length >= v.inlinePushLimit, 0)) return false;
-  v.push(address);
+  if (__builtin_expect(isCacheTagged(address) || !v.slots.takesInlinePush(), 0)) return false;
+  v.slots.push(address);
   return true;
 }
 
@@ -67,7 +67,7 @@ __attribute__((always_inline)) inline bool freeToVectorIfHeld(ThreadHeap* heap, 
                                                               uintptr_t address) {
   if (__builtin_expect(record->owner.load(std::memory_order_relaxed) != heap, 0)) return false;
   unsigned span = record->attachIndex;
-  if (__builtin_expect(v.spanStarts[span] != spanStart, 0)) return false;
+  if (__builtin_expect(!v.attached.startsAt(span, spanStart), 0)) return false;
   return freeToVector(v, address);
 }
 
@@ -84,7 +84,7 @@ __attribute__((always_inline)) inline void deallocate(void* pointer) {
     // fail the slot check below, so its frees go to deallocateSlow.
     ThreadHeap* heap = tlsFastPathHeap;
     ShuffleVector& v = vectorInRegister(heap, sizeClass);
-    if (__builtin_expect(v.isSlotStart(address - spanStart), 1)) {
+    if (__builtin_expect(v.check.isSlotStart(address - spanStart), 1)) {
       // A span this thread may hold: free now (its span record is usually in cache). Frees into
       // other spans are recycled (ShuffleVector), after every other kind of misuse has been
       // checked. A second free of a block some thread caches is caught by the cache tag: here
@@ -93,13 +93,14 @@ __attribute__((always_inline)) inline void deallocate(void* pointer) {
       // freeToVector's first check for one in a span attached here. (Read at the top of every
       // free, before the span table, the tag cost larson about 10 %.)
       // The span table's cell names a span attached here, or an entry that matches no start
-      // (ShuffleVector::attachedSpanAt without its tests of the cell).
-      uint8_t cell = v.spanTable[ShuffleVector::spanCell(spanStart)];
-      if (__builtin_expect(v.spanStarts[cell] == spanStart, 1)) {
+      // (AttachedSpans::indexAt without its tests of the cell).
+      uint8_t cell = v.attached.cellFor(spanStart);
+      if (__builtin_expect(v.attached.startsAt(cell, spanStart), 1)) {
         if (__builtin_expect(freeToVector(v, address), 1)) return;
         // Randomization::kOnRefillAndFree: a small function of its own, without
         // deallocateOther's frame.
-        if (v.inlinePushLimit == 0) return deallocateShuffled(heap, sizeClass, spanStart, address);
+        if (v.slots.shufflesEveryPush())
+          return deallocateShuffled(heap, sizeClass, spanStart, address);
       } else {
         return deallocateRecycled(heap, v, cell, spanStart, address);
       }

@@ -460,21 +460,22 @@ void GlobalHeap::debugDump(unsigned sizeClass) {
   for (ThreadHeap* threadHeap = ThreadHeap::registryHead(); threadHeap;
        threadHeap = threadHeap->nextInRegistry()) {
     ShuffleVector& v = threadHeap->vector(sizeClass);
-    if (!v.attachedCount && !v.recycledCount) continue;
+    if (!v.attached.count() && v.recycled.empty()) continue;
     TextWriter writer(line, sizeof(line));
     writer.text("  heap ")
         .pointer(threadHeap)
         .text(" in use ")
         .unsignedValue(threadHeap->inUse())
         .text(" attached ")
-        .unsignedValue(v.attachedCount)
+        .unsignedValue(v.attached.count())
         .text(" vector ")
-        .unsignedValue(v.length)
+        .unsignedValue(v.slots.length())
         .text(" recycled ")
-        .unsignedValue(v.recycledCount)
+        .unsignedValue(v.recycled.count())
         .text("\n");
     os::writeStderr(writer.data(), writer.length());
-    for (unsigned i = 0; i < v.attachedCount; i++) printSpan("    attached ", v.spans[i]);
+    for (unsigned i = 0; i < v.attached.count(); i++)
+      printSpan("    attached ", v.attached.record(i));
   }
   ThreadHeap::unlockRegistry();
 }

@@ -148,12 +148,12 @@ void* allocateSlow(size_t size) {
   // The fast path gets here only with none left, so this only upholds refill's precondition
   // (the class's recycled blocks are all gone; see ThreadHeap::refill).
   ShuffleVector& v = heap->vector(sizeClass);
-  if (v.recycledCount != 0) return v.popRecycled();
+  if (!v.recycled.empty()) return v.popRecycled();
   // A floor set over an empty ring (ShuffleVector::setRecycledFirst) sent us here: the vector's
   // slots, if it has any, are next.
-  v.setPopFloor(0);
+  v.slots.setPopFloor(0);
   if (!heap->refill(sizeClass)) return failNoMemory();
-  void* block = v.pop();
+  void* block = v.slots.pop();
   if (gRefillHook) gRefillHook();
   return block;
 }

@@ -38,10 +38,10 @@ inline void* allocate(size_t size) {
   if (__builtin_expect(size <= kMaxSmallSize, 1)) {
     // Never nullptr: a thread without a heap reads the empty heap, whose vectors are empty.
     ShuffleVector& v = vectorInRegister(tlsFastPathHeap, SizeClasses::classOf(size));
-    if (__builtin_expect(v.popsVector(), 1)) return v.pop();
-    // The recycled blocks: first for a thread alone (popFloor), else once the vector is empty,
-    // in place of a refill.
-    if (v.recycledCount != 0) return allocateRecycled(v);
+    if (__builtin_expect(v.slots.canPop(), 1)) return v.slots.pop();
+    // The recycled blocks: first for a thread alone (the stack's pop floor), else once the
+    // stack is empty, in place of a refill.
+    if (!v.recycled.empty()) return allocateRecycled(v);
   }
   return allocateSlow(size);
 }

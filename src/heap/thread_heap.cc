@@ -34,15 +34,6 @@ unsigned gHeapsInUse = 0;     // under gRegistryLock
 Mutex gReclaimLock(LockRank::kIdleReclaim);
 std::atomic<uint64_t> gIdleReclaims{0};
 
-// Reverses entries [first, end).
-void reverseEntries(ShuffleVector& v, uint32_t first, uint32_t end) {
-  for (; first + 1 < end; first++, end--) {
-    uintptr_t t = v.entries[first];
-    v.entries[first] = v.entries[end - 1];
-    v.entries[end - 1] = t;
-  }
-}
-
 uint32_t vectorCapacity(unsigned sizeClass) {
   uint32_t perSpan = SizeClasses::plan(sizeClass).objectCount;
   uint32_t all = kVectorSpansWorth * perSpan;
@@ -56,12 +47,8 @@ size_t entryBytes(unsigned sizeClass) {
 // Which attached span holds `block`, one of the vector's own free slots.
 int attachedIndexOf(const ShuffleVector& v, uintptr_t block) {
   uintptr_t spanStart = Arena::spanStartOfClassEntry(block, Arena::classEntryFor(block));
-  int span = v.attachedSpanAt(spanStart);
-  if (span >= 0) return span;
-  for (unsigned i = 0; i < v.attachedCount; i++) {
-    if (v.spanStarts[i] == spanStart) return static_cast<int>(i);
-  }
-  return -1;
+  int span = v.attached.indexAt(spanStart);
+  return span >= 0 ? span : v.attached.indexByScan(spanStart);
 }
 
 size_t maxEntryBytes() {
@@ -83,16 +70,13 @@ void ThreadHeap::initialize() {
   cursor += maxEntryBytes();
   for (unsigned c = 0; c < kNumSizeClasses; c++) {
     ShuffleVector& v = vector(c);
-    v.objectSize = SizeClasses::plan(c).objectSize;
-    v.slotLimit = SizeClasses::plan(c).slotLimit;
-    v.slotMultiplier = SizeClasses::plan(c).slotMultiplier;
-    v.capacity = vectorCapacity(c);
-    size_t recycled = kRecycledBytes / v.objectSize;
-    v.recycledCapacity = static_cast<uint32_t>(recycled > kMaxRecycled   ? kMaxRecycled
-                                               : recycled < kMinRecycled ? kMinRecycled
-                                                                         : recycled);
-    v.entries = reinterpret_cast<uintptr_t*>(cursor);
+    v.check.configure(SizeClasses::plan(c));
+    v.slots.configure(reinterpret_cast<uintptr_t*>(cursor), vectorCapacity(c));
     cursor += entryBytes(c);
+    size_t recycled = kRecycledBytes / v.check.objectSize();
+    v.recycled.configure(static_cast<uint32_t>(recycled > kMaxRecycled   ? kMaxRecycled
+                                               : recycled < kMinRecycled ? kMinRecycled
+                                                                         : recycled));
   }
 }
 
@@ -119,13 +103,13 @@ ThreadHeap* ThreadHeap::create() {
   }
   for (unsigned c = 0; c < kNumSizeClasses; c++) {
     const ShuffleVector& v = heap->vector(c);
-    MESHALLOC_ASSERT(v.length == 0 && v.attachedCount == 0 && v.recycledCount == 0);
+    MESHALLOC_ASSERT(v.slots.empty() && v.attached.count() == 0 && v.recycled.empty());
   }
   heap->rng_.reseed(os::entropy64() ^ reinterpret_cast<uintptr_t>(heap));
   heap->randomization_ = gHeapConfig.randomization;
   for (unsigned c = 0; c < kNumSizeClasses; c++) {
-    ShuffleVector& v = heap->vector(c);
-    v.inlinePushLimit = heap->randomization_ == Randomization::kOnRefillAndFree ? 0 : v.capacity;
+    heap->vector(c).slots.setShufflesEveryPush(heap->randomization_ ==
+                                               Randomization::kOnRefillAndFree);
   }
   heap->parkWord_.store(heap->parkWord_.load(std::memory_order_relaxed) & ~kStateMask,
                         std::memory_order_relaxed);
@@ -167,7 +151,7 @@ ThreadHeap::PageRange ThreadHeap::vectorPages() const {
 }
 
 void ThreadHeap::releaseEntryPages() {
-  for (unsigned c = 0; c < kNumSizeClasses; c++) MESHALLOC_ASSERT(vector(c).length == 0);
+  for (unsigned c = 0; c < kNumSizeClasses; c++) MESHALLOC_ASSERT(vector(c).slots.empty());
   PageRange pages = entryPages();
   // A refusal only leaves the pages resident.
   if (pages.bytes) (void)os::dropPages(reinterpret_cast<void*>(pages.start), pages.bytes);
@@ -194,17 +178,17 @@ void ThreadHeap::retire() {
 }
 
 void ThreadHeap::checkAttached(const ShuffleVector& v, unsigned span) const {
-  MESHALLOC_ASSERT(v.attachedCount <= kMaxSpansPerVector);
-  MESHALLOC_ASSERT(v.length <= v.capacity);
-  MESHALLOC_ASSERT(span < v.attachedCount);
-  const Span* heap = v.spans[span];
+  MESHALLOC_ASSERT(v.attached.count() <= kMaxSpansPerVector);
+  MESHALLOC_ASSERT(v.slots.length() <= v.slots.capacity());
+  MESHALLOC_ASSERT(span < v.attached.count());
+  const Span* heap = v.attached.record(span);
   // An attached span is owned by this heap, knows its position, and the table's copy of its
   // start (which frees read instead of the span record) is its start.
   MESHALLOC_ASSERT(heap != nullptr);
   MESHALLOC_ASSERT(heap->state == SpanState::kAttached);
   MESHALLOC_ASSERT(heap->owner.load(std::memory_order_relaxed) == this);
   MESHALLOC_ASSERT(heap->attachIndex == span);
-  MESHALLOC_ASSERT(v.spanStarts[span] == heap->spanStart);
+  MESHALLOC_ASSERT(v.attached.start(span) == heap->spanStart);
 }
 
 ThreadHeap* ThreadHeap::park() {
@@ -314,7 +298,7 @@ void ThreadHeap::resetReclaimAfterFork() {
 void ThreadHeap::drainRemoteFrees(ShuffleVector& v, unsigned span, uintptr_t leaveAs) {
   checkAttached(v, span);
   MESHALLOC_ASSERT(leaveAs == Span::kRemoteFreesEmpty || leaveAs == Span::kRemoteFreesClosed);
-  Span* heap = v.spans[span];
+  Span* heap = v.attached.record(span);
   uintptr_t block = heap->remoteFrees.load(std::memory_order_relaxed);
   if (block == leaveAs) return;
   block = heap->remoteFrees.exchange(leaveAs, std::memory_order_acquire);
@@ -329,7 +313,7 @@ void ThreadHeap::drainRemoteFrees(ShuffleVector& v, unsigned span, uintptr_t lea
     int64_t slot = heap->slotOf(block - start);
     // Pushed twice (the second push made the block its own successor), freed here too (it sits
     // in the vector), or freed through the bitmap already: each is a double free.
-    if (slot < 0 || (cacheTagOf(block) == vectorTag() && v.holds(block)) ||
+    if (slot < 0 || (cacheTagOf(block) == vectorTag() && v.slots.holds(block)) ||
         !bitmap.tryUnset(static_cast<size_t>(slot))) {
       reportHeapError(HeapError::kDoubleFree, "free", reinterpret_cast<void*>(block));
     }
@@ -346,7 +330,7 @@ void ThreadHeap::drainRemoteFrees(ShuffleVector& v, unsigned span, uintptr_t lea
 
 void ThreadHeap::claimFreeSlots(ShuffleVector& v, unsigned span) {
   checkAttached(v, span);
-  Span* heap = v.spans[span];
+  Span* heap = v.attached.record(span);
   AtomicBitmap bitmap = heap->bitmap();
   uint32_t claimed = 0;
   // Slots freed while the span was attached carry their tag already, and slots never handed
@@ -354,11 +338,11 @@ void ThreadHeap::claimFreeSlots(ShuffleVector& v, unsigned span) {
   // freed into the bitmap while the span was detached must be tagged here.
   bool tag = heap->claimsNeedTags;
   heap->claimsNeedTags = false;
-  for (size_t w = 0; w < bitmap.words() && v.length < v.capacity; w++) {
+  for (size_t w = 0; w < bitmap.words() && !v.slots.full(); w++) {
     // Read first: most words of a busy span are full, and a failed claim still costs an atomic.
     uint64_t free = ~bitmap.loadWord(w) & bitmap.validMask(w);
     if (!free) continue;
-    uint32_t room = v.capacity - v.length;
+    uint32_t room = v.slots.capacity() - v.slots.length();
     while (static_cast<uint32_t>(__builtin_popcountll(free)) > room)
       free &= free - 1;  // keep the top `room`
     uint64_t bits = bitmap.claimMask(w, free);
@@ -367,21 +351,21 @@ void ThreadHeap::claimFreeSlots(ShuffleVector& v, unsigned span) {
       bits &= bits - 1;
       uintptr_t block = heap->spanStart + (w * 64 + bit) * heap->objectSize;
       if (tag) {
-        v.push(block);
+        v.slots.push(block);
       } else {
-        v.pushClaimed(block);
+        v.slots.pushClaimed(block);
       }
       claimed++;
     }
   }
-  MESHALLOC_ASSERT(v.length <= v.capacity);
+  MESHALLOC_ASSERT(v.slots.length() <= v.slots.capacity());
   if (claimed) heap->liveCount.fetch_add(claimed, std::memory_order_acq_rel);
 }
 
 void ThreadHeap::spill(ShuffleVector& v) {
-  uint32_t count = v.length / 2;
+  uint32_t count = v.slots.length() / 2;
   uint32_t returned[kMaxSpansPerVector] = {};
-  size_t spanBytes = SizeClasses::plan(v.spans[0]->sizeClass).pages * Arena::pageSize();
+  size_t spanBytes = SizeClasses::plan(v.attached.record(0)->sizeClass).pages * Arena::pageSize();
   // Consecutive entries mostly share a span and a bitmap word (a refill claims them span by
   // span, in address order): their bits are cleared together.
   int runSpan = -1;
@@ -389,9 +373,9 @@ void ThreadHeap::spill(ShuffleVector& v) {
   uint64_t runMask = 0;
   auto flush = [&] {
     if (!runMask) return;
-    uint64_t wasSet = v.spans[runSpan]->bitmap().unsetMask(runWord, runMask);
+    Span* heap = v.attached.record(static_cast<unsigned>(runSpan));
+    uint64_t wasSet = heap->bitmap().unsetMask(runWord, runMask);
     if (wasSet != runMask) {
-      Span* heap = v.spans[runSpan];
       unsigned bit = static_cast<unsigned>(__builtin_ctzll(runMask & ~wasSet));
       uintptr_t block = heap->spanStart + (runWord * 64 + bit) * heap->objectSize;
       reportHeapError(HeapError::kDoubleFree, "free", reinterpret_cast<void*>(block));
@@ -399,19 +383,19 @@ void ThreadHeap::spill(ShuffleVector& v) {
     runMask = 0;
   };
   for (uint32_t i = 0; i < count; i++) {
-    uintptr_t entry = v.entries[i];
-    uintptr_t block = ShuffleVector::blockOf(entry);
-    int span = runSpan >= 0 && block - v.spanStarts[runSpan] < spanBytes
+    uintptr_t entry = v.slots.entry(i);
+    uintptr_t block = SlotStack::blockOf(entry);
+    int span = runSpan >= 0 && block - v.attached.start(static_cast<unsigned>(runSpan)) < spanBytes
                    ? runSpan
                    : attachedIndexOf(v, block);
     MESHALLOC_ASSERT(span >= 0);
-    Span* heap = v.spans[span];
+    Span* heap = v.attached.record(static_cast<unsigned>(span));
     int64_t slot = heap->slotOf(block - heap->spanStart);
     MESHALLOC_ASSERT(slot >= 0);
     // A block the program freed here carries the vector tag: it now says released, so that a
     // second free takes the slow path, which finds the bit clear. A slot claimed and never
     // handed out carries none and gets none (its page may never have been touched).
-    if (entry & ShuffleVector::kTaggedEntry) setCacheTag(block, releasedTag());
+    if (entry & SlotStack::kTaggedEntry) setCacheTag(block, releasedTag());
     size_t word = static_cast<size_t>(slot) / 64;
     if (span != runSpan || word != runWord) {
       flush();
@@ -422,41 +406,31 @@ void ThreadHeap::spill(ShuffleVector& v) {
     returned[span]++;
   }
   flush();
-  for (unsigned span = 0; span < v.attachedCount; span++) {
+  for (unsigned span = 0; span < v.attached.count(); span++) {
     if (returned[span])
-      v.spans[span]->liveCount.fetch_sub(returned[span], std::memory_order_acq_rel);
+      v.attached.record(span)->liveCount.fetch_sub(returned[span], std::memory_order_acq_rel);
   }
-  memmove(v.entries, v.entries + count, (v.length - count) * sizeof(uintptr_t));
-  v.length -= count;
+  v.slots.dropOldest(count);
 }
 
 void ThreadHeap::removeSpan(ShuffleVector& v, unsigned span) {
-  MESHALLOC_ASSERT(span < v.attachedCount);
-  unsigned last = --v.attachedCount;
-  if (span != last) {
-    MESHALLOC_ASSERT(v.length == 0);
-    // Only legal while the vector is empty: no entry refers to `last` by index.
-    v.spans[span] = v.spans[last];
-    v.spanStarts[span] = v.spanStarts[last];
-    v.spans[span]->attachIndex = static_cast<uint8_t>(span);
-  }
-  v.spans[last] = nullptr;
-  v.spanStarts[last] = 0;
-  // The span filter keeps the removed span's bit until the next rebuild: a false positive only
-  // sends a free to check the span record.
+  // Only legal while the vector is empty, if another span takes its index: no entry refers
+  // to the last by index.
+  MESHALLOC_ASSERT(span + 1 == v.attached.count() || v.slots.empty());
+  v.attached.remove(span);
 }
 
 void ThreadHeap::shuffle(ShuffleVector& v, const uint32_t* runStarts, unsigned runs) {
   if (randomization_ == Randomization::kNone) {
     // Pop from the end must yield ascending addresses: reverse the ascending fill.
-    reverseEntries(v, 0, v.length);
+    v.slots.reverse(0, v.slots.length());
     return;
   }
   if (randomization_ == Randomization::kRotatedRuns) {
     shuffleRuns(v, runStarts, runs);
     return;
   }
-  rng_.shuffle(v.entries, v.length);
+  v.slots.shuffle(rng_);
 }
 
 void ThreadHeap::shuffleRuns(ShuffleVector& v, const uint32_t* runStarts, unsigned runs) {
@@ -465,56 +439,49 @@ void ThreadHeap::shuffleRuns(ShuffleVector& v, const uint32_t* runStarts, unsign
   for (unsigned r = 0; r < runs; r++) {
     uint32_t first = runStarts[r];
     uint32_t split = first + rng_.below(runStarts[r + 1] - first);
-    reverseEntries(v, first, split);
-    reverseEntries(v, split, runStarts[r + 1]);
+    v.slots.reverse(first, split);
+    v.slots.reverse(split, runStarts[r + 1]);
   }
   if (runs < 2) return;
   // The runs in random order, through the scratch copy.
   unsigned order[kMaxSpansPerVector];
   for (unsigned r = 0; r < runs; r++) order[r] = r;
   rng_.shuffle(order, runs);
-  memcpy(reorderScratch_, v.entries, v.length * sizeof(uintptr_t));
-  uint32_t out = 0;
-  for (unsigned k = 0; k < runs; k++) {
-    uint32_t first = runStarts[order[k]];
-    uint32_t count = runStarts[order[k] + 1] - first;
-    memcpy(v.entries + out, reorderScratch_ + first, count * sizeof(uintptr_t));
-    out += count;
-  }
+  v.slots.reorderRuns(runStarts, order, runs, reorderScratch_);
 }
 
 bool ThreadHeap::refill(unsigned sizeClass) {
   ShuffleVector& v = vector(sizeClass);
-  if (v.length) return true;
+  if (!v.slots.empty()) return true;
   uint32_t objectsPerSpan = SizeClasses::plan(sizeClass).objectCount;
-  uint32_t wanted = objectsPerSpan < v.capacity ? objectsPerSpan : v.capacity;
+  uint32_t wanted = objectsPerSpan < v.slots.capacity() ? objectsPerSpan : v.slots.capacity();
   // A full span stays attached while the table has room: programs free most objects on the
   // thread that allocated them, and while the span is attached those frees are local pushes;
   // detached, each would be a remote free and the span a trip through the full list. Full
   // spans go back only when the attached spans' free slots fall short and the table needs
   // room for spans that have some. (The vector is empty: no entry refers to a span index.)
   uint32_t reclaimable = 0;
-  for (unsigned span = 0; span < v.attachedCount; span++) {
+  for (unsigned span = 0; span < v.attached.count(); span++) {
     drainRemoteFrees(v, span, Span::kRemoteFreesEmpty);
-    reclaimable += v.spans[span]->freeSlots();
+    reclaimable += v.attached.record(span)->freeSlots();
   }
   Span* released[kMaxSpansPerVector];
   unsigned releasedCount = 0;
   auto release = [&](unsigned span) {
     drainRemoteFrees(v, span, Span::kRemoteFreesClosed);
-    released[releasedCount++] = v.spans[span];
+    released[releasedCount++] = v.attached.record(span);
     removeSpan(v, span);
   };
   if (reclaimable < wanted) {
-    for (unsigned span = v.attachedCount;
-         span-- > 0 && kMaxSpansPerVector - v.attachedCount < kRefillMinRoom;) {
-      if (v.spans[span]->freeSlots() == 0) release(span);
+    for (unsigned span = v.attached.count();
+         span-- > 0 && kMaxSpansPerVector - v.attached.count() < kRefillMinRoom;) {
+      if (v.attached.record(span)->freeSlots() == 0) release(span);
     }
-  } else if (reclaimable > v.capacity) {
+  } else if (reclaimable > v.slots.capacity()) {
     // Free slots of attached spans are memory only this thread can use: beyond what one vector
     // holds, hand spans with free slots back, where other threads and the mesher can use them.
-    for (unsigned span = v.attachedCount; span-- > 0 && reclaimable > v.capacity;) {
-      uint32_t free = v.spans[span]->freeSlots();
+    for (unsigned span = v.attached.count(); span-- > 0 && reclaimable > v.slots.capacity();) {
+      uint32_t free = v.attached.record(span)->freeSlots();
       if (free == 0 || reclaimable - free < wanted) continue;
       reclaimable -= free;
       release(span);
@@ -525,49 +492,44 @@ bool ThreadHeap::refill(unsigned sizeClass) {
   uint32_t runStarts[kMaxSpansPerVector + 1];
   unsigned runs = 0;
   auto claim = [&](unsigned span) {
-    uint32_t start = v.length;
+    uint32_t start = v.slots.length();
     claimFreeSlots(v, span);
-    if (v.length != start) runStarts[runs++] = start;
+    if (v.slots.length() != start) runStarts[runs++] = start;
   };
-  for (unsigned span = 0; span < v.attachedCount; span++) claim(span);
-  unsigned room = v.length < wanted ? kMaxSpansPerVector - v.attachedCount : 0;
+  for (unsigned span = 0; span < v.attached.count(); span++) claim(span);
+  uint32_t length = v.slots.length();
+  unsigned room = length < wanted ? kMaxSpansPerVector - v.attached.count() : 0;
   if (releasedCount || room) {
     // One trip (one lock) to the global heap per refill, however many spans change hands.
     Span* acquired[kMaxSpansPerVector];
-    unsigned count =
-        GlobalHeap::exchangeSpans(sizeClass, this, released, releasedCount, acquired, room,
-                                  wanted - (v.length < wanted ? v.length : wanted));
-    MESHALLOC_ASSERT(v.attachedCount + count <= kMaxSpansPerVector);
-    for (unsigned i = 0; i < count; i++) {
-      unsigned span = v.attachedCount++;
-      acquired[i]->attachIndex = static_cast<uint8_t>(span);
-      v.spans[span] = acquired[i];
-      v.spanStarts[span] = acquired[i]->spanStart;
-      claim(span);
-    }
+    unsigned count = GlobalHeap::exchangeSpans(sizeClass, this, released, releasedCount, acquired,
+                                               room, wanted - (length < wanted ? length : wanted));
+    MESHALLOC_ASSERT(v.attached.count() + count <= kMaxSpansPerVector);
+    for (unsigned i = 0; i < count; i++) claim(v.attached.add(acquired[i]));
   }
   MESHALLOC_ASSERT(runs <= kMaxSpansPerVector);
-  MESHALLOC_ASSERT(v.length <= v.capacity);
-  v.rebuildSpanTable();
-  runStarts[runs] = v.length;
+  MESHALLOC_ASSERT(v.slots.length() <= v.slots.capacity());
+  v.attached.rebuild();
+  runStarts[runs] = v.slots.length();
   shuffle(v, runStarts, runs);
-  return v.length > 0;
+  return !v.slots.empty();
 }
 
 void ThreadHeap::detachAll(unsigned sizeClass) {
   ShuffleVector& v = vector(sizeClass);
   // Before the vector's slots go back: a block both in the vector and on the stack is a
   // double free, which draining detects only while the vector still says so.
-  for (unsigned span = 0; span < v.attachedCount; span++)
+  for (unsigned span = 0; span < v.attached.count(); span++)
     drainRemoteFrees(v, span, Span::kRemoteFreesClosed);
   uint32_t returned[kMaxSpansPerVector] = {};
-  for (uint32_t i = 0; i < v.length; i++) {
-    uintptr_t block = ShuffleVector::blockOf(v.entries[i]);
-    if (v.entries[i] & ShuffleVector::kTaggedEntry) setCacheTag(block, 0);
+  for (uint32_t i = 0; i < v.slots.length(); i++) {
+    uintptr_t entry = v.slots.entry(i);
+    uintptr_t block = SlotStack::blockOf(entry);
+    if (entry & SlotStack::kTaggedEntry) setCacheTag(block, 0);
     int span = attachedIndexOf(v, block);
     // The vector holds free slots of its attached spans only, each still owned in its bitmap.
     MESHALLOC_ASSERT(span >= 0);
-    Span* heap = v.spans[span];
+    Span* heap = v.attached.record(static_cast<unsigned>(span));
     int64_t slot = heap->slotOf(block - heap->spanStart);
     MESHALLOC_ASSERT(slot >= 0);
     bool wasOwned = heap->bitmap().tryUnset(static_cast<size_t>(slot));
@@ -575,17 +537,18 @@ void ThreadHeap::detachAll(unsigned sizeClass) {
     (void)wasOwned;
     returned[span]++;
   }
-  for (unsigned span = 0; span < v.attachedCount; span++) {
+  for (unsigned span = 0; span < v.attached.count(); span++) {
     if (returned[span])
-      v.spans[span]->liveCount.fetch_sub(returned[span], std::memory_order_acq_rel);
+      v.attached.record(span)->liveCount.fetch_sub(returned[span], std::memory_order_acq_rel);
   }
-  v.length = 0;
-  for (unsigned span = 0; span < v.attachedCount; span++) checkAttached(v, span);
-  while (v.attachedCount) {
-    GlobalHeap::releaseSpan(v.spans[v.attachedCount - 1]);
-    removeSpan(v, v.attachedCount - 1);
+  v.slots.clear();
+  for (unsigned span = 0; span < v.attached.count(); span++) checkAttached(v, span);
+  while (v.attached.count()) {
+    unsigned last = v.attached.count() - 1;
+    GlobalHeap::releaseSpan(v.attached.record(last));
+    removeSpan(v, last);
   }
-  v.rebuildSpanTable();
+  v.attached.rebuild();
 }
 
 void ThreadHeap::detachAll() {
@@ -596,7 +559,7 @@ bool ThreadHeap::recycledAnywhere(unsigned sizeClass, uintptr_t block) {
   bool held = false;
   lockRegistry();
   for (ThreadHeap* heap = gRegistry; heap && !held; heap = heap->nextInRegistry())
-    held = heap->vector(sizeClass).holdsRecycled(block);
+    held = heap->vector(sizeClass).recycled.holds(block);
   unlockRegistry();
   return held;
 }

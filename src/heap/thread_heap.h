@@ -9,22 +9,15 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "heap/cache_tag.h"
 #include "heap/config.h"
 #include "heap/operation_guard.h"
+#include "heap/shuffle_vector.h"
 #include "heap/size_class.h"
 #include "heap/span.h"
 #include "support/rng.h"
 
 namespace meshalloc {
 
-// How many spans of one class a thread may hold attached. Full attached spans cost nothing (no
-// free slot sits idle in them), and while a span is attached its owner's frees are local
-// pushes; once a thread's live objects of a class outgrow its table, most of its own frees
-// become remote frees and its refills swap spans through the global heap's lock. With 8 spans
-// that kept larson at 2-3x mimalloc's time. Idle free slots are bounded separately (refill
-// hands back spans whose free slots exceed a vector's capacity).
-constexpr unsigned kMaxSpansPerVector = 32;
 // A vector holds at most this many spans' worth of slots, and at most max(objects per span,
 // kVectorEntryBudget).
 constexpr unsigned kVectorSpansWorth = 8;
@@ -35,235 +28,9 @@ constexpr unsigned kRefillMinRoom = 16;
 // A vector holds at most max(objects per span, this) entries, so a thread's idle free slots
 // (memory other threads cannot use) stay bounded for every class.
 constexpr uint32_t kVectorEntryBudget = 512;
-// Blocks freed into spans this thread does not hold are kept for reuse (see ShuffleVector's
-// recycled blocks): at most this many per class, and at most kRecycledBytes of them.
-constexpr uint32_t kMaxRecycled = 16;
-constexpr uint32_t kMinRecycled = 2;
-constexpr size_t kRecycledBytes = 32 * 1024;
-static_assert((kMaxRecycled & (kMaxRecycled - 1)) == 0);
 // A free that applies the oldest recycled block prefetches the span record of the one this many
 // applications later: far enough ahead for the lines to arrive, near enough to stay in cache.
 constexpr uint32_t kRecycledPrefetchDistance = 4;
-struct ShuffleVector {
-  // The free slots, by address, popped from the end. An entry's low bit says the block carries
-  // the vector tag (a local free put it here; a refill's slots are left untouched, so that a
-  // detach need not write to pages the program never used).
-  static constexpr uintptr_t kTaggedEntry = 1;
-
-  // The fast paths' fields share the first cache line.
-  uint32_t length = 0;  // free slots available, popped from the end
-  // malloc pops only while length is above this: 0, or kRecycledFirstFloor while this vector's
-  // ring holds blocks to serve first (a recycled push sets it to recycledFloor; the pop that
-  // empties the ring clears it). So malloc's one test covers both an empty vector and a ring to
-  // serve first; testing the ring's order, then the length, cost it 3 instructions. Another
-  // thread may set it when the order changes (setRecycledFirst), hence the relaxed atomics (plain
-  // loads and stores); a floor left set over an empty ring only sends one malloc to
-  // allocateSlow, which clears it.
-  uint32_t popFloor = 0;
-  uintptr_t* entries = nullptr;  // `capacity` entries
-  uint32_t recycledCount = 0;
-  uint32_t capacity = 0;  // entries
-  uint32_t objectSize = 0;
-  uint32_t attachedCount = 0;
-  // The inline local free pushes only below this: `capacity`, or 0 where every local free must
-  // be shuffled in (Randomization::kOnRefillAndFree, done out of line), so that the fast path
-  // tests one bound instead of also reading the randomisation level. (In the line's padding:
-  // moving `entries` cost malloc two instructions.)
-  uint32_t inlinePushLimit = 0;
-  uint32_t recycledCapacity = 0;  // read by the recycling push (deallocateRecycled)
-  // What a recycled push sets popFloor to: kRecycledFirstFloor while this is the process's
-  // only thread heap in use (malloc serves the ring first), else 0 (ThreadHeap::create and
-  // retire set it; see setRecycledFirst). A vector of zeros never serves the ring first.
-  uint32_t recycledFloor = 0;
-  static constexpr uint32_t kRecycledFirstFloor = UINT32_MAX;
-  // The class's SpanPlan::slotLimit and slotMultiplier, copied here so that the inline free
-  // checks that a pointer is a slot's start from the line it reads anyway (from the class's plan
-  // it took 4 instructions more: the plan's address). Zero in an unconfigured vector (the empty
-  // heap's): no pointer passes, so such a free goes to the slow path.
-  uint32_t slotLimit = 0;
-  uint64_t slotMultiplier = 0;
-  // The attached spans' starts, then two entries that stay 0 (no span starts there), for the
-  // span table's kSeveralSpans and kNoSpan cells: a free compares the start a cell names without
-  // testing the cell first.
-  uintptr_t spanStarts[kMaxSpansPerVector + 2] = {};
-  Span* spans[kMaxSpansPerVector] = {};
-
-  static uintptr_t blockOf(uintptr_t entry) { return entry & ~kTaggedEntry; }
-  // SizeClasses::isSlotStart for this vector's class.
-  bool isSlotStart(uintptr_t delta) const {
-    return SpanPlan::isSlotStart(slotLimit, slotMultiplier, delta);
-  }
-  // Whether `block` is among the free slots: a scan, for the slow paths only (a block that
-  // carries the vector tag). Other threads peek too, to report a double free (best effort: the
-  // owner's length and entries change under them), so each is read once, single-copy atomic:
-  // the same code as plain loads for the owner.
-  bool holds(uintptr_t block) const {
-    uint32_t count = __atomic_load_n(&length, __ATOMIC_ACQUIRE);
-    if (count > capacity) return false;
-    for (uint32_t i = 0; i < count; i++) {
-      if (blockOf(__atomic_load_n(&entries[i], __ATOMIC_RELAXED)) == block) return true;
-    }
-    return false;
-  }
-
-  // The attached spans by a hash of their starts, so a free can tell without touching the span's
-  // span record (which misses in a large heap) whether its span is attached here, and which one it
-  // is: a cell holds the span's index, kNoSpan, or kSeveralSpans where starts collide. The
-  // span is attached exactly when spanStarts[cell] is its start. (A bit filter still had to read
-  // the span record to confirm; its false positives, one in eight frees with a full table, then
-  // also went the slow way.) A table never rebuilt is all zeros, which names span 0: the start
-  // comparison still decides.
-  static constexpr unsigned kSpanTableCells = 256;
-  static constexpr uint8_t kSeveralSpans = kMaxSpansPerVector;
-  static constexpr uint8_t kNoSpan = kMaxSpansPerVector + 1;
-  // attachedSpanAt's answers besides an index.
-  static constexpr int kNotAttached = -1;
-  static constexpr int kMaybeAttached = -2;
-  uint8_t spanTable[kSpanTableCells] = {};
-
-  // Fibonacci hashing of the start's low 32 bits (its page number's low 20 with 4 KiB pages):
-  // a 32-bit multiply takes its constant inline, where the 64-bit one first loaded it into a
-  // register (one instruction per free). Starts 4 GiB apart share a cell, which costs only the
-  // shared cell's slower path.
-  static unsigned spanCell(uintptr_t spanStart) {
-    constexpr uint32_t kFibonacciMultiplier = 0x9E3779B1u;
-    constexpr unsigned kCellShift = 32 - __builtin_ctz(kSpanTableCells);
-    return (static_cast<uint32_t>(spanStart) * kFibonacciMultiplier) >> kCellShift;
-  }
-  // The index of the attached span that starts at `spanStart`, kNotAttached, or kMaybeAttached
-  // (a shared cell: the caller asks the span record).
-  int attachedSpanAt(uintptr_t spanStart) const {
-    return attachedSpanIn(spanTable[spanCell(spanStart)], spanStart);
-  }
-  // The same for the span table's cell of `spanStart`, read already.
-  int attachedSpanIn(uint8_t cell, uintptr_t spanStart) const {
-    if (spanStarts[cell] == spanStart) return cell;
-    return cell == kSeveralSpans ? kMaybeAttached : kNotAttached;
-  }
-  void rebuildSpanTable() {
-    for (uint8_t& cell : spanTable) cell = kNoSpan;
-    for (uint32_t i = 0; i < attachedCount; i++) {
-      uint8_t& cell = spanTable[spanCell(spanStarts[i])];
-      cell = cell == kNoSpan ? static_cast<uint8_t>(i) : kSeveralSpans;
-    }
-  }
-
-  // Recycled blocks: this thread's latest frees into spans it does not hold, handed out again
-  // (newest first) before the vector's slots by a thread alone in the process, else once the
-  // vector is empty, in place of a refill (recycledFirst). Such a free would
-  // otherwise miss on the span's record, and the slot come back only when a refill attaches
-  // its span; reused here, the block's memory and page-map entry are still in cache. A block
-  // stays live in its span's bitmap while it is here (statistics count it, meshing copies it).
-  // The oldest is applied to its span when the ring is full, and all of them whenever the
-  // thread's caches are flushed. A refill never attaches the span of a block held here: it
-  // only happens with the ring empty, so a second free of a held block is caught below.
-  uint32_t recycledHead = 0;  // next position written; the newest is just before it
-  uintptr_t recycled[kMaxRecycled] = {};
-
-  // Other threads read the ring to report a double free (ThreadHeap::recycledAnywhere): the
-  // slots are single-copy atomic, with the same code as plain accesses.
-  uintptr_t recycledAt(uint32_t i) const { return __atomic_load_n(&recycled[i], __ATOMIC_RELAXED); }
-  void setRecycledAt(uint32_t i, uintptr_t block) {
-    __atomic_store_n(&recycled[i], block, __ATOMIC_RELAXED);
-  }
-  bool holdsRecycled(uintptr_t block) const {
-    bool held = false;
-    for (uint32_t i = 0; i < kMaxRecycled; i++) held |= recycledAt(i) == block;
-    return held;
-  }
-  // The block leaves the ring: its tag goes first, while the block is still this thread's.
-  static uintptr_t untag(uintptr_t block) {
-    setCacheTag(block, 0);
-    return block;
-  }
-  // (The ring's head is kept in a local: after the atomic accesses to the slots, reading the
-  // field again was one more load per push and per pop.)
-  void* popRecycled() {
-    uint32_t head = (recycledHead - 1) & (kMaxRecycled - 1);
-    recycledHead = head;
-    if (--recycledCount == 0) setPopFloor(0);
-    uintptr_t block = recycledAt(head);
-    setRecycledAt(head, 0);
-    return reinterpret_cast<void*>(untag(block));
-  }
-  // Adds `block`; returns the oldest block if that made room for it (to be applied), else 0.
-  uintptr_t pushRecycled(uintptr_t block) {
-    uintptr_t evicted = 0;
-    if (recycledCount == recycledCapacity) takeOldestRecycled(&evicted);
-    pushRecycledWithRoom(block);
-    return evicted;
-  }
-  // Adds `block` to a ring that is not full.
-  void pushRecycledWithRoom(uintptr_t block) { pushRecycledWithRoom(block, recycledPopFloor()); }
-  // The same, with recycledPopFloor() read already by the caller.
-  void pushRecycledWithRoom(uintptr_t block, uint32_t floor) {
-    uint32_t head = recycledHead;
-    setPopFloor(floor);
-    setCacheTag(block, recycledTag());
-    setRecycledAt(head, block);
-    recycledHead = (head + 1) & (kMaxRecycled - 1);
-    recycledCount++;
-  }
-  // What a recycled push sets popFloor to (recycledFloor).
-  uint32_t recycledPopFloor() const { return __atomic_load_n(&recycledFloor, __ATOMIC_RELAXED); }
-  // Whether malloc takes a recycled block before the vector's slots. Reused first, a block
-  // freed into a span this thread does not hold is never applied to its span and no cold slot
-  // is taken in its place (old-free: 0.58x the time). Only for a thread alone in the process:
-  // where other threads hold spans, a recycled block may share its cache lines with another
-  // thread's live blocks, and a thread that frees blocks other threads allocated (larson) kept
-  // reusing those instead of moving to its own spans: 1.37x the time. Another thread writes
-  // the field (ThreadHeap::create), hence the relaxed atomics (plain loads and stores).
-  // The vector's slots are to be popped (its ring, if any, is served after them).
-  bool popsVector() const { return length > __atomic_load_n(&popFloor, __ATOMIC_RELAXED); }
-  void setPopFloor(uint32_t floor) { __atomic_store_n(&popFloor, floor, __ATOMIC_RELAXED); }
-  bool servesRecycledLast() const { return recycledPopFloor() != kRecycledFirstFloor; }
-  // Also sets popFloor, whether or not the ring holds blocks (the owner's count is not read
-  // here): over an empty ring, the next malloc of the class goes to allocateSlow, which clears it.
-  void setRecycledFirst(bool first) {
-    uint32_t floor = first ? kRecycledFirstFloor : 0u;
-    __atomic_store_n(&recycledFloor, floor, __ATOMIC_RELAXED);
-    setPopFloor(floor);
-  }
-  // The block `distance` places after the oldest (the newest if there are fewer), or 0.
-  uintptr_t recycledToApplyAfter(uint32_t distance) const {
-    if (recycledCount == 0) return 0;
-    uint32_t ahead = distance < recycledCount ? distance : recycledCount - 1;
-    return recycledAt((recycledHead - recycledCount + ahead) & (kMaxRecycled - 1));
-  }
-  // Takes the oldest block (for applying them all); false once empty.
-  bool takeOldestRecycled(uintptr_t* block) {
-    if (recycledCount == 0) return false;
-    uint32_t oldest = (recycledHead - recycledCount) & (kMaxRecycled - 1);
-    *block = untag(recycledAt(oldest));
-    setRecycledAt(oldest, 0);
-    if (--recycledCount == 0) setPopFloor(0);
-    return true;
-  }
-
-  // The tag goes with the block: the program's data takes its place.
-  void* pop() {
-    uintptr_t block = blockOf(entries[--length]);
-    setCacheTag(block, 0);
-    return reinterpret_cast<void*>(block);
-  }
-
-  // A local free. The tag lets the next free of the block notice that it is already here.
-  void push(uintptr_t block) {
-    setCacheTag(block, vectorTag());
-    entries[length++] = block | kTaggedEntry;
-  }
-
-  // Pushes, then swaps the new entry with a random one: the vector stays a uniform shuffle.
-  void pushRandomly(uintptr_t block, Rng& rng) {
-    setCacheTag(block, vectorTag());
-    uint32_t position = rng.below(length + 1);
-    entries[length++] = entries[position];
-    entries[position] = block | kTaggedEntry;
-  }
-
-  // A slot a refill claimed from its span's bitmap.
-  void pushClaimed(uintptr_t block) { entries[length++] = block; }
-};
 
 class ThreadHeap {
  public:
@@ -366,7 +133,7 @@ class ThreadHeap {
   // Claims every free slot of attached span `span` into the vector.
   void claimFreeSlots(ShuffleVector& v, unsigned span);
   // Asserts (checked builds) that attached span `span` is consistent: owned by this heap, at
-  // attachIndex `span`, with its start in spanStarts, within the vector's bounds.
+  // attachIndex `span`, with its start in the span table, within the vector's bounds.
   void checkAttached(const ShuffleVector& v, unsigned span) const;
   // Drops span `span` (which has no entries in the vector) from the table, compacting it.
   void removeSpan(ShuffleVector& v, unsigned span);

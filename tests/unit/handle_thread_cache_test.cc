@@ -130,6 +130,20 @@ TEST_F(HandleThreadCacheTest, SlotsFreedInOlderChunksGoBackAtOnce) {
   for (uint64_t h : rest) free(h);
 }
 
+// mh_compact (and the defragmenter's return requests) make a cache forget its run chunks, the
+// fast path's block among them: frees of objects allocated before go back to their chunks, which
+// the pass may then release, instead of refilling the cache.
+TEST_F(HandleThreadCacheTest, AFlushedCacheKeepsNoSlotFreedAfterwards) {
+  constexpr size_t kSize = 80;
+  unsigned c = SizeClasses::classOf(kSize);
+  std::vector<uint64_t> handles(16);
+  for (uint64_t& h : handles) h = allocate(kSize);
+  ThreadCache::flushCurrent();
+  size_t cachedBefore = ThreadCache::cachedSlots(c);
+  for (uint64_t h : handles) free(h);
+  EXPECT_EQ(ThreadCache::cachedSlots(c), cachedBefore);
+}
+
 TEST_F(HandleThreadCacheTest, CachedSlotsCountAsFree) {
   constexpr size_t kSize = 48;
   unsigned c = SizeClasses::classOf(kSize);

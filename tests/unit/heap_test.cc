@@ -287,7 +287,7 @@ TEST_F(HeapTest, RemoteFreesIntoAttachedSpansAreReusedAndReturned) {
   EXPECT_EQ(liveObjects(), liveBefore) << "blocks left on an exiting owner's stacks leaked";
 }
 
-// A free into a span its thread does not hold is recycled (heap/thread_heap.h): the block is
+// A free into a span its thread does not hold is recycled (heap/shuffle_vector.h): the block is
 // handed out again by the next allocations of its class, newest first; when the class's ring
 // is full the oldest is applied to its span, and all of them when the thread's caches are
 // flushed (statistics, malloc_trim, thread exit). None is ever lost.
@@ -299,7 +299,7 @@ TEST_F(HeapTest, FreesIntoOtherSpansAreRecycled) {
   const size_t before = liveObjects();
   onNewThread([&] {
     ShuffleVector& v = heap::currentThreadHeap()->vector(sizeClass);
-    const size_t capacity = v.recycledCapacity;
+    const size_t capacity = v.recycled.capacity();
     ASSERT_GE(capacity, kMinRecycled);
     ASSERT_LE(capacity, kMaxRecycled);
     std::vector<void*> blocks;
@@ -308,7 +308,7 @@ TEST_F(HeapTest, FreesIntoOtherSpansAreRecycled) {
     const size_t live = liveObjects();
     for (size_t i = 0; i < capacity; i++) heap::deallocate(blocks[i]);
     EXPECT_EQ(liveObjects(), live) << "a free into a detached span was not recycled";
-    EXPECT_EQ(v.recycledCount, capacity);
+    EXPECT_EQ(v.recycled.count(), capacity);
     heap::deallocate(blocks[capacity]);
     EXPECT_EQ(liveObjects(), live - 1) << "the oldest recycled block must be applied";
     // Reused newest first, with the tag gone.
@@ -319,7 +319,7 @@ TEST_F(HeapTest, FreesIntoOtherSpansAreRecycled) {
     heap::deallocate(blocks[capacity - 1]);
     heap::deallocate(again);
     heap::flushRecycledBlocks();
-    EXPECT_EQ(v.recycledCount, 0u);
+    EXPECT_EQ(v.recycled.count(), 0u);
     EXPECT_EQ(liveObjects(), live - capacity - 1);
     for (size_t i = capacity + 1; i < kCount; i++) heap::deallocate(blocks[i]);
   });  // the thread's exit applies the rest
@@ -344,17 +344,17 @@ TEST_F(HeapTest, RecycledBlocksServeOnlyAnEmptyVector) {
     }).join();
     void* foreign = theirs.front();
     void* mine = heap::allocate(kSize);
-    ASSERT_GT(v.length, 0u) << "the refill left slots in the vector";
+    ASSERT_GT(v.slots.length(), 0u) << "the refill left slots in the vector";
     heap::deallocate(foreign);
-    ASSERT_EQ(v.recycledCount, 1u) << "a free into a span not held here is recycled";
+    ASSERT_EQ(v.recycled.count(), 1u) << "a free into a span not held here is recycled";
     std::vector<void*> taken;
-    while (v.length > 0) {
+    while (v.slots.length() > 0) {
       void* block = heap::allocate(kSize);
       EXPECT_NE(block, foreign) << "a recycled block was handed out before the vector's slots";
       taken.push_back(block);
     }
     EXPECT_EQ(heap::allocate(kSize), foreign) << "with the vector empty, the recycled block";
-    EXPECT_EQ(v.recycledCount, 0u);
+    EXPECT_EQ(v.recycled.count(), 0u);
     heap::deallocate(mine);
     for (void* block : taken) heap::deallocate(block);
     for (void* block : theirs) heap::deallocate(block);
@@ -369,17 +369,17 @@ TEST_F(HeapTest, AThreadAloneReusesRecycledBlocksFirst) {
   constexpr size_t kSize = 256;
   const unsigned sizeClass = SizeClasses::classOf(kSize);
   ShuffleVector& v = heap::currentThreadHeap()->vector(sizeClass);
-  ASSERT_FALSE(v.servesRecycledLast()) << "no other thread of this test has a heap";
+  ASSERT_FALSE(v.recycled.servesLast()) << "no other thread of this test has a heap";
   // A full span, detached: no refill attaches it, so frees into it are recycled.
   std::vector<void*> full(SizeClasses::plan(sizeClass).objectCount + 1);
   for (void*& block : full) block = heap::allocate(kSize);
   heap::flushThreadCache();
   void* mine = heap::allocate(kSize);
-  ASSERT_GT(v.length, 0u) << "the refill left slots in the vector";
+  ASSERT_GT(v.slots.length(), 0u) << "the refill left slots in the vector";
   heap::deallocate(full[0]);
-  ASSERT_EQ(v.recycledCount, 1u) << "a free into a span not held here is recycled";
+  ASSERT_EQ(v.recycled.count(), 1u) << "a free into a span not held here is recycled";
   EXPECT_EQ(heap::allocate(kSize), full[0]) << "the recycled block, before the vector's slots";
-  EXPECT_EQ(v.recycledCount, 0u);
+  EXPECT_EQ(v.recycled.count(), 0u);
 
   std::atomic<int> step{0};
   std::thread other([&] {
@@ -388,16 +388,16 @@ TEST_F(HeapTest, AThreadAloneReusesRecycledBlocksFirst) {
     while (step.load() != 2) std::this_thread::yield();
   });
   while (step.load() != 1) std::this_thread::yield();
-  EXPECT_TRUE(v.servesRecycledLast()) << "another thread has a heap: the vector comes first";
+  EXPECT_TRUE(v.recycled.servesLast()) << "another thread has a heap: the vector comes first";
   heap::deallocate(full[0]);
-  ASSERT_EQ(v.recycledCount, 1u);
-  ASSERT_GT(v.length, 0u);
+  ASSERT_EQ(v.recycled.count(), 1u);
+  ASSERT_GT(v.slots.length(), 0u);
   void* fromVector = heap::allocate(kSize);
   EXPECT_NE(fromVector, full[0]) << "with another thread running, the vector's slot first";
   heap::deallocate(fromVector);
   step = 2;
   other.join();
-  EXPECT_FALSE(v.servesRecycledLast()) << "alone again once the other thread exited";
+  EXPECT_FALSE(v.recycled.servesLast()) << "alone again once the other thread exited";
   EXPECT_EQ(heap::allocate(kSize), full[0]);
 
   heap::deallocate(mine);
@@ -410,7 +410,7 @@ TEST_F(HeapTest, RecycledBlocksAreBoundedInBytes) {
   onNewThread([&] {
     for (unsigned c = 0; c < kNumSizeClasses; c++) {
       const ShuffleVector& v = heap::currentThreadHeap()->vector(c);
-      EXPECT_LE(v.recycledCapacity * static_cast<size_t>(kSizeClassSizes[c]),
+      EXPECT_LE(v.recycled.capacity() * static_cast<size_t>(kSizeClassSizes[c]),
                 std::max(kRecycledBytes, kMinRecycled * static_cast<size_t>(kSizeClassSizes[c])));
     }
   });
@@ -452,10 +452,10 @@ TEST_F(HeapTest, ThreadExitReturnsAttachedSpans) {
     ASSERT_EQ(heap::currentThreadHeap(), exited);
     for (unsigned c = 0; c < kNumSizeClasses; c++) {
       const ShuffleVector& v = exited->vector(c);
-      EXPECT_EQ(v.objectSize, kSizeClassSizes[c]);
-      EXPECT_GT(v.capacity, 0u);
-      EXPECT_GT(v.recycledCapacity, 0u);
-      EXPECT_NE(v.entries, nullptr);
+      EXPECT_EQ(v.check.objectSize(), kSizeClassSizes[c]);
+      EXPECT_GT(v.slots.capacity(), 0u);
+      EXPECT_GT(v.recycled.capacity(), 0u);
+      EXPECT_GT(v.slots.capacity(), 0u);
     }
   });
 }
@@ -576,15 +576,11 @@ TEST_F(HeapTest, ReallocKeepsContentsAcrossClasses) {
 // to the slow paths, which do the real work, and never write to the empty heap, which every
 // such thread shares.
 bool emptyHeapIsUntouched() {
+  // The empty heap is constant-initialised to zeros, padding included: any byte written since
+  // shows.
+  static const unsigned char zeros[sizeof(ShuffleVector)] = {};
   for (unsigned c = 0; c < kNumSizeClasses; c++) {
-    const ShuffleVector& v = gEmptyThreadHeap.vector(c);
-    if (v.length || v.capacity || v.recycledCount || v.attachedCount || v.slotLimit ||
-        v.slotMultiplier || v.recycledHead || v.popFloor || v.recycledFloor)
-      return false;
-    for (uintptr_t start : v.spanStarts)
-      if (start) return false;
-    for (uintptr_t block : v.recycled)
-      if (block) return false;
+    if (memcmp(&gEmptyThreadHeap.vector(c), zeros, sizeof zeros) != 0) return false;
   }
   return true;
 }
@@ -748,39 +744,52 @@ TEST_F(HeapDeathTest, MisuseIsReportedWithTheAddress) {
 TEST(SpanTable, FindsAttachedSpansExactlyAndFlagsSharedCells) {
   const uintptr_t page = Arena::pageSize();
   auto startOf = [&](size_t i) { return uintptr_t{0x7f0000000000} + i * page; };
-  ShuffleVector v;
+  Span records[kMaxSpansPerVector];
+  unsigned used = 0;
+  AttachedSpans spans;
+  auto attach = [&](uintptr_t start) {
+    records[used].spanStart = start;
+    EXPECT_EQ(spans.add(&records[used]), used);
+    EXPECT_EQ(records[used].attachIndex, used) << "the record knows its index";
+    used++;
+  };
   // Two attached starts that share a cell, then ones that have a cell to themselves.
   size_t first = 0, partner = 1;
-  while (ShuffleVector::spanCell(startOf(partner)) != ShuffleVector::spanCell(startOf(first)))
+  while (AttachedSpans::cellOf(startOf(partner)) != AttachedSpans::cellOf(startOf(first)))
     partner++;
-  std::set<unsigned> cells = {ShuffleVector::spanCell(startOf(first))};
-  v.spanStarts[v.attachedCount++] = startOf(first);
-  v.spanStarts[v.attachedCount++] = startOf(partner);
-  for (size_t i = partner + 1; v.attachedCount < kMaxSpansPerVector; i++) {
-    if (cells.insert(ShuffleVector::spanCell(startOf(i))).second)
-      v.spanStarts[v.attachedCount++] = startOf(i);
+  std::set<unsigned> cells = {AttachedSpans::cellOf(startOf(first))};
+  attach(startOf(first));
+  attach(startOf(partner));
+  for (size_t i = partner + 1; !spans.full(); i++) {
+    if (cells.insert(AttachedSpans::cellOf(startOf(i))).second) attach(startOf(i));
   }
-  v.rebuildSpanTable();
-  EXPECT_EQ(v.attachedSpanAt(startOf(first)), ShuffleVector::kMaybeAttached);
-  EXPECT_EQ(v.attachedSpanAt(startOf(partner)), ShuffleVector::kMaybeAttached);
-  for (uint32_t i = 2; i < v.attachedCount; i++)
-    EXPECT_EQ(v.attachedSpanAt(v.spanStarts[i]), int(i));
+  spans.rebuild();
+  EXPECT_EQ(spans.indexAt(startOf(first)), AttachedSpans::kMaybeAttached);
+  EXPECT_EQ(spans.indexAt(startOf(partner)), AttachedSpans::kMaybeAttached);
+  EXPECT_EQ(spans.indexByScan(startOf(partner)), 1);
+  for (uint32_t i = 2; i < spans.count(); i++) EXPECT_EQ(spans.indexAt(spans.start(i)), int(i));
   // Starts that are not attached, whether or not their cell is taken.
   size_t notAttached = 0, inTakenCell = 0;
   for (size_t i = 0; i < 4096; i++) {
     uintptr_t start = startOf(i) + (size_t{1} << 32);
-    unsigned cell = ShuffleVector::spanCell(start);
-    if (cell == ShuffleVector::spanCell(startOf(first))) continue;
-    EXPECT_EQ(v.attachedSpanAt(start), ShuffleVector::kNotAttached);
+    unsigned cell = AttachedSpans::cellOf(start);
+    if (cell == AttachedSpans::cellOf(startOf(first))) continue;
+    EXPECT_EQ(spans.indexAt(start), AttachedSpans::kNotAttached);
     notAttached++;
     inTakenCell += cells.count(cell);
   }
   EXPECT_GT(inTakenCell, 0u) << "the table must compare the start, not just find a taken cell";
   EXPECT_GT(notAttached, inTakenCell);
-  // Detaching rebuilds the table: a start that is gone is no longer found.
-  v.attachedCount = 2;
-  v.rebuildSpanTable();
-  EXPECT_EQ(v.attachedSpanAt(startOf(partner + 1)), ShuffleVector::kNotAttached);
+  // Removing a span moves the last into its index (and tells its record); after the rebuild, a
+  // start that is gone is no longer found.
+  uintptr_t lastStart = spans.start(spans.count() - 1);
+  spans.remove(2);
+  EXPECT_EQ(spans.start(2), lastStart);
+  EXPECT_EQ(spans.record(2)->attachIndex, 2u);
+  while (spans.count() > 2) spans.remove(spans.count() - 1);
+  spans.rebuild();
+  EXPECT_EQ(spans.indexAt(startOf(partner + 1)), AttachedSpans::kNotAttached);
+  EXPECT_EQ(spans.indexAt(lastStart), AttachedSpans::kNotAttached);
 }
 
 // The frees of a thread's own spans take the span table's exact answer; make sure the same
@@ -799,16 +808,16 @@ TEST_F(HeapTest, FreesIntoAttachedSpansArePushedLocallyThroughTheSpanTable) {
       EXPECT_EQ(PageClassEntry::sizeClass(classEntry), sizeClass);
       uintptr_t spanStart = Arena::spanStartOfClassEntry(address, classEntry);
       EXPECT_EQ(spanStart, Arena::spanStartOf(address, Arena::entryFor(address)));
-      int span = v.attachedSpanAt(spanStart);
-      if (span == ShuffleVector::kMaybeAttached) continue;
+      int span = v.attached.indexAt(spanStart);
+      if (span == AttachedSpans::kMaybeAttached) continue;
       ASSERT_GE(span, 0) << "a span this thread allocates from must be found attached";
-      EXPECT_EQ(v.spans[span], PageEntry::span(Arena::entryFor(address)));
+      EXPECT_EQ(v.attached.record(span), PageEntry::span(Arena::entryFor(address)));
     }
-    uint32_t lengthBefore = v.length;
-    uint32_t recycledBefore = v.recycledCount;
+    uint32_t lengthBefore = v.slots.length();
+    uint32_t recycledBefore = v.recycled.count();
     for (void* block : blocks) heap::deallocate(block);
-    EXPECT_EQ(v.recycledCount, recycledBefore) << "frees into attached spans were recycled";
-    EXPECT_EQ(v.length, lengthBefore + blocks.size());
+    EXPECT_EQ(v.recycled.count(), recycledBefore) << "frees into attached spans were recycled";
+    EXPECT_EQ(v.slots.length(), lengthBefore + blocks.size());
   });
 }
 
@@ -821,22 +830,23 @@ TEST_F(HeapTest, AFullVectorSpillsItsOldestHalfToTheBitmaps) {
   const unsigned sizeClass = SizeClasses::classOf(kSize);
   onNewThread([&] {
     ShuffleVector& v = heap::currentThreadHeap()->vector(sizeClass);
-    std::vector<void*> blocks(v.capacity + v.capacity / 2);
+    std::vector<void*> blocks(v.slots.capacity() + v.slots.capacity() / 2);
     for (void*& block : blocks) block = heap::allocate(kSize);
-    ASSERT_LE(blocks.size(), v.attachedCount * SizeClasses::plan(sizeClass).objectCount);
+    ASSERT_LE(blocks.size(), v.attached.count() * SizeClasses::plan(sizeClass).objectCount);
     for (void* block : blocks) heap::deallocate(block);
-    EXPECT_EQ(v.recycledCount, 0u) << "frees into attached spans were recycled";
-    EXPECT_LE(v.length, v.capacity);
+    EXPECT_EQ(v.recycled.count(), 0u) << "frees into attached spans were recycled";
+    EXPECT_LE(v.slots.length(), v.slots.capacity());
     uint64_t owned = 0;
-    for (uint32_t span = 0; span < v.attachedCount; span++) {
-      owned += v.spans[span]->liveCount.load();
-      EXPECT_EQ(v.spans[span]->liveCount.load(), v.spans[span]->bitmap().popcount());
+    for (uint32_t span = 0; span < v.attached.count(); span++) {
+      owned += v.attached.record(span)->liveCount.load();
+      EXPECT_EQ(v.attached.record(span)->liveCount.load(),
+                v.attached.record(span)->bitmap().popcount());
     }
-    EXPECT_EQ(owned, v.length) << "a spilled slot is still counted as owned";
+    EXPECT_EQ(owned, v.slots.length()) << "a spilled slot is still counted as owned";
     // The spilled slots come back: allocating them all again needs no new span.
-    uint32_t attached = v.attachedCount;
+    uint32_t attached = v.attached.count();
     for (void*& block : blocks) block = heap::allocate(kSize);
-    EXPECT_EQ(v.attachedCount, attached);
+    EXPECT_EQ(v.attached.count(), attached);
     std::set<void*> distinct(blocks.begin(), blocks.end());
     EXPECT_EQ(distinct.size(), blocks.size()) << "a slot was handed out twice";
     for (void* block : blocks) heap::deallocate(block);

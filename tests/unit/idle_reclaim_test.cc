@@ -60,13 +60,13 @@ std::vector<Kept> allocateAndKeepATenth(int rounds) {
 
 size_t attachedSpans(ThreadHeap* heap) {
   size_t spans = 0;
-  for (unsigned c = 0; c < kNumSizeClasses; c++) spans += heap->vector(c).attachedCount;
+  for (unsigned c = 0; c < kNumSizeClasses; c++) spans += heap->vector(c).attached.count();
   return spans;
 }
 size_t heldSlots(ThreadHeap* heap) {
   size_t slots = 0;
   for (unsigned c = 0; c < kNumSizeClasses; c++)
-    slots += heap->vector(c).length + heap->vector(c).recycledCount;
+    slots += heap->vector(c).slots.length() + heap->vector(c).recycled.count();
   return slots;
 }
 
