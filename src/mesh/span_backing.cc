@@ -143,9 +143,10 @@ bool SpanBacking::reserveAliasesLocked(Span* span, uint32_t aliases) {
   grown->pagesReleased = info->pagesReleased;
   for (uint32_t i = 0; i < info->aliasCount; i++) grown->aliases()[i] = info->aliases()[i];
   // Only the mesher changes a live span's record, under this lock; fork walks the list under it
-  // too, and everyone else only tests span->mesh against null.
-  shared_.remove(info);
+  // too, and everyone else only tests span->mesh against null. In before out, so that the list
+  // never looks empty (anyShared reads it without the lock).
   shared_.pushBack(grown);
+  shared_.remove(info);
   span->mesh = grown;
   freeMeshInfo(info);
   return true;
