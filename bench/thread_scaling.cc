@@ -32,6 +32,7 @@
 // Only plain malloc/free are called, so any allocator can be put underneath with LD_PRELOAD.
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <malloc.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -63,6 +64,7 @@ struct Options {
   bool compact = false;
   bool allocatorStats = false;
   bool logSizes = false;
+  const char* pageAccount = nullptr;  // --page-account FILE
 };
 
 [[noreturn]] void usage(const char* program, const char* why) {
@@ -71,12 +73,14 @@ struct Options {
       stderr,
       "usage: %s [--threads T] [--rounds 5] [--objects 10000] [--keep-percent 10] [--min 16]\n"
       "          [--max 1024] [--log-sizes] [--seed S] [--settle-ms 300] [--time-limit S]\n"
-      "          [--compact] [--allocator-stats]\n"
+      "          [--compact] [--allocator-stats] [--page-account FILE]\n"
       "Options take `--name value` or `--name=value`. --log-sizes draws sizes log-uniformly\n"
       "(every doubling of [min, max] equally likely) instead of uniformly; --time-limit ends the\n"
       "run with SIGALRM after S seconds (0: never); --compact calls meshalloc_compact() (if the\n"
       "allocator exports it) after the threads are joined; --allocator-stats prints meshalloc's\n"
-      "statistics (meshalloc_print_stats, with its memory breakdown) on stderr at both readings.\n",
+      "statistics (meshalloc_print_stats, with its memory breakdown) on stderr at both readings;\n"
+      "--page-account writes every kept object and every present page with its physical frame\n"
+      "(root only) to FILE after the reading after exit, for scripts/page_account.py.\n",
       program);
   exit(2);
 }
@@ -116,6 +120,11 @@ Options parseArguments(int argc, char** argv) {
       }
     }
     if (isFlag) continue;
+    if (nameLength == strlen("page-account") && !strncmp(arg, "page-account", nameLength)) {
+      o.pageAccount = equals ? equals + 1 : (i + 1 < argc ? argv[++i] : nullptr);
+      if (!o.pageAccount || !*o.pageAccount) usage(argv[0], "--page-account needs a file");
+      continue;
+    }
     uint64_t* target = nullptr;
     for (const Numeric& n : numeric) {
       if (strlen(n.name) == nameLength && !strncmp(n.name, arg, nameLength)) target = n.value;
@@ -253,6 +262,59 @@ void printAllocatorStats(const char* moment) {
   print(STDERR_FILENO, 0);
 }
 
+// ---------------------------------------------------------------------------------------------
+// The page account (--page-account): each kept object (address, requested and usable size) and
+// each present page of the process with its physical frame and its mapping's name, so that
+// scripts/page_account.py can count every physical page once (a meshed page is mapped at several
+// addresses) and say what it holds. Written after both readings, so its allocations (stdio) and
+// page-table walks change nothing measured. Frame numbers need root (else they read as 0).
+bool writePageAccount(const char* path, const std::vector<Worker>& workers) {
+  FILE* out = fopen(path, "w");
+  if (!out) return false;
+  const size_t page = bench::pageSize();
+  volatile unsigned char sink = 0;
+  for (const Worker& w : workers) {
+    for (size_t i = 0; i < w.count; i++) {
+      const Retained& r = w.retained[i];
+      // Touching every page maps each alias a meshing allocator left lazy.
+      const unsigned char* bytes = static_cast<const unsigned char*>(r.p);
+      for (size_t offset = 0; offset < r.size; offset += page) sink = sink + bytes[offset];
+      sink = sink + bytes[r.size - 1];
+      fprintf(out, "object %" PRIxPTR " %zu %zu\n", reinterpret_cast<uintptr_t>(r.p), r.size,
+              malloc_usable_size(r.p));
+    }
+  }
+  FILE* maps = fopen("/proc/self/maps", "r");
+  int pagemap = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+  bool ok = maps && pagemap >= 0;
+  char line[4096];
+  constexpr size_t kBatch = 512;
+  uint64_t entries[kBatch];
+  while (ok && fgets(line, sizeof(line), maps)) {
+    uintptr_t low, high;
+    int nameAt = 0;
+    if (sscanf(line, "%" SCNxPTR "-%" SCNxPTR " %*s %*s %*s %*s %n", &low, &high, &nameAt) < 2)
+      continue;
+    char* name = line + nameAt;
+    name[strcspn(name, "\n")] = '\0';
+    if (!strcmp(name, "[vsyscall]")) continue;  // outside the page tables pagemap reads
+    for (uintptr_t at = low; at < high; at += kBatch * page) {
+      size_t count = (high - at) / page < kBatch ? (high - at) / page : kBatch;
+      ssize_t got = pread(pagemap, entries, count * sizeof(uint64_t),
+                          static_cast<off_t>(at / page * sizeof(uint64_t)));
+      if (got < 0) break;
+      for (size_t k = 0; k < static_cast<size_t>(got) / sizeof(uint64_t); k++) {
+        if (!(entries[k] >> 63)) continue;  // not present
+        fprintf(out, "page %" PRIxPTR " %" PRIu64 " %s\n", at + k * page,
+                entries[k] & ((uint64_t{1} << 55) - 1), *name ? name : "[anon]");
+      }
+    }
+  }
+  if (maps) fclose(maps);
+  if (pagemap >= 0) close(pagemap);
+  return fclose(out) == 0 && ok;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -331,6 +393,10 @@ int main(int argc, char** argv) {
   const long long pte = bench::procField("/proc/self/status", "VmPTE:");
   const long long mappings = bench::mappingCount();
   if (pss >= 0) pss -= bookkeeping;
+  if (o.pageAccount && !writePageAccount(o.pageAccount, workers)) {
+    fprintf(stderr, "thread_scaling: cannot write the page account to %s\n", o.pageAccount);
+    return 1;
+  }
 
   uint64_t checksum = 0;
   for (Worker& w : workers) {

@@ -30,6 +30,18 @@ bool writeLivePages(int fd, size_t offset, Span* span, const PageMask& live) {
   return written;
 }
 
+MeshInfo* newMeshInfo(uint32_t capacity) {
+  void* block = InternalHeap::allocate(MeshInfo::bytesFor(capacity));
+  if (!block) return nullptr;
+  MeshInfo* info = new (block) MeshInfo();
+  info->aliasCapacity = static_cast<uint8_t>(capacity);
+  return info;
+}
+
+void freeMeshInfo(MeshInfo* info) {
+  InternalHeap::free(info, MeshInfo::bytesFor(info->aliasCapacity));
+}
+
 // File mappings fill in lazily. Reading each written page through the span's own mapping maps
 // it now, so every page of the file is mapped somewhere and the process's PSS counts it (a
 // file page no mapping has touched is missing from PSS). MAP_POPULATE cannot do this: on a
@@ -90,13 +102,12 @@ void SpanBacking::freeFileRangeLocked(size_t offset, size_t bytes, bool punch) {
 bool SpanBacking::share(Span* span) {
   if (span->mesh) return true;
   size_t bytes = span->spanBytes(Arena::pageSize());
-  MeshInfo* info = static_cast<MeshInfo*>(InternalHeap::allocate(sizeof(MeshInfo)));
+  MeshInfo* info = newMeshInfo(MeshInfo::kInitialAliases);
   if (!info) return false;
-  new (info) MeshInfo();
   LockGuard guard(lock_);
   size_t offset;
   if (!allocateFileRange(bytes, &offset)) {
-    InternalHeap::free(info, sizeof(MeshInfo));
+    freeMeshInfo(info);
     return false;
   }
   void* start = reinterpret_cast<void*>(span->spanStart);
@@ -106,7 +117,7 @@ bool SpanBacking::share(Span* span) {
   if (injectedFailure() || !writeLivePages(fd_, offset, span, live) ||
       !os::mapFileFixed(start, bytes, fd_, offset)) {
     freeFileRangeLocked(offset, bytes);
-    InternalHeap::free(info, sizeof(MeshInfo));
+    freeMeshInfo(info);
     return false;
   }
   mapLivePages(span->spanStart, span->spanPages, live);
@@ -120,16 +131,38 @@ bool SpanBacking::share(Span* span) {
   return true;
 }
 
-bool SpanBacking::addAlias(Span* span, uintptr_t alias) {
+bool SpanBacking::reserveAliasesLocked(Span* span, uint32_t aliases) {
   MeshInfo* info = span->mesh;
-  if (!info || info->aliasCount >= kMaxVirtualSpans - 1) return false;
+  if (aliases > MeshInfo::kMaxAliases) return false;
+  if (aliases <= info->aliasCapacity) return true;
+  MeshInfo* grown = newMeshInfo(MeshInfo::kMaxAliases);
+  if (!grown) return false;
+  grown->owner = info->owner;
+  grown->fileOffset = info->fileOffset;
+  grown->aliasCount = info->aliasCount;
+  grown->pagesReleased = info->pagesReleased;
+  for (uint32_t i = 0; i < info->aliasCount; i++) grown->aliases()[i] = info->aliases()[i];
+  // Only the mesher changes a live span's record, under this lock; fork walks the list under it
+  // too, and everyone else only tests span->mesh against null. In before out, so that the list
+  // never looks empty (anyShared reads it without the lock).
+  shared_.pushBack(grown);
+  shared_.remove(info);
+  span->mesh = grown;
+  freeMeshInfo(info);
+  return true;
+}
+
+bool SpanBacking::addAlias(Span* span, uintptr_t alias) {
+  if (!span->mesh) return false;
   size_t bytes = span->spanBytes(Arena::pageSize());
   LockGuard guard(lock_);
+  if (!reserveAliasesLocked(span, span->mesh->aliasCount + 1)) return false;
+  MeshInfo* info = span->mesh;
   if (injectedFailure() ||
       !os::mapFileFixed(reinterpret_cast<void*>(alias), bytes, fd_, info->fileOffset)) {
     return false;
   }
-  info->aliases[info->aliasCount++] = alias;
+  info->aliases()[info->aliasCount++] = alias;
   stats_.aliasSpans++;
   stats_.releasedBytes += bytes;
   if (stats_.releasedBytes > stats_.releasedBytesPeak)
@@ -139,15 +172,15 @@ bool SpanBacking::addAlias(Span* span, uintptr_t alias) {
 
 bool SpanBacking::absorb(Span* span, Span* source, bool* stranded) {
   *stranded = false;
-  MeshInfo* info = span->mesh;
   MeshInfo* absorbed = source->mesh;
-  if (!info || !absorbed) return false;
+  if (!span->mesh || !absorbed) return false;
   uintptr_t starts[kMaxVirtualSpans];
   uint32_t views = 0;
   forEachVirtualSpan(source, [&](uintptr_t start) { starts[views++] = start; });
-  if (info->aliasCount + views > kMaxVirtualSpans - 1) return false;
   size_t bytes = span->spanBytes(Arena::pageSize());
   LockGuard guard(lock_);
+  if (!reserveAliasesLocked(span, span->mesh->aliasCount + views)) return false;
+  MeshInfo* info = span->mesh;
   // Read-only until all have moved: a write through one already moved would otherwise land in
   // the copy, and be lost if a later move fails and it has to go back.
   for (uint32_t i = 0; i < views; i++) {
@@ -162,7 +195,7 @@ bool SpanBacking::absorb(Span* span, Span* source, bool* stranded) {
       return false;
     }
   }
-  for (uint32_t i = 0; i < views; i++) info->aliases[info->aliasCount++] = starts[i];
+  for (uint32_t i = 0; i < views; i++) info->aliases()[info->aliasCount++] = starts[i];
   // Nothing maps source's pages any more: they go back now, its record once the page map no
   // longer needs it (forgetAbsorbed). Off the shared list at once, so that fork never sees it.
   freeFileRangeLocked(absorbed->fileOffset, bytes);
@@ -180,7 +213,7 @@ void SpanBacking::forgetAbsorbed(Span* source) {
   MeshInfo* info = source->mesh;
   if (!info) return;
   source->mesh = nullptr;
-  InternalHeap::free(info, sizeof(MeshInfo));
+  freeMeshInfo(info);
 }
 
 void SpanBacking::restore(Span* span) {
@@ -199,7 +232,7 @@ void SpanBacking::restore(Span* span) {
   };
   {
     LockGuard guard(lock_);
-    for (uint32_t i = 0; i < info->aliasCount; i++) makePrivate(info->aliases[i]);
+    for (uint32_t i = 0; i < info->aliasCount; i++) makePrivate(info->aliases()[i]);
     stats_.aliasSpans -= info->aliasCount;
     stats_.releasedBytes -= static_cast<size_t>(info->aliasCount) * bytes;
     makePrivate(span->spanStart);
@@ -209,7 +242,7 @@ void SpanBacking::restore(Span* span) {
     stats_.fileBytes -= bytes;
   }
   span->mesh = nullptr;
-  InternalHeap::free(info, sizeof(MeshInfo));
+  freeMeshInfo(info);
 }
 
 // Without lock_: the range stays this span's until restore() frees it, and the mesher holds
@@ -277,7 +310,8 @@ void SpanBacking::copyToPrivateFileInChild() {
     os::mapFileFixed(reinterpret_cast<void*>(span->spanStart), bytes, childFd, info->fileOffset);
     mapLivePages(span->spanStart, span->spanPages, live);
     for (uint32_t i = 0; i < info->aliasCount; i++) {
-      os::mapFileFixed(reinterpret_cast<void*>(info->aliases[i]), bytes, childFd, info->fileOffset);
+      os::mapFileFixed(reinterpret_cast<void*>(info->aliases()[i]), bytes, childFd,
+                       info->fileOffset);
     }
   }
   os::closeFd(fd_);

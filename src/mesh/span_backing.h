@@ -19,13 +19,30 @@ namespace meshalloc {
 // alias costs a mapping, and long chains make a single free's span more fragile to restore.
 constexpr uint32_t kMaxVirtualSpans = 16;
 
+// The record of a span in the file, followed by the starts of its aliases. Most meshed spans
+// have one or two aliases, so the record starts with room for kInitialAliases (one cache line
+// with the header: 64 bytes) and moves to a record with room for the most only when it needs
+// to; a record sized for kMaxVirtualSpans from the start took 192 bytes per meshed span.
 struct MeshInfo : ListNode {
   Span* owner;
   size_t fileOffset;
-  uint32_t aliasCount;                      // virtual spans besides owner->spanStart
-  bool pagesReleased = false;               // dead: its file range is already punched out
-  uintptr_t aliases[kMaxVirtualSpans - 1];  // their starts
+  uint32_t aliasCount;         // virtual spans besides owner->spanStart
+  uint8_t aliasCapacity;       // starts the record has room for
+  bool pagesReleased = false;  // dead: its file range is already punched out
+
+  static constexpr uint32_t kInitialAliases = 3;
+  static constexpr uint32_t kMaxAliases = kMaxVirtualSpans - 1;
+  static constexpr size_t bytesFor(uint32_t capacity) {
+    return sizeof(MeshInfo) + capacity * sizeof(uintptr_t);
+  }
+  uintptr_t* aliases() { return reinterpret_cast<uintptr_t*>(this + 1); }
+  const uintptr_t* aliases() const { return reinterpret_cast<const uintptr_t*>(this + 1); }
 };
+// The small record must fit the internal heap's smallest block, and neither may round to the
+// size of a span record (128 bytes with 4 KiB pages): stale Span pointers rely on that pool
+// holding Span records only (docs/heap.md, "Internal heap").
+static_assert(MeshInfo::bytesFor(MeshInfo::kInitialAliases) <= 64);
+static_assert(MeshInfo::bytesFor(MeshInfo::kMaxAliases) > 128);
 
 struct SpanBackingStats {
   size_t meshedSpans;    // physical spans in the file
@@ -62,7 +79,7 @@ class SpanBacking {
   static void forEachVirtualSpan(const Span* span, Fn fn) {
     fn(span->spanStart);
     if (span->mesh) {
-      for (uint32_t i = 0; i < span->mesh->aliasCount; i++) fn(span->mesh->aliases[i]);
+      for (uint32_t i = 0; i < span->mesh->aliasCount; i++) fn(span->mesh->aliases()[i]);
     }
   }
   // Called for a shared span that died (after releasePages, on the background thread, see
@@ -96,6 +113,9 @@ class SpanBacking {
 
  private:
   static bool ensureFile();
+  // With lock_ held: makes room in `span`'s record for `aliases` starts in all, moving it to a
+  // larger record if need be (span->mesh then changes). False if no record could be had.
+  static bool reserveAliasesLocked(Span* span, uint32_t aliases);
   static void setProtectionOfAll(bool (*protect)(void*, size_t));
   static bool allocateFileRange(size_t bytes, size_t* offset);
   static void freeFileRangeLocked(size_t offset, size_t bytes, bool punch = true);

@@ -326,6 +326,56 @@ TEST_F(MeshTest, SeveralSpansMeshOntoOne) {
   for (const Survivor& s : survivors) heap::deallocate(s.pointer);
 }
 
+// A meshed span's record has room for a few aliases (64 bytes: most meshed spans have one or
+// two) and moves to a larger one when its chain outgrows it; every virtual span of the chain
+// stays recorded and resolves to the one physical span.
+TEST_F(MeshTest, AMeshRecordStartsSmallAndGrowsWithItsChain) {
+  constexpr size_t kSize = 96;
+  // A pair's record is the small one.
+  auto pair = makeDisjointSpans(kSize, 2);
+  ASSERT_FALSE(pair.empty());
+  MeshPolicy::compactNow();
+  Span* pairOwner = ownerOf(pair.front().spanStart);
+  ASSERT_EQ(ownerOf(pair.back().spanStart), pairOwner) << "the pair meshed";
+  ASSERT_NE(pairOwner->mesh, nullptr);
+  EXPECT_EQ(pairOwner->mesh->aliasCount, 1u);
+  EXPECT_LE(MeshInfo::bytesFor(pairOwner->mesh->aliasCapacity), 64u);
+  for (const Survivor& s : pair) heap::deallocate(s.pointer);
+  heap::flushThreadCache();
+
+  constexpr size_t kSpans = 8;
+  auto survivors = makeDisjointSpans(kSize, kSpans);
+  ASSERT_FALSE(survivors.empty());
+  for (int pass = 0; pass < 3; pass++) MeshPolicy::compactNow();
+  std::map<Span*, std::set<uintptr_t>> physical;
+  for (const Survivor& s : survivors) physical[ownerOf(s.spanStart)].insert(s.spanStart);
+  size_t largest = 0;
+  for (auto& [owner, starts] : physical) {
+    largest = std::max(largest, starts.size());
+    if (starts.size() < 2) continue;
+    ASSERT_NE(owner->mesh, nullptr);
+    // The record lists exactly the chain's virtual spans besides the owner's own.
+    std::set<uintptr_t> recorded = {owner->spanStart};
+    for (uint32_t i = 0; i < owner->mesh->aliasCount; i++) {
+      recorded.insert(owner->mesh->aliases()[i]);
+      EXPECT_EQ(ownerOf(owner->mesh->aliases()[i]), owner);
+    }
+    EXPECT_EQ(recorded.size(), owner->mesh->aliasCount + 1u) << "no start recorded twice";
+    for (uintptr_t start : starts) EXPECT_EQ(recorded.count(start), 1u) << "a virtual span lost";
+  }
+  EXPECT_GT(largest, MeshInfo::kInitialAliases + 1) << "a chain outgrew the small record";
+  for (const Survivor& s : survivors) {
+    EXPECT_TRUE(holds(s.pointer, kSize, 1, reinterpret_cast<uintptr_t>(s.pointer)));
+  }
+  SpanBackingStats before = SpanBacking::stats();
+  for (const Survivor& s : survivors) heap::deallocate(s.pointer);
+  heap::flushThreadCache();
+  // Every chain died and was restored through its (moved) record.
+  RetiredSpans::restore();
+  EXPECT_LT(SpanBacking::stats().aliasSpans, before.aliasSpans);
+  useOnAThread(kSize, survivors.size() * 4, 3);
+}
+
 // Two pairs of spans of `size`, each pair meshed onto one physical span, with survivors in
 // slots 0-1 (first pair) and 2-3 (second pair) mod 4: the two pairs can mesh with each other.
 struct TwoMeshedPairs {
