@@ -143,7 +143,7 @@ def replay_owned(traces: Dict[str, Path], owners: Dict[str, str], allocators, ou
     replays = []
     for owner in dict.fromkeys(owners[allocator.name] for allocator in allocators):
         mine = [allocator for allocator in allocators if owners[allocator.name] == owner]
-        where = out / ("replay" if len(set(owners.values())) == 1 else f"replay-{owner}")
+        where = out / ("replay" if len(set(owners.values())) == 1 else f"replay-{driver.slug(owner)}")
         replayed = trace_replay.replay(traces[owner], mine, where, repetitions, timing="recorded",
                                        warp=warps.get(owner, []))
         trace_replay.write_results(replayed, where)
@@ -366,7 +366,7 @@ def record_redis(load, install, client, allocator: Optional[Allocator], out: Pat
     """One sampled run of the Redis server under the recorder, on `allocator` (None: glibc,
     nothing preloaded after the recorder): the run, its trace, and "" or what went wrong."""
     name = allocator.name if allocator else RECORDED_ON
-    trace = out / f"redis-{name}.trace"
+    trace = out / f"redis-{driver.slug(name)}.trace"
     trace.unlink(missing_ok=True)
     # The recorder first in LD_PRELOAD, the allocator's library after it (tracing.record_environment).
     preload = ":".join(str(Path(library).resolve()) for library in
@@ -375,7 +375,7 @@ def record_redis(load, install, client, allocator: Optional[Allocator], out: Pat
                          set_env={**(allocator.set_env if allocator else {}), tracing.ENV_FILE: str(trace.resolve()),
                                   "LD_PRELOAD": preload}, unset_env=allocator.unset_env if allocator else ())
     recording = redis_support.Run(redis_support.Config(name, install.libc_server, recorder), 1, 1,
-                                  out / f"recording-{name}")
+                                  out / f"recording-{driver.slug(name)}")
     recording.directory.mkdir(parents=True, exist_ok=True)
     log(f"recording {REDIS_FIDELITY} under {name} ({load.hold_s:g} s)")
     measured = driver.measure_run(redis_support.sampled_command(recording, load, install, client), recording.config,
