@@ -8,9 +8,9 @@
 //                  slots have been handed out before;
 //   releasedTag()  freed into an attached span's remote-free stack or, by its owner, into its
 //                  bitmap.
-// A block handed to the program has its tag word cleared (SlotStack::pop, RecycledRing::untag), so a live
-// block carries a tag only if the program stored that random value itself. Blocks freed into
-// detached spans are not tagged: a mesh pass may be copying those pages.
+// A block handed to the program has its tag word cleared (SlotStack::pop, RecycledRing::untag),
+// so a live block carries a tag only if the program stored that random value itself. Blocks
+// freed into detached spans are not tagged: a mesh pass may be copying those pages.
 #pragma once
 
 #include <cstddef>
