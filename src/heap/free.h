@@ -29,10 +29,9 @@ void deallocateOther(ThreadHeap* heap, unsigned sizeClass, uint8_t cell, uintptr
 // A free of a valid small block whose span-table cell does not name its span: onto the recycled
 // ring of `v` (heap's vector of the block's class, whose address the inline free has computed
 // already: passing it in place of the class saved 6 instructions, and a sixth argument made the
-// inline free save a register) if
-// the cell is not shared, the block carries no cache tag and the ring has room (a leaf function,
-// entered by a tail call, so the local push saves no register); anything else goes on to
-// deallocateOther.
+// inline free save a register) if the cell is not shared, the block carries no cache tag and the
+// ring has room (a leaf function, entered by a tail call, so the local push saves no register);
+// anything else goes on to deallocateOther.
 void deallocateRecycled(ThreadHeap* heap, ShuffleVector& v, uint8_t cell, uintptr_t spanStart,
                         uintptr_t address);
 

@@ -368,12 +368,14 @@ def record_redis(load, install, client, allocator: Optional[Allocator], out: Pat
     name = allocator.name if allocator else RECORDED_ON
     trace = out / f"redis-{driver.slug(name)}.trace"
     trace.unlink(missing_ok=True)
-    # The recorder first in LD_PRELOAD, the allocator's library after it (tracing.record_environment).
-    preload = ":".join(str(Path(library).resolve()) for library in
-                       (tracing.recorder_library(), allocator.library if allocator else None) if library)
+    # glibc: nothing preloaded under the recorder (and no LD_PRELOAD inherited from the caller).
+    underneath = allocator or Allocator(RECORDED_ON, None, "glibc, nothing preloaded")
+    # The recorder's variables as `meshalloc trace record -a` sets them: the recorder first in
+    # LD_PRELOAD, the allocator's library after it.
+    recording_env = tracing.record_environment(trace, underneath, callsites=0)
     recorder = Allocator(f"{name}+recorder", None, f"{name}, recorded",
-                         set_env={**(allocator.set_env if allocator else {}), tracing.ENV_FILE: str(trace.resolve()),
-                                  "LD_PRELOAD": preload}, unset_env=allocator.unset_env if allocator else ())
+                         set_env={**underneath.set_env, tracing.ENV_FILE: recording_env[tracing.ENV_FILE],
+                                  "LD_PRELOAD": recording_env["LD_PRELOAD"]}, unset_env=underneath.unset_env)
     recording = redis_support.Run(redis_support.Config(name, install.libc_server, recorder), 1, 1,
                                   out / f"recording-{driver.slug(name)}")
     recording.directory.mkdir(parents=True, exist_ok=True)
