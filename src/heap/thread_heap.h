@@ -155,9 +155,12 @@ class ThreadHeap {
     char padding[kVectorStride - sizeof(ShuffleVector)] = {};
   };
   PaddedVector vectors_[kNumSizeClasses];
-  Rng rng_;
+  // Zeros until create() seeds it and sets the level: a ThreadHeap constant-initialises to
+  // zeros, so gEmptyThreadHeap (42 KiB) lies in .bss, where the fast paths' reads of it cost no
+  // memory; with one non-zero byte it was in .data, whose pages every process mapped in full.
+  Rng rng_{Rng::Unseeded{}};
   uintptr_t* reorderScratch_ = nullptr;  // as many entries as the largest vector holds
-  Randomization randomization_ = Randomization::kRotatedRuns;
+  Randomization randomization_ = Randomization::kNone;
   bool inUse_ = false;
   ThreadActivity activity_;
   // The park state in the low two bits, a generation above them: park() publishes kParked only

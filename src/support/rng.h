@@ -12,6 +12,11 @@ class Rng {
   // constexpr: a ThreadHeap (which holds one) can be constant-initialised (the empty heap the
   // fast paths read before a thread has its own, heap/thread_heap.h).
   constexpr explicit Rng(uint64_t seed = 0x9e3779b97f4a7c15ull) { reseed(seed); }
+  // No state (all zeros, from which xoshiro yields only zeros) until reseed: for an object that
+  // must be constant-initialised to zeros, so that it lands in .bss and costs no page of the
+  // library's data until written (the empty thread heap).
+  struct Unseeded {};
+  constexpr explicit Rng(Unseeded) {}
 
   constexpr void reseed(uint64_t seed) {
     for (auto& word : state_) {

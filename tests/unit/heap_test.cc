@@ -585,6 +585,16 @@ bool emptyHeapIsUntouched() {
   return true;
 }
 
+// The empty heap (42 KiB) is read by every thread's first malloc and free. In .bss those reads
+// map the kernel's zero page, which no process is charged for; with a single non-zero initial
+// byte it would be in .data, file-backed pages that every process maps and pays for in full.
+extern "C" char __bss_start[], _end[];
+TEST_F(HeapTest, TheEmptyHeapLiesInBss) {
+  auto start = reinterpret_cast<uintptr_t>(&gEmptyThreadHeap);
+  EXPECT_GE(start, reinterpret_cast<uintptr_t>(__bss_start));
+  EXPECT_LE(start + sizeof(ThreadHeap), reinterpret_cast<uintptr_t>(_end));
+}
+
 TEST_F(HeapTest, AThreadWithoutAHeapGoesThroughTheEmptyHeapToTheSlowPaths) {
   // Blocks of the main thread's spans (attached here: frees from the other thread are remote).
   std::vector<void*> blocks;
