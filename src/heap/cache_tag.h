@@ -18,16 +18,23 @@
 
 namespace meshalloc {
 
-// Odd, so never an aligned pointer a program would leave in a freed block; bits 1 and 2 clear.
-inline uintptr_t gCacheTag = 1;
 constexpr uintptr_t kVectorTagBit = 2;
 constexpr uintptr_t kReleasedTagBit = 4;
-// gCacheTag with both bits set: the vector tag, and what any tag becomes with both bits set, so
-// that the local free tests and writes the one value it loads (setCacheTags sets both).
-inline uintptr_t gVectorTag = 1 | kVectorTagBit | kReleasedTagBit;
+// Read by every free and refill on every thread, written once at start-up: a line of their own,
+// or a lock the linker places beside them (as it did: GlobalHeap's large-object lock, the
+// reclaim and registry locks) turns each of those reads into a miss whenever another thread
+// takes the lock.
+struct alignas(64) CacheTags {
+  // Odd, so never an aligned pointer a program would leave in a freed block; bits 1 and 2 clear.
+  uintptr_t cache = 1;
+  // `cache` with both bits set: the vector tag, and what any tag becomes with both bits set, so
+  // that the local free tests and writes the one value it loads (setCacheTags sets both).
+  uintptr_t vector = 1 | kVectorTagBit | kReleasedTagBit;
+};
+inline CacheTags gCacheTags;
 inline void setCacheTags(uintptr_t random) {
-  gCacheTag = (random | 1) & ~(kVectorTagBit | kReleasedTagBit);
-  gVectorTag = gCacheTag | kVectorTagBit | kReleasedTagBit;
+  gCacheTags.cache = (random | 1) & ~(kVectorTagBit | kReleasedTagBit);
+  gCacheTags.vector = gCacheTags.cache | kVectorTagBit | kReleasedTagBit;
 }
 constexpr size_t kCacheTagWord = 1;  // every class's blocks have at least two words
 
@@ -38,17 +45,17 @@ inline void setCacheTag(uintptr_t block, uintptr_t tag) {
   reinterpret_cast<uintptr_t*>(block)[kCacheTagWord] = tag;
 }
 inline uintptr_t recycledTag() {
-  return gCacheTag;
+  return gCacheTags.cache;
 }
 inline uintptr_t vectorTag() {
-  return gVectorTag;
+  return gCacheTags.vector;
 }
 inline uintptr_t releasedTag() {
-  return gCacheTag | kReleasedTagBit;
+  return gCacheTags.cache | kReleasedTagBit;
 }
 // Any of the three: the block may be free already (the slow path finds out).
 inline bool isCacheTagged(uintptr_t block) {
-  return (cacheTagOf(block) | kVectorTagBit | kReleasedTagBit) == gVectorTag;
+  return (cacheTagOf(block) | kVectorTagBit | kReleasedTagBit) == gCacheTags.vector;
 }
 
 }  // namespace meshalloc

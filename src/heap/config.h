@@ -91,7 +91,9 @@ struct HeapConfig {
   bool showOptions = false;
 };
 
-inline HeapConfig gHeapConfig;
+// Read by refills and the mesher on every thread, written at start-up: on a line of its own, not
+// beside a lock the linker happens to place next to it (the internal heap's was).
+alignas(64) inline HeapConfig gHeapConfig;
 
 // Fills gHeapConfig from the environment; warns on stderr about values it cannot parse.
 void loadConfigFromEnvironment();
