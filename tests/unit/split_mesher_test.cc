@@ -9,6 +9,7 @@
 #include <set>
 #include <vector>
 
+#include "heap/arena.h"
 #include "heap/span.h"
 #include "mesh/span_backing.h"
 #include "support/rng.h"
@@ -132,6 +133,53 @@ TEST_F(SplitMesherSearch, RespectsTheProbeLimit) {
   size_t found = SplitMesher::find(candidates.data(), candidates.size(), 1000, rng, groups, 16);
   ASSERT_GE(found, 1u);
   EXPECT_EQ(groups[0].sourceCount, kMaxVirtualSpans - 1);
+}
+
+// Spans of 4 pages, 16 slots a page (one bitmap word), as the live-page masks see them.
+class SplitMesherPages : public SplitMesherSearch {
+ protected:
+  std::vector<Span*> makePagedSpans(const std::vector<uint64_t>& bits) {
+    std::vector<Span*> spans = makeSpans(bits);
+    for (Span* span : spans) {
+      span->objectSize = static_cast<uint32_t>(Arena::pageSize() / 16);
+      span->spanPages = 4;
+    }
+    return spans;
+  }
+  static uint64_t slot(unsigned page, unsigned index) { return uint64_t{1} << (page * 16 + index); }
+};
+
+TEST_F(SplitMesherPages, NeverMeshesSpansWhoseObjectsLieOnDifferentPages) {
+  // Disjoint, but a's objects lie on page 0 and b's on page 2: meshing would keep both pages.
+  for (uint64_t seed = 1; seed <= 16; seed++) {
+    std::vector<Span*> candidates = makePagedSpans({slot(0, 3), slot(2, 5)});
+    Rng rng(seed);
+    MeshGroup groups[1];
+    EXPECT_EQ(SplitMesher::find(candidates.data(), candidates.size(), 64, rng, groups, 1), 0u)
+        << "seed " << seed;
+  }
+}
+
+TEST_F(SplitMesherPages, TakesThePartnerSharingTheMostPages) {
+  // a (pages 0 and 1) meshes with d, whose objects lie on the same two pages, rather than with e
+  // (pages 0 and 2), which also fits a but shares one page and overlaps d.
+  const uint64_t kA = slot(0, 0) | slot(1, 0), kD = slot(0, 1) | slot(1, 2),
+                 kE = slot(0, 1) | slot(2, 0);
+  unsigned checked = 0;
+  for (uint64_t seed = 1; seed <= 64; seed++) {
+    std::vector<Span*> candidates = makePagedSpans({kA, kE, kD});
+    Rng rng(seed);
+    MeshGroup groups[1];
+    size_t found = SplitMesher::find(candidates.data(), candidates.size(), 64, rng, groups, 1);
+    // One span goes left; e on the left can only take a.
+    if (bitsOf(candidates[0]) == kE) continue;
+    checked++;
+    ASSERT_EQ(found, 1u) << "seed " << seed;
+    ASSERT_EQ(groups[0].sourceCount, 1u);
+    std::set<uint64_t> pair = {bitsOf(groups[0].destination), bitsOf(groups[0].sources[0])};
+    EXPECT_EQ(pair, (std::set<uint64_t>{kA, kD})) << "seed " << seed;
+  }
+  EXPECT_GT(checked, 8u);
 }
 
 TEST_F(SplitMesherSearch, RespectsMaxGroups) {
