@@ -10,7 +10,9 @@
 #include <vector>
 
 #include "heap/arena.h"
+#include "heap/size_class.h"
 #include "heap/span.h"
+#include "mesh/page_mask.h"
 #include "mesh/span_backing.h"
 #include "support/rng.h"
 
@@ -160,6 +162,27 @@ TEST_F(SplitMesherPages, NeverMeshesSpansWhoseObjectsLieOnDifferentPages) {
   }
 }
 
+TEST_F(SplitMesherPages, ASpanInTheFileSharesEveryPage) {
+  // The same two spans, but a is meshed already: its file keeps every page that held a live
+  // object since, so the search cannot tell which of them are free, and b still meshes with it.
+  MeshInfo info{};
+  info.aliasCount = 1;
+  unsigned found = 0;
+  for (uint64_t seed = 1; seed <= 16; seed++) {
+    std::vector<Span*> candidates = makePagedSpans({slot(0, 3), slot(2, 5)});
+    candidates[0]->mesh = &info;
+    Rng rng(seed);
+    MeshGroup groups[1];
+    size_t groupCount = SplitMesher::find(candidates.data(), candidates.size(), 64, rng, groups, 1);
+    found += static_cast<unsigned>(groupCount);
+    // The chain stays put: the unmeshed span moves onto it.
+    if (groupCount) {
+      EXPECT_EQ(groups[0].destination->mesh, &info) << "seed " << seed;
+    }
+  }
+  EXPECT_EQ(found, 16u);
+}
+
 TEST_F(SplitMesherPages, TakesThePartnerSharingTheMostPages) {
   // a (pages 0 and 1) meshes with d, whose objects lie on the same two pages, rather than with e
   // (pages 0 and 2), which also fits a but shares one page and overlaps d.
@@ -180,6 +203,41 @@ TEST_F(SplitMesherPages, TakesThePartnerSharingTheMostPages) {
     EXPECT_EQ(pair, (std::set<uint64_t>{kA, kD})) << "seed " << seed;
   }
   EXPECT_GT(checked, 8u);
+}
+
+// The search's one-word page mask (livePageWord) says what livePages says, in every class whose
+// spans have at most 64 pages, for random bitmaps from sparse to full.
+TEST(LivePageWord, AgreesWithLivePagesInEveryClass) {
+  const size_t pageSize = Arena::pageSize();
+  SizeClasses::init(pageSize);
+  Rng rng(11);
+  unsigned compared = 0;
+  for (unsigned c = 0; c < kNumSizeClasses; c++) {
+    const SpanPlan& plan = SizeClasses::plan(c);
+    if (plan.pages > 64) continue;
+    std::vector<uint64_t> storage((Span::bytesFor(plan.objectCount) + 7) / 8 + 8);
+    uintptr_t aligned = (reinterpret_cast<uintptr_t>(storage.data()) + 63) & ~uintptr_t{63};
+    Span* span = new (reinterpret_cast<void*>(aligned)) Span();
+    span->objectSize = plan.objectSize;
+    span->objectCount = plan.objectCount;
+    span->spanPages = plan.pages;
+    size_t words = span->bitmap().words();
+    for (int trial = 0; trial < 64; trial++) {
+      std::vector<uint64_t> bits(words);
+      for (size_t w = 0; w < words; w++) {
+        uint64_t word = rng.next();
+        for (int thin = 0; thin < trial % 6; thin++) word &= rng.next();
+        if (w == words - 1 && plan.objectCount % 64)
+          word &= (uint64_t{1} << plan.objectCount % 64) - 1;
+        bits[w] = word;
+        span->bitmap().storeWord(w, word);
+      }
+      ASSERT_EQ(livePageWord(span, bits.data(), pageSize), livePages(span, pageSize).words[0])
+          << "class " << plan.objectSize << ", trial " << trial;
+      compared++;
+    }
+  }
+  EXPECT_GT(compared, 0u);
 }
 
 TEST_F(SplitMesherSearch, RespectsMaxGroups) {
