@@ -1,6 +1,7 @@
 // Which pages of a span hold (part of) a live object, from its allocation bitmap. Meshing copies
 // only those pages into the shared file (mesh/span_backing.cc), and the mesher gives the others
-// back to the kernel in spans it cannot pair (mesh/mesher.cc, trimFreePages).
+// back to the kernel in spans it cannot pair (mesh/mesher.cc, trimFreePages); the search prefers
+// partners whose objects lie on the same pages (mesh/split_mesher.cc).
 #pragma once
 
 #include <cstddef>
