@@ -116,6 +116,9 @@ class ThreadHeap {
 
   // The internal-heap block each thread heap lives at the start of (statistics).
   static size_t storageBytes();
+  // Where the vectors' entries and the scratch begin in that block: the first page boundary
+  // after the ThreadHeap object.
+  static size_t entriesOffset();
   // Every heap ever created, for statistics and fork handling.
   static ThreadHeap* registryHead();
   static void lockRegistry();

@@ -1,6 +1,7 @@
 // Which pages of a span hold (part of) a live object, from its allocation bitmap. Meshing copies
 // only those pages into the shared file (mesh/span_backing.cc), and the mesher gives the others
-// back to the kernel in spans it cannot pair (mesh/mesher.cc, trimFreePages).
+// back to the kernel in spans it cannot pair (mesh/mesher.cc, trimFreePages); the search prefers
+// partners whose objects lie on the same pages (mesh/split_mesher.cc).
 #pragma once
 
 #include <cstddef>
@@ -31,6 +32,32 @@ inline PageMask livePages(Span* span, size_t pageSize) {
       bits &= bits - 1;
       size_t last = (slot * objectSize + objectSize - 1) / pageSize;
       for (size_t page = slot * objectSize / pageSize; page <= last; page++) mask.add(page);
+    }
+  }
+  return mask;
+}
+
+// livePages as one word, from a copy of the span's bitmap (`bits`), for the mesh search's scratch
+// (mesh/split_mesher.cc): for each page, whether a slot overlapping it is live, a test of a range
+// of bits, so the cost goes with the pages rather than the live objects. Spans of more than 64
+// pages, and records without a layout, get every bit.
+inline uint64_t livePageWord(const Span* span, const uint64_t* bits, size_t pageSize) {
+  size_t pages = span->spanPages, objectSize = span->objectSize, objects = span->objectCount;
+  if (objectSize == 0 || pages == 0 || pages > 64 || objects == 0) return ~uint64_t{0};
+  uint64_t mask = 0;
+  for (size_t page = 0; page < pages; page++) {
+    size_t first = page * pageSize / objectSize;
+    size_t last = ((page + 1) * pageSize - 1) / objectSize;
+    if (first >= objects) break;  // the span's tail
+    if (last >= objects) last = objects - 1;
+    for (size_t w = first / 64; w <= last / 64; w++) {
+      uint64_t word = bits[w];
+      if (w == first / 64) word &= ~uint64_t{0} << (first % 64);
+      if (w == last / 64 && last % 64 != 63) word &= (uint64_t{1} << (last % 64 + 1)) - 1;
+      if (word) {
+        mask |= uint64_t{1} << page;
+        break;
+      }
     }
   }
   return mask;

@@ -440,6 +440,11 @@ TEST_F(HeapTest, ThreadExitReturnsAttachedSpans) {
   EXPECT_EQ(residentEntryBytes(exited), 0u);
   EXPECT_GT(exited->vectorPages().bytes, 0u);
   EXPECT_EQ(resident(exited->vectorPages()), 0u);
+  // Of its whole storage block only the page holding the ThreadHeap's own fields stays: the
+  // entries begin and end on page boundaries, so no page of them shares one with the object.
+  EXPECT_EQ(ThreadHeap::storageBytes() % Arena::pageSize(), 0u);
+  EXPECT_LE(resident({reinterpret_cast<uintptr_t>(exited), ThreadHeap::storageBytes()}),
+            Arena::pageSize());
   // The next thread takes that heap from the pool, configured again: every class serves and
   // takes back blocks, and its vector has the capacity and size a new heap's has.
   onNewThread([&] {

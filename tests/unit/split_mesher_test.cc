@@ -9,7 +9,10 @@
 #include <set>
 #include <vector>
 
+#include "heap/arena.h"
+#include "heap/size_class.h"
 #include "heap/span.h"
+#include "mesh/page_mask.h"
 #include "mesh/span_backing.h"
 #include "support/rng.h"
 
@@ -132,6 +135,135 @@ TEST_F(SplitMesherSearch, RespectsTheProbeLimit) {
   size_t found = SplitMesher::find(candidates.data(), candidates.size(), 1000, rng, groups, 16);
   ASSERT_GE(found, 1u);
   EXPECT_EQ(groups[0].sourceCount, kMaxVirtualSpans - 1);
+}
+
+// Spans of 4 pages, 16 slots a page (one bitmap word), as the live-page masks see them.
+class SplitMesherPages : public SplitMesherSearch {
+ protected:
+  std::vector<Span*> makePagedSpans(const std::vector<uint64_t>& bits) {
+    std::vector<Span*> spans = makeSpans(bits);
+    for (Span* span : spans) {
+      span->objectSize = static_cast<uint32_t>(Arena::pageSize() / 16);
+      span->spanPages = 4;
+    }
+    return spans;
+  }
+  static uint64_t slot(unsigned page, unsigned index) { return uint64_t{1} << (page * 16 + index); }
+};
+
+TEST_F(SplitMesherPages, PrefersAPartnerSharingPagesToOneSharingNone) {
+  // b's objects lie on page 2 only, c's on pages 0 and 2, and b and c overlap: a (page 0) meshes
+  // with c, which shares page 0, not with b, which shares none.
+  const uint64_t kA = slot(0, 0), kB = slot(2, 5), kC = slot(0, 4) | slot(2, 5);
+  unsigned checked = 0;
+  for (uint64_t seed = 1; seed <= 64; seed++) {
+    std::vector<Span*> candidates = makePagedSpans({kA, kB, kC});
+    Rng rng(seed);
+    MeshGroup groups[1];
+    size_t found = SplitMesher::find(candidates.data(), candidates.size(), 64, rng, groups, 1);
+    if (bitsOf(candidates[0]) == kB) continue;  // b on the left can only take a
+    checked++;
+    ASSERT_EQ(found, 1u) << "seed " << seed;
+    ASSERT_EQ(groups[0].sourceCount, 1u);
+    std::set<uint64_t> pair = {bitsOf(groups[0].destination), bitsOf(groups[0].sources[0])};
+    EXPECT_EQ(pair, (std::set<uint64_t>{kA, kC})) << "seed " << seed;
+  }
+  EXPECT_GT(checked, 8u);
+}
+
+TEST_F(SplitMesherPages, MeshesSpansSharingNoPageWhenNothingElseFits) {
+  // Disjoint, with a's objects on page 0 and b's on page 2: no page comes back now, but b's free
+  // slots leave the heap, so later allocations fill fewer pages.
+  for (uint64_t seed = 1; seed <= 16; seed++) {
+    std::vector<Span*> candidates = makePagedSpans({slot(0, 3), slot(2, 5)});
+    Rng rng(seed);
+    MeshGroup groups[1];
+    EXPECT_EQ(SplitMesher::find(candidates.data(), candidates.size(), 64, rng, groups, 1), 1u)
+        << "seed " << seed;
+  }
+}
+
+TEST_F(SplitMesherPages, ASpanInTheFileSharesEveryPage) {
+  // a is meshed already: its file keeps every page that held a live object since, so b (pages 1
+  // and 2) shares pages with it as much as c (pages 0 and 1) does, though only c shares a's live
+  // page. b and c overlap, so a takes one of them: b for the seeds that probe it first.
+  MeshInfo info{};
+  info.aliasCount = 1;
+  const uint64_t kA = slot(0, 0), kB = slot(1, 9) | slot(2, 5), kC = slot(0, 4) | slot(1, 9);
+  unsigned tookB = 0, tookC = 0;
+  for (uint64_t seed = 1; seed <= 64; seed++) {
+    std::vector<Span*> candidates = makePagedSpans({kA, kB, kC});
+    candidates[0]->mesh = &info;
+    Rng rng(seed);
+    MeshGroup groups[1];
+    size_t found = SplitMesher::find(candidates.data(), candidates.size(), 64, rng, groups, 1);
+    if (candidates[0]->mesh != &info) continue;  // a is not on the left
+    ASSERT_EQ(found, 1u) << "seed " << seed;
+    ASSERT_EQ(groups[0].sourceCount, 1u);
+    // The chain stays put: the unmeshed span moves onto it.
+    EXPECT_EQ(groups[0].destination->mesh, &info) << "seed " << seed;
+    tookB += bitsOf(groups[0].sources[0]) == kB;
+    tookC += bitsOf(groups[0].sources[0]) == kC;
+  }
+  EXPECT_GT(tookB, 0u);
+  EXPECT_GT(tookC, 0u);
+}
+
+TEST_F(SplitMesherPages, TakesThePartnerSharingTheMostPages) {
+  // a (pages 0 and 1) meshes with d, whose objects lie on the same two pages, rather than with e
+  // (pages 0 and 2), which also fits a but shares one page and overlaps d.
+  const uint64_t kA = slot(0, 0) | slot(1, 0), kD = slot(0, 1) | slot(1, 2),
+                 kE = slot(0, 1) | slot(2, 0);
+  unsigned checked = 0;
+  for (uint64_t seed = 1; seed <= 64; seed++) {
+    std::vector<Span*> candidates = makePagedSpans({kA, kE, kD});
+    Rng rng(seed);
+    MeshGroup groups[1];
+    size_t found = SplitMesher::find(candidates.data(), candidates.size(), 64, rng, groups, 1);
+    // One span goes left; e on the left can only take a.
+    if (bitsOf(candidates[0]) == kE) continue;
+    checked++;
+    ASSERT_EQ(found, 1u) << "seed " << seed;
+    ASSERT_EQ(groups[0].sourceCount, 1u);
+    std::set<uint64_t> pair = {bitsOf(groups[0].destination), bitsOf(groups[0].sources[0])};
+    EXPECT_EQ(pair, (std::set<uint64_t>{kA, kD})) << "seed " << seed;
+  }
+  EXPECT_GT(checked, 8u);
+}
+
+// The search's one-word page mask (livePageWord) says what livePages says, in every class whose
+// spans have at most 64 pages, for random bitmaps from sparse to full.
+TEST(LivePageWord, AgreesWithLivePagesInEveryClass) {
+  const size_t pageSize = Arena::pageSize();
+  SizeClasses::init(pageSize);
+  Rng rng(11);
+  unsigned compared = 0;
+  for (unsigned c = 0; c < kNumSizeClasses; c++) {
+    const SpanPlan& plan = SizeClasses::plan(c);
+    if (plan.pages > 64) continue;
+    std::vector<uint64_t> storage((Span::bytesFor(plan.objectCount) + 7) / 8 + 8);
+    uintptr_t aligned = (reinterpret_cast<uintptr_t>(storage.data()) + 63) & ~uintptr_t{63};
+    Span* span = new (reinterpret_cast<void*>(aligned)) Span();
+    span->objectSize = plan.objectSize;
+    span->objectCount = plan.objectCount;
+    span->spanPages = plan.pages;
+    size_t words = span->bitmap().words();
+    for (int trial = 0; trial < 64; trial++) {
+      std::vector<uint64_t> bits(words);
+      for (size_t w = 0; w < words; w++) {
+        uint64_t word = rng.next();
+        for (int thin = 0; thin < trial % 6; thin++) word &= rng.next();
+        if (w == words - 1 && plan.objectCount % 64)
+          word &= (uint64_t{1} << plan.objectCount % 64) - 1;
+        bits[w] = word;
+        span->bitmap().storeWord(w, word);
+      }
+      ASSERT_EQ(livePageWord(span, bits.data(), pageSize), livePages(span, pageSize).words[0])
+          << "class " << plan.objectSize << ", trial " << trial;
+      compared++;
+    }
+  }
+  EXPECT_GT(compared, 0u);
 }
 
 TEST_F(SplitMesherSearch, RespectsMaxGroups) {
