@@ -22,9 +22,10 @@ namespace meshalloc::heap {
 void deallocateSlow(void* pointer);
 // Every free of a valid small block that freeToVector did not take: its span (starting at
 // `spanStart`) is attached but the push declined, shares a span-table cell, or is not attached
-// here (the block goes to the recycled ring).
-void deallocateOther(ThreadHeap* heap, unsigned sizeClass, uint8_t cell, uintptr_t spanStart,
-                     uintptr_t address);
+// here (the block goes to the recycled ring). `v` is heap's vector of the block's class; the class
+// and the span-table cell are derived again here, so that the inline free keeps no copy of either
+// for its tail calls (2 instructions on every free).
+void deallocateOther(ThreadHeap* heap, ShuffleVector& v, uintptr_t spanStart, uintptr_t address);
 
 // A free of a valid small block whose span-table cell does not name its span: onto the recycled
 // ring of `v` (heap's vector of the block's class, whose address the inline free has computed
@@ -32,13 +33,13 @@ void deallocateOther(ThreadHeap* heap, unsigned sizeClass, uint8_t cell, uintptr
 // inline free save a register) if the cell is not shared, the block carries no cache tag and the
 // ring has room (a leaf function, entered by a tail call, so the local push saves no register);
 // anything else goes on to deallocateOther.
-void deallocateRecycled(ThreadHeap* heap, ShuffleVector& v, uint8_t cell, uintptr_t spanStart,
+void deallocateRecycled(ThreadHeap* heap, ShuffleVector& v, uintptr_t spanStart, unsigned cell,
                         uintptr_t address);
 
 // A local free at Randomization::kOnRefillAndFree (whose inline push limit is 0): swapped
 // into the vector at a random place (pushRandomly), with freeToVector's checks; anything else
 // goes on to deallocateOther.
-void deallocateShuffled(ThreadHeap* heap, unsigned sizeClass, uintptr_t spanStart,
+void deallocateShuffled(ThreadHeap* heap, ShuffleVector& v, uintptr_t spanStart,
                         uintptr_t address);
 
 // Pushes the free of `address`, a slot of a span attached to the calling thread, onto `v`, its
@@ -93,19 +94,18 @@ __attribute__((always_inline)) inline void deallocate(void* pointer) {
       // free, before the span table, the tag cost larson about 10 %.)
       // The span table's cell names a span attached here, or an entry that matches no start
       // (AttachedSpans::indexAt without its tests of the cell).
-      uint8_t cell = v.attached.cellFor(spanStart);
+      unsigned cell = v.attached.cellFor(spanStart);
       if (__builtin_expect(v.attached.startsAt(cell, spanStart), 1)) {
         if (__builtin_expect(freeToVector(v, address), 1)) return;
         // Randomization::kOnRefillAndFree: a small function of its own, without
         // deallocateOther's frame.
-        if (v.slots.shufflesEveryPush())
-          return deallocateShuffled(heap, sizeClass, spanStart, address);
+        if (v.slots.shufflesEveryPush()) return deallocateShuffled(heap, v, spanStart, address);
       } else {
-        return deallocateRecycled(heap, v, cell, spanStart, address);
+        return deallocateRecycled(heap, v, spanStart, cell, address);
       }
       // Out of line, and entered by a tail call, like every other way out: the push above then
       // needs no register saved.
-      return deallocateOther(heap, sizeClass, cell, spanStart, address);
+      return deallocateOther(heap, v, spanStart, address);
     }
   }
   deallocateSlow(pointer);
