@@ -39,8 +39,7 @@ void deallocateRecycled(ThreadHeap* heap, ShuffleVector& v, uintptr_t spanStart,
 // A local free at Randomization::kOnRefillAndFree (whose inline push limit is 0): swapped
 // into the vector at a random place (pushRandomly), with freeToVector's checks; anything else
 // goes on to deallocateOther.
-void deallocateShuffled(ThreadHeap* heap, ShuffleVector& v, uintptr_t spanStart,
-                        uintptr_t address);
+void deallocateShuffled(ThreadHeap* heap, ShuffleVector& v, uintptr_t spanStart, uintptr_t address);
 
 // Pushes the free of `address`, a slot of a span attached to the calling thread, onto `v`, its
 // vector of the class, if the free is plainly valid; false sends it to the slow path.
