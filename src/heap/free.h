@@ -75,14 +75,18 @@ __attribute__((always_inline)) inline void deallocate(void* pointer) {
   uintptr_t address = reinterpret_cast<uintptr_t>(pointer);
   // The compact entry says the class and the span start; the full one (the span record) is read
   // only for a span this thread may hold, whose entry is usually in cache.
-  uint32_t classEntry = Arena::classEntryFor(address);
-  if (__builtin_expect(PageClassEntry::isSmall(classEntry), 1)) {
-    unsigned sizeClass = PageClassEntry::sizeClass(classEntry);
+  uintptr_t classMap = Arena::classMapFor(address);
+  if (__builtin_expect(classMap != 0, 1)) {
+    uint32_t classEntry = Arena::classEntryIn(classMap, address);
+    // Knowing the entry's 16 bits, GCC took its high byte with a shift and a mask.
+    asm("" : "+r"(classEntry));
+    unsigned classByte = PageClassEntry::classByte(classEntry);
     uintptr_t spanStart = Arena::spanStartOfClassEntry(address, classEntry);
     // Never nullptr: a thread without a heap reads the empty heap, whose unconfigured vectors
-    // fail the slot check below, so its frees go to deallocateSlow.
+    // fail the slot check below, so its frees go to deallocateSlow. So does a page without a
+    // small span (class byte 0, ThreadHeap::unconfigured_), so the byte needs no test.
     ThreadHeap* heap = tlsFastPathHeap;
-    ShuffleVector& v = vectorInRegister(heap, sizeClass);
+    ShuffleVector& v = vectorOfClassByte(heap, classByte);
     if (__builtin_expect(v.check.isSlotStart(address - spanStart), 1)) {
       // A span this thread may hold: free now (its span record is usually in cache). Frees into
       // other spans are recycled (ShuffleVector), after every other kind of misuse has been
