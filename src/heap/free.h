@@ -78,7 +78,8 @@ __attribute__((always_inline)) inline void deallocate(void* pointer) {
   uintptr_t classMap = Arena::classMapFor(address);
   if (__builtin_expect(classMap != 0, 1)) {
     uint32_t classEntry = Arena::classEntryIn(classMap, address);
-    // Knowing the entry's 16 bits, GCC took its high byte with a shift and a mask.
+    // Hidden from GCC: knowing that the entry has 16 bits, it took the high byte with a shift
+    // and a mask (one instruction more).
     asm("" : "+r"(classEntry));
     unsigned classByte = PageClassEntry::classByte(classEntry);
     uintptr_t spanStart = Arena::spanStartOfClassEntry(address, classEntry);
