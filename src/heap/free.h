@@ -24,7 +24,7 @@ void deallocateSlow(void* pointer);
 // `spanStart`) is attached but the push declined, shares a span-table cell, or is not attached
 // here (the block goes to the recycled ring). `v` is heap's vector of the block's class; the class
 // and the span-table cell are derived again here, so that the inline free keeps no copy of either
-// for its tail calls (2 instructions on every free).
+// for its tail calls (one instruction on every free).
 void deallocateOther(ThreadHeap* heap, ShuffleVector& v, uintptr_t spanStart, uintptr_t address);
 
 // A free of a valid small block whose span-table cell does not name its span: onto the recycled
@@ -32,7 +32,8 @@ void deallocateOther(ThreadHeap* heap, ShuffleVector& v, uintptr_t spanStart, ui
 // already: passing it in place of the class saved 6 instructions, and a sixth argument made the
 // inline free save a register) if the cell is not shared, the block carries no cache tag and the
 // ring has room (a leaf function, entered by a tail call, so the local push saves no register);
-// anything else goes on to deallocateOther.
+// anything else goes on to deallocateOther. The span start and the cell come third and fourth,
+// the argument registers the inline free computed them into (2 instructions on the jump).
 void deallocateRecycled(ThreadHeap* heap, ShuffleVector& v, uintptr_t spanStart, unsigned cell,
                         uintptr_t address);
 
