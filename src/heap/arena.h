@@ -61,6 +61,8 @@ struct PageClassEntry {
   // fast path a zero extension.
   static bool isSmall(uint32_t entry) { return (entry & kClassMask) != 0; }
   static unsigned sizeClass(uint32_t entry) { return (entry & kClassMask) - 1u; }
+  // The class plus one, 0 where there is no small span (the inline free's vector index).
+  static unsigned classByte(uint32_t entry) { return entry & kClassMask; }
   static size_t pageIndex(uint32_t entry) { return entry >> kPageIndexShift; }
   static uint16_t make(unsigned sizeClass, size_t pageIndex) {
     return static_cast<uint16_t>((sizeClass + 1u) | (pageIndex << kPageIndexShift));
@@ -150,10 +152,17 @@ class Arena {
   }
   // The compact entry of `address`'s page (0 outside the arena).
   static uint16_t classEntryFor(uintptr_t address) {
+    uintptr_t biased = classMapFor(address);
+    return biased ? classEntryIn(biased, address) : 0;
+  }
+  // The same in two steps, for the inline free, which leaves at once outside the arena: the
+  // biased base of the compact map that covers `address` (0 outside the arena), then the entry.
+  static uintptr_t classMapFor(uintptr_t address) {
     size_t granule = address >> kGranuleShift;
     if (granule >= kTopEntries) return 0;
-    uintptr_t biased = classMaps_[granule].load(std::memory_order_acquire);
-    if (!biased) return 0;
+    return classMaps_[granule].load(std::memory_order_acquire);
+  }
+  static uint16_t classEntryIn(uintptr_t biased, uintptr_t address) {
     return reinterpret_cast<const std::atomic<uint16_t>*>(biased + (address >> fastPageShift()) *
                                                                        sizeof(uint16_t))
         ->load(std::memory_order_acquire);

@@ -94,10 +94,8 @@ inline void prefetchRecycledSpan(uintptr_t block) {
 }  // namespace
 
 // Case 2.
-void deallocateOther(ThreadHeap* heap, unsigned sizeClass, uint8_t cell, uintptr_t spanStart,
-                     uintptr_t address) {
-  ShuffleVector& v = vectorInRegister(heap, sizeClass);
-  int span = v.attached.indexIn(cell, spanStart);
+void deallocateOther(ThreadHeap* heap, ShuffleVector& v, uintptr_t spanStart, uintptr_t address) {
+  int span = v.attached.indexAt(spanStart);
   if (span >= 0) {
     // Case 2a: a tagged block may be free already (the slow path looks). Else the vector is full,
     // or (Randomization::kOnRefillAndFree, whose inline push limit is 0) the block is to be
@@ -119,7 +117,7 @@ void deallocateOther(ThreadHeap* heap, unsigned sizeClass, uint8_t cell, uintptr
     }
     return;
   }
-  if (__builtin_expect(isCacheTagged(address), 0)) checkTaggedFree(sizeClass, address);
+  if (__builtin_expect(isCacheTagged(address), 0)) checkTaggedFree(heap->sizeClassOf(v), address);
   // freeToRecycled. The block's full entry now, and the span record of a block
   // kRecycledPrefetchDistance applications ahead (its entry fetched long since), so that
   // applying it later misses on neither. (Only here: a prefetch on every free cost larson about
@@ -133,7 +131,7 @@ void deallocateOther(ThreadHeap* heap, unsigned sizeClass, uint8_t cell, uintptr
 }
 
 // Case 2c's common case, without deallocateOther's frame.
-void deallocateRecycled(ThreadHeap* heap, ShuffleVector& v, uint8_t cell, uintptr_t spanStart,
+void deallocateRecycled(ThreadHeap* heap, ShuffleVector& v, uintptr_t spanStart, unsigned cell,
                         uintptr_t address) {
   if (__builtin_expect(
           cell != AttachedSpans::kSeveralSpans && !isCacheTagged(address) && v.recycled.hasRoom(),
@@ -147,18 +145,17 @@ void deallocateRecycled(ThreadHeap* heap, ShuffleVector& v, uint8_t cell, uintpt
     v.pushRecycledWithRoom(address, floor);
     return;
   }
-  deallocateOther(heap, heap->sizeClassOf(v), cell, spanStart, address);
+  deallocateOther(heap, v, spanStart, address);
 }
 
 // Case 1 at Randomization::kOnRefillAndFree.
-void deallocateShuffled(ThreadHeap* heap, unsigned sizeClass, uintptr_t spanStart,
+void deallocateShuffled(ThreadHeap* heap, ShuffleVector& v, uintptr_t spanStart,
                         uintptr_t address) {
-  ShuffleVector& v = heap->vector(sizeClass);
   if (__builtin_expect(!isCacheTagged(address) && !v.slots.full(), 1)) {
     v.slots.pushRandomly(address, heap->rng());
     return;
   }
-  deallocateOther(heap, sizeClass, v.attached.cellFor(spanStart), spanStart, address);
+  deallocateOther(heap, v, spanStart, address);
 }
 
 // Case 3.

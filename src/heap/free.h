@@ -22,24 +22,25 @@ namespace meshalloc::heap {
 void deallocateSlow(void* pointer);
 // Every free of a valid small block that freeToVector did not take: its span (starting at
 // `spanStart`) is attached but the push declined, shares a span-table cell, or is not attached
-// here (the block goes to the recycled ring).
-void deallocateOther(ThreadHeap* heap, unsigned sizeClass, uint8_t cell, uintptr_t spanStart,
-                     uintptr_t address);
+// here (the block goes to the recycled ring). `v` is heap's vector of the block's class; the class
+// and the span-table cell are derived again here, so that the inline free keeps no copy of either
+// for its tail calls (one instruction on every free).
+void deallocateOther(ThreadHeap* heap, ShuffleVector& v, uintptr_t spanStart, uintptr_t address);
 
 // A free of a valid small block whose span-table cell does not name its span: onto the recycled
 // ring of `v` (heap's vector of the block's class, whose address the inline free has computed
 // already: passing it in place of the class saved 6 instructions, and a sixth argument made the
 // inline free save a register) if the cell is not shared, the block carries no cache tag and the
 // ring has room (a leaf function, entered by a tail call, so the local push saves no register);
-// anything else goes on to deallocateOther.
-void deallocateRecycled(ThreadHeap* heap, ShuffleVector& v, uint8_t cell, uintptr_t spanStart,
+// anything else goes on to deallocateOther. The span start and the cell come third and fourth,
+// the argument registers the inline free computed them into (2 instructions on the jump).
+void deallocateRecycled(ThreadHeap* heap, ShuffleVector& v, uintptr_t spanStart, unsigned cell,
                         uintptr_t address);
 
 // A local free at Randomization::kOnRefillAndFree (whose inline push limit is 0): swapped
 // into the vector at a random place (pushRandomly), with freeToVector's checks; anything else
 // goes on to deallocateOther.
-void deallocateShuffled(ThreadHeap* heap, unsigned sizeClass, uintptr_t spanStart,
-                        uintptr_t address);
+void deallocateShuffled(ThreadHeap* heap, ShuffleVector& v, uintptr_t spanStart, uintptr_t address);
 
 // Pushes the free of `address`, a slot of a span attached to the calling thread, onto `v`, its
 // vector of the class, if the free is plainly valid; false sends it to the slow path.
@@ -75,14 +76,19 @@ __attribute__((always_inline)) inline void deallocate(void* pointer) {
   uintptr_t address = reinterpret_cast<uintptr_t>(pointer);
   // The compact entry says the class and the span start; the full one (the span record) is read
   // only for a span this thread may hold, whose entry is usually in cache.
-  uint32_t classEntry = Arena::classEntryFor(address);
-  if (__builtin_expect(PageClassEntry::isSmall(classEntry), 1)) {
-    unsigned sizeClass = PageClassEntry::sizeClass(classEntry);
+  uintptr_t classMap = Arena::classMapFor(address);
+  if (__builtin_expect(classMap != 0, 1)) {
+    uint32_t classEntry = Arena::classEntryIn(classMap, address);
+    // Hidden from GCC: knowing that the entry has 16 bits, it took the high byte with a shift
+    // and a mask (one instruction more).
+    asm("" : "+r"(classEntry));
+    unsigned classByte = PageClassEntry::classByte(classEntry);
     uintptr_t spanStart = Arena::spanStartOfClassEntry(address, classEntry);
     // Never nullptr: a thread without a heap reads the empty heap, whose unconfigured vectors
-    // fail the slot check below, so its frees go to deallocateSlow.
+    // fail the slot check below, so its frees go to deallocateSlow. So does a page without a
+    // small span (class byte 0, ThreadHeap::unconfigured_), so the byte needs no test.
     ThreadHeap* heap = tlsFastPathHeap;
-    ShuffleVector& v = vectorInRegister(heap, sizeClass);
+    ShuffleVector& v = vectorOfClassByte(heap, classByte);
     if (__builtin_expect(v.check.isSlotStart(address - spanStart), 1)) {
       // A span this thread may hold: free now (its span record is usually in cache). Frees into
       // other spans are recycled (ShuffleVector), after every other kind of misuse has been
@@ -93,19 +99,18 @@ __attribute__((always_inline)) inline void deallocate(void* pointer) {
       // free, before the span table, the tag cost larson about 10 %.)
       // The span table's cell names a span attached here, or an entry that matches no start
       // (AttachedSpans::indexAt without its tests of the cell).
-      uint8_t cell = v.attached.cellFor(spanStart);
+      unsigned cell = v.attached.cellFor(spanStart);
       if (__builtin_expect(v.attached.startsAt(cell, spanStart), 1)) {
         if (__builtin_expect(freeToVector(v, address), 1)) return;
         // Randomization::kOnRefillAndFree: a small function of its own, without
         // deallocateOther's frame.
-        if (v.slots.shufflesEveryPush())
-          return deallocateShuffled(heap, sizeClass, spanStart, address);
+        if (v.slots.shufflesEveryPush()) return deallocateShuffled(heap, v, spanStart, address);
       } else {
-        return deallocateRecycled(heap, v, cell, spanStart, address);
+        return deallocateRecycled(heap, v, spanStart, cell, address);
       }
       // Out of line, and entered by a tail call, like every other way out: the push above then
       // needs no register saved.
-      return deallocateOther(heap, sizeClass, cell, spanStart, address);
+      return deallocateOther(heap, v, spanStart, address);
     }
   }
   deallocateSlow(pointer);

@@ -3,7 +3,9 @@
 #include <errno.h>
 #include <string.h>
 
+#include <cstddef>
 #include <new>
+#include <type_traits>
 
 #include "heap/arena.h"
 #include "heap/errors.h"
@@ -78,6 +80,10 @@ size_t ThreadHeap::storageBytes() {
 }
 
 void ThreadHeap::initialize() {
+  // The fast paths' vectorInRegister and vectorOfClassByte (thread_heap.h).
+  static_assert(std::is_standard_layout_v<ThreadHeap>);
+  static_assert(offsetof(ThreadHeap, unconfigured_) == 0);
+  static_assert(offsetof(ThreadHeap, vectors_) == kVectorStride);
   char* cursor = reinterpret_cast<char*>(this) + entriesOffset();
   reorderScratch_ = reinterpret_cast<uintptr_t*>(cursor);
   cursor += maxEntryBytes();
@@ -157,9 +163,10 @@ ThreadHeap::PageRange ThreadHeap::entryPages() const {
 
 ThreadHeap::PageRange ThreadHeap::vectorPages() const {
   uintptr_t pageSize = Arena::pageSize();
-  uintptr_t base = reinterpret_cast<uintptr_t>(vectors_);
+  // From the unconfigured vector, which is zeros too.
+  uintptr_t base = reinterpret_cast<uintptr_t>(&unconfigured_);
   uintptr_t first = (base + pageSize - 1) & ~(pageSize - 1);
-  uintptr_t end = (base + sizeof(vectors_)) & ~(pageSize - 1);
+  uintptr_t end = reinterpret_cast<uintptr_t>(vectors_ + kNumSizeClasses) & ~(pageSize - 1);
   return {first, end > first ? end - first : 0};
 }
 

@@ -151,12 +151,23 @@ class ThreadHeap {
   void shuffleRuns(ShuffleVector& v, const uint32_t* runStarts, unsigned runs);
 
   // A power-of-two stride: the fast paths find a class's vector with a shift, not a multiply.
+  // Class c's vector lies (c + 1) strides into the heap (after unconfigured_).
+ public:
   static constexpr size_t kVectorStride = 1024;
+
+ private:
   static_assert(sizeof(ShuffleVector) <= kVectorStride);
   struct PaddedVector {
     ShuffleVector vector;
     char padding[kVectorStride - sizeof(ShuffleVector)] = {};
   };
+  // Never configured and never written: the vector of the compact page-map entry's class byte 0
+  // (no small span there), one stride below class 0's. The inline free indexes the vectors by
+  // that byte, the class plus one, so it needs neither the byte's zero test nor the
+  // subtraction (3 instructions): such a pointer fails this vector's slot check (its bounds are
+  // 0) and goes to the slow path. First, so that malloc reaches class c's vector at a
+  // displacement from the heap plus c strides (vectorInRegister).
+  PaddedVector unconfigured_;
   PaddedVector vectors_[kNumSizeClasses];
   // Zeros until create() seeds it and sets the level: a ThreadHeap constant-initialises to
   // zeros, so gEmptyThreadHeap (42 KiB) lies in .bss, where the fast paths' reads of it cost no
@@ -177,14 +188,24 @@ class ThreadHeap {
   ThreadHeap* poolNext_ = nullptr;
 };
 
-// heap->vector(sizeClass) with its address computed once, into a register, for the fast paths:
-// left to itself GCC addressed each field from the heap and the class (heap + class * stride +
-// offset) and computed the address again for the next (malloc: 2 instructions, free: 2).
+// heap->vector(sizeClass) with heap + class * stride computed once, into a register, for the
+// fast paths: left to itself GCC addressed each field from the heap and the class (heap + class
+// * stride + offset) and computed the address again for the next (malloc: 2 instructions, free:
+// 2). The vector's place in the heap is a constant displacement from there.
 __attribute__((always_inline)) inline ShuffleVector& vectorInRegister(ThreadHeap* heap,
                                                                       unsigned sizeClass) {
-  ShuffleVector* v = &heap->vector(sizeClass);
-  asm("" : "+r"(v));
-  return *v;
+  char* base = reinterpret_cast<char*>(heap) + size_t{sizeClass} * ThreadHeap::kVectorStride;
+  asm("" : "+r"(base));
+  return *reinterpret_cast<ShuffleVector*>(base + ThreadHeap::kVectorStride);
+}
+// The same for a compact page-map entry's class byte (PageClassEntry: the class plus one, 0 where
+// there is no small span), for the inline free: byte 0 names the unconfigured vector, whose
+// slot check no pointer passes.
+__attribute__((always_inline)) inline ShuffleVector& vectorOfClassByte(ThreadHeap* heap,
+                                                                       unsigned classByte) {
+  char* base = reinterpret_cast<char*>(heap) + size_t{classByte} * ThreadHeap::kVectorStride;
+  asm("" : "+r"(base));
+  return *reinterpret_cast<ShuffleVector*>(base);
 }
 
 // initial-exec TLS: one %fs-relative load on the fast path, valid even for LD_PRELOAD since
