@@ -28,6 +28,21 @@ def test_rotated_shifts_the_allocators_by_one_each_repetition():
     assert rounds == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
 
 
+@pytest.mark.parametrize("count", [2, 3, 4, 5, 6])
+def test_balanced_makes_every_allocator_follow_every_other_equally_often(count):
+    """Rotation keeps the cycle (b follows a in every round but one); the balanced order over n
+    rounds (2n for an odd n) has every ordered pair of neighbours equally often."""
+    allocators = [f"a{index}" for index in range(count)]
+    rounds = count if count % 2 == 0 else 2 * count
+    slots = schedule.plan(["w"], allocators, rounds, schedule.BALANCED)
+    pairs = Counter((before.allocator, after.allocator) for before, after in zip(slots, slots[1:])
+                    if before.repetition == after.repetition)
+    assert set(pairs) == {(x, y) for x in allocators for y in allocators if x != y}
+    assert len(set(pairs.values())) == 1
+    for repetition in range(1, rounds + 1):
+        assert sorted(slot.allocator for slot in slots if slot.repetition == repetition) == allocators
+
+
 @pytest.mark.parametrize("order", schedule.ORDERS)
 def test_every_cell_runs_the_given_repetitions_workload_after_workload(order):
     slots = schedule.plan(["w1", "w2"], ALLOCATORS, 3, order)

@@ -144,3 +144,20 @@ def test_microbenchmark_line_is_parsed():
     line = "workload=churn threads=1 seconds=0.223240 ops=4004096 maxrss_kb=13556 checksum=36a77ac1a2bf995c"
     fields = speed.parse_line("noise\n" + line + "\n")
     assert fields["seconds"] == "0.223240" and fields["checksum"] == "36a77ac1a2bf995c"
+
+
+def test_the_time_pass_changes_which_allocator_follows_which():
+    """With one order every repetition, one build always ran right after glibc and came out
+    behind another on old-free and turnover (docs/speed.md): in the timed pass, over the quick
+    mode's repetitions, no allocator may always have the same predecessor."""
+    from meshalloc_cli.bench import schedule
+    from meshalloc_cli.bench.framework import QUICK
+    params = speed.PARAMETERS[QUICK]
+    time_pass = speed.Speed.passes(speed.Speed.__new__(speed.Speed), params)[0]
+    allocators = ["mimalloc", "jemalloc", "glibc", "new", "old"]
+    slots = schedule.plan(["w"], allocators, params.repetitions, time_pass.order)
+    predecessors = {name: set() for name in allocators}
+    for before, after in zip(slots, slots[1:]):
+        if before.repetition == after.repetition:
+            predecessors[after.allocator].add(before.allocator)
+    assert all(len(seen) > 1 for seen in predecessors.values()), predecessors

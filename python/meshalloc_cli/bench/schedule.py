@@ -6,8 +6,13 @@ every allocator, and so on (A B C, A B C), rather than all of A's runs first, so
 drifts of the machine (page cache warming, thermal throttling, a noisy neighbour) spread over
 every allocator instead of penalising whichever ran last. Rotated order also shifts the
 allocators by one each repetition (A B C, B C A, C A B), so that none always runs first or
-always follows the same neighbour: what a short timed run needs. The 1-minute load average is
-recorded as each run starts, so that a table can say how busy the machine was.
+always follows the same neighbour. Rotation keeps the cycle, though: B still follows A in every
+repetition but the one that starts with B. Balanced order (a Williams design) changes the
+neighbours too: over n repetitions of n allocators (2n when n is odd) every allocator follows
+every other exactly once, so that one run's after-effects (a cache, a CPU frequency, the page
+cache another allocator left) do not always fall on the same allocator: what a short timed run
+needs. The 1-minute load average is recorded as each run starts, so that a table can say how
+busy the machine was.
 """
 
 from __future__ import annotations
@@ -16,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Generic, List, Optional, Sequence, TypeVar
 
-INTERLEAVED, ROTATED = "interleaved", "rotated"
-ORDERS = (INTERLEAVED, ROTATED)
+INTERLEAVED, ROTATED, BALANCED = "interleaved", "rotated", "balanced"
+ORDERS = (INTERLEAVED, ROTATED, BALANCED)
 LOADAVG = Path("/proc/loadavg")
 
 Result = TypeVar("Result")
@@ -49,10 +54,26 @@ def plan(workloads: Sequence[Any], allocators: Sequence[Any], repetitions: int,
     slots: List[Slot] = []
     for workload in workloads:
         for repetition in range(1, repetitions + 1):
-            shift = (repetition - 1) % len(allocators) if order == ROTATED and allocators else 0
-            for allocator in list(allocators[shift:]) + list(allocators[:shift]):
-                slots.append(Slot(workload, allocator, repetition, len(slots) + 1))
+            for index in _sequence(len(allocators), repetition - 1, order):
+                slots.append(Slot(workload, allocators[index], repetition, len(slots) + 1))
     return slots
+
+
+def _sequence(count: int, round_index: int, order: str) -> List[int]:
+    """The allocators' indices in round `round_index` (0-based) of `order`."""
+    if order == INTERLEAVED or count == 0:
+        return list(range(count))
+    if order == ROTATED:
+        shift = round_index % count
+        return [(index + shift) % count for index in range(count)]
+    # Williams: 0, 1, n-1, 2, n-2, ... shifted by the row, which balances first-order neighbours
+    # for an even n; for an odd n every row is followed by its reverse.
+    base = [0]
+    for step in range(1, count):
+        base.append((step + 1) // 2 if step % 2 else count - step // 2)
+    row, reverse = (round_index // 2, round_index % 2 == 1) if count % 2 else (round_index, False)
+    sequence = [(index + row) % count for index in base]
+    return sequence[::-1] if reverse else sequence
 
 
 def load_average() -> str:

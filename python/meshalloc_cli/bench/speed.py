@@ -32,6 +32,7 @@ from .framework import (FULL, QUICK, SMOKE, STDERR, TIMED, Claim, Command, Conte
                         ExperimentUnavailable, Parameters, Pass, Report, Results, Run, RunFailed, Session)
 from .report import (NO_VALUE, BarPanel, allocator_json, geomean_claim_text, geomean_text, markdown_table,
                      notes_section, number, ratio_bar_chart, stat_text, write_tsv)
+from .schedule import BALANCED
 from .stats import Geomean, Stat, geomean_of, paired_ratios, ratio
 from .programs import (MICRO_INTERVAL_S, PROGRAM, PROGRAM_INTERVAL_S, Workload, available_programs, memory_figures,
                        memory_progress, program_workloads, shown_command)
@@ -542,8 +543,11 @@ class Speed(ExperimentBase, Declared):
     reference = BASELINE
 
     def passes(self, params: SpeedParameters) -> List[Pass]:
-        """Time first, with nothing watching; then memory, sampled, in a pass of its own."""
-        return [Pass(TIME, params.repetitions, directory=TIME),
+        """Time first, with nothing watching, in balanced order: with the same neighbours every
+        repetition, whichever of two meshalloc builds ran right after glibc came out behind the
+        other on old-free and turnover, by more than the changes being measured (docs/speed.md).
+        Then memory, sampled, in a pass of its own."""
+        return [Pass(TIME, params.repetitions, BALANCED, directory=TIME),
                 Pass(MEMORY, min(params.repetitions, params.memory_repetitions), directory=MEMORY)]
 
     def workloads(self, session: Session) -> List[Workload]:
