@@ -344,22 +344,28 @@ std::vector<uint64_t> sparseClass(size_t count) {
 }
 
 // The mover holds a class's lock for one object's bookkeeping at a time, never across a copy:
-// with copies slowed to 20 ms, its longest hold stays a fraction of one. Made to hold the lock
-// across the copy, its holds last 20 ms.
+// with copies slowed to 50 ms, its longest hold stays a fraction of one. Made to hold the lock
+// across the copy, its holds last 50 ms. The copies stay slow until six objects have moved
+// (not for a fixed time, which a loaded machine running this under TSan could fill with fewer).
 TEST(HandleConcurrencyTest, AMoverNeverHoldsAClassLockAcrossACopy) {
   gHeapConfig.handlesDefrag = false;
   ASSERT_TRUE(ensureInitialized());
-  constexpr uint64_t kCopyNs = 20000000;
+  constexpr uint64_t kCopyNs = 50000000;
   std::vector<uint64_t> kept = sparseClass(20000);
   Defragmenter::delayCopiesForTesting(kCopyNs);
   uint64_t movedBefore = gCounters.movedObjects.load();
   gCounters.moveHoldMaxNs.store(0);
   std::thread mover([] { Defragmenter::pass(0, 0); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (gCounters.movedObjects.load() <= movedBefore + 5 &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  uint64_t holdMaxNs = gCounters.moveHoldMaxNs.load();
   Defragmenter::delayCopiesForTesting(0);
   mover.join();
   EXPECT_GT(gCounters.movedObjects.load(), movedBefore + 5);
-  EXPECT_LT(gCounters.moveHoldMaxNs.load(), kCopyNs / 2);
+  EXPECT_LT(holdMaxNs, kCopyNs / 2);
   for (uint64_t handle : kept) free(handle);
 }
 
