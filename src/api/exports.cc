@@ -20,9 +20,14 @@
 using namespace meshalloc;
 
 namespace {
-// Out of line, entered by a tail call: malloc's fast path then saves no register.
+// Out of line, entered by a tail call: malloc's fast path then saves no register. It passes the
+// return address as its offset in gLibcBufferCallerSpan, the difference its test computed, and
+// the address is rebuilt here: passing the address itself kept a copy of it in malloc (one
+// instruction on every call). The span is set once, at load (api::findLibcBufferCallers).
 __attribute__((noinline)) void* mallocFromNearLibcBufferFunction(size_t size,
-                                                                 const void* returnAddress) {
+                                                                 uintptr_t callerOffset) {
+  const void* returnAddress =
+      reinterpret_cast<const void*>(callerOffset + api::gLibcBufferCallerSpan.start);
   if (api::calledFromLibcBufferFunction(returnAddress)) return heap::allocatePinned(size);
   return heap::allocate(size);
 }
@@ -32,10 +37,11 @@ MESHALLOC_EXPORT void* malloc(size_t size) {
   // The caller alone decides, without looking at the size first: a size test ahead of it was a
   // branch the CPU mispredicted on every other call of programs whose sizes straddle the
   // threshold (larson: 14 % slower), while the caller test is always false for a program's
-  // own calls.
-  const void* returnAddress = __builtin_return_address(0);
-  if (__builtin_expect(api::mayBeCalledFromLibcBufferFunction(returnAddress), 0))
-    return mallocFromNearLibcBufferFunction(size, returnAddress);
+  // own calls. (api::mayBeCalledFromLibcBufferFunction, keeping the difference.)
+  uintptr_t callerOffset =
+      reinterpret_cast<uintptr_t>(__builtin_return_address(0)) - api::gLibcBufferCallerSpan.start;
+  if (__builtin_expect(callerOffset < api::gLibcBufferCallerSpan.size, 0))
+    return mallocFromNearLibcBufferFunction(size, callerOffset);
   return heap::allocate(size);
 }
 MESHALLOC_EXPORT void free(void* pointer) {

@@ -94,7 +94,7 @@ inline void prefetchRecycledSpan(uintptr_t block) {
 }  // namespace
 
 // Case 2.
-void deallocateOther(ThreadHeap* heap, ShuffleVector& v, uintptr_t spanStart, uintptr_t address) {
+void deallocateOther(uintptr_t address, ShuffleVector& v, uintptr_t spanStart, ThreadHeap* heap) {
   int span = v.attached.indexAt(spanStart);
   if (span >= 0) {
     // Case 2a: a tagged block may be free already (the slow path looks). Else the vector is full,
@@ -131,8 +131,8 @@ void deallocateOther(ThreadHeap* heap, ShuffleVector& v, uintptr_t spanStart, ui
 }
 
 // Case 2c's common case, without deallocateOther's frame.
-void deallocateRecycled(ThreadHeap* heap, ShuffleVector& v, uintptr_t spanStart, unsigned cell,
-                        uintptr_t address) {
+void deallocateRecycled(uintptr_t address, ShuffleVector& v, uintptr_t spanStart, ThreadHeap* heap,
+                        unsigned cell) {
   if (__builtin_expect(
           cell != AttachedSpans::kSeveralSpans && !isCacheTagged(address) && v.recycled.hasRoom(),
           1)) {
@@ -145,17 +145,17 @@ void deallocateRecycled(ThreadHeap* heap, ShuffleVector& v, uintptr_t spanStart,
     v.pushRecycledWithRoom(address, floor);
     return;
   }
-  deallocateOther(heap, v, spanStart, address);
+  deallocateOther(address, v, spanStart, heap);
 }
 
 // Case 1 at Randomization::kOnRefillAndFree.
-void deallocateShuffled(ThreadHeap* heap, ShuffleVector& v, uintptr_t spanStart,
-                        uintptr_t address) {
+void deallocateShuffled(uintptr_t address, ShuffleVector& v, uintptr_t spanStart,
+                        ThreadHeap* heap) {
   if (__builtin_expect(!isCacheTagged(address) && !v.slots.full(), 1)) {
     v.slots.pushRandomly(address, heap->rng());
     return;
   }
-  deallocateOther(heap, v, spanStart, address);
+  deallocateOther(address, v, spanStart, heap);
 }
 
 // Case 3.

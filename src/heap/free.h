@@ -25,7 +25,7 @@ void deallocateSlow(void* pointer);
 // here (the block goes to the recycled ring). `v` is heap's vector of the block's class; the class
 // and the span-table cell are derived again here, so that the inline free keeps no copy of either
 // for its tail calls (one instruction on every free).
-void deallocateOther(ThreadHeap* heap, ShuffleVector& v, uintptr_t spanStart, uintptr_t address);
+void deallocateOther(uintptr_t address, ShuffleVector& v, uintptr_t spanStart, ThreadHeap* heap);
 
 // A free of a valid small block whose span-table cell does not name its span: onto the recycled
 // ring of `v` (heap's vector of the block's class, whose address the inline free has computed
@@ -34,13 +34,13 @@ void deallocateOther(ThreadHeap* heap, ShuffleVector& v, uintptr_t spanStart, ui
 // ring has room (a leaf function, entered by a tail call, so the local push saves no register);
 // anything else goes on to deallocateOther. The span start and the cell come third and fourth,
 // the argument registers the inline free computed them into (2 instructions on the jump).
-void deallocateRecycled(ThreadHeap* heap, ShuffleVector& v, uintptr_t spanStart, unsigned cell,
-                        uintptr_t address);
+void deallocateRecycled(uintptr_t address, ShuffleVector& v, uintptr_t spanStart, ThreadHeap* heap,
+                        unsigned cell);
 
 // A local free at Randomization::kOnRefillAndFree (whose inline push limit is 0): swapped
 // into the vector at a random place (pushRandomly), with freeToVector's checks; anything else
 // goes on to deallocateOther.
-void deallocateShuffled(ThreadHeap* heap, ShuffleVector& v, uintptr_t spanStart, uintptr_t address);
+void deallocateShuffled(uintptr_t address, ShuffleVector& v, uintptr_t spanStart, ThreadHeap* heap);
 
 // Pushes the free of `address`, a slot of a span attached to the calling thread, onto `v`, its
 // vector of the class, if the free is plainly valid; false sends it to the slow path.
@@ -104,13 +104,13 @@ __attribute__((always_inline)) inline void deallocate(void* pointer) {
         if (__builtin_expect(freeToVector(v, address), 1)) return;
         // Randomization::kOnRefillAndFree: a small function of its own, without
         // deallocateOther's frame.
-        if (v.slots.shufflesEveryPush()) return deallocateShuffled(heap, v, spanStart, address);
+        if (v.slots.shufflesEveryPush()) return deallocateShuffled(address, v, spanStart, heap);
       } else {
-        return deallocateRecycled(heap, v, spanStart, cell, address);
+        return deallocateRecycled(address, v, spanStart, heap, cell);
       }
       // Out of line, and entered by a tail call, like every other way out: the push above then
       // needs no register saved.
-      return deallocateOther(heap, v, spanStart, address);
+      return deallocateOther(address, v, spanStart, heap);
     }
   }
   deallocateSlow(pointer);

@@ -37,7 +37,7 @@ void* allocateRecycled(ShuffleVector& v);
 inline void* allocate(size_t size) {
   if (__builtin_expect(size <= kMaxSmallSize, 1)) {
     // Never nullptr: a thread without a heap reads the empty heap, whose vectors are empty.
-    ShuffleVector& v = vectorInRegister(tlsFastPathHeap, SizeClasses::classOf(size));
+    ShuffleVector& v = vectorForSize(tlsFastPathHeap, size);
     if (__builtin_expect(v.slots.canPop(), 1)) return v.slots.pop();
     // The recycled blocks: first for a thread alone (the stack's pop floor), else once the
     // stack is empty, in place of a refill.

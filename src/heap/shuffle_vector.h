@@ -41,66 +41,108 @@ static_assert((kMaxRecycled & (kMaxRecycled - 1)) == 0);
 // the vector tag (a local free put it here; a refill's slots are left untouched, so that a
 // detach need not write to pages the program never used). The owner alone changes it; other
 // threads read the length and entries to report a double free or count slots (best effort).
+// The stack's top, its pop floor and its push limit are kept as addresses, not counts: malloc's
+// pop and the local free's push then use the top directly, without the entries' base (one load
+// and 1-2 instructions fewer on each path); the length is derived from the top.
 class SlotStack {
  public:
   static constexpr uintptr_t kTaggedEntry = 1;
   static uintptr_t blockOf(uintptr_t entry) { return entry & ~kTaggedEntry; }
 
+  // Before the heap is published, or while it is pooled: single-copy atomic all the same, as
+  // other threads' statistics read the top.
   void configure(uintptr_t* entries, uint32_t capacity) {
     entries_ = entries;
     capacity_ = capacity;
+    __atomic_store_n(&top_, entries, __ATOMIC_RELAXED);
+    setPopFloor(0);
   }
   // Whether the inline local free may push: at Randomization::kOnRefillAndFree every local free
-  // must be shuffled in (done out of line), so the limit is 0 and the fast path tests one bound
-  // instead of also reading the randomisation level.
-  void setShufflesEveryPush(bool shuffles) { inlinePushLimit_ = shuffles ? 0 : capacity_; }
-  bool shufflesEveryPush() const { return inlinePushLimit_ == 0; }
-  bool takesInlinePush() const { return length_ < inlinePushLimit_; }
+  // must be shuffled in (done out of line), so the limit is nullptr (no top is below it) and the
+  // fast path tests one bound instead of also reading the randomisation level.
+  void setShufflesEveryPush(bool shuffles) {
+    inlinePushLimit_ = shuffles ? nullptr : entries_ + capacity_;
+  }
+  // Read as its own load (the same instruction for the owner): GCC otherwise kept the limit the
+  // inline push compared with in a register for the free's way out, one load more on every free.
+  bool shufflesEveryPush() const {
+    return __atomic_load_n(&inlinePushLimit_, __ATOMIC_RELAXED) == nullptr;
+  }
+  bool takesInlinePush() const { return top_ < inlinePushLimit_; }
 
-  uint32_t length() const { return length_; }
+  uint32_t length() const { return static_cast<uint32_t>(top_ - entries_); }
   uint32_t capacity() const { return capacity_; }
-  bool empty() const { return length_ == 0; }
-  bool full() const { return length_ >= capacity_; }
+  bool empty() const { return top_ == entries_; }
+  bool full() const { return length() >= capacity_; }
   uintptr_t entry(uint32_t i) const { return entries_[i]; }
-  // The length as another thread sees it (single-copy atomic).
-  uint32_t lengthSeenByPeers() const { return __atomic_load_n(&length_, __ATOMIC_RELAXED); }
+  // The length as another thread sees it (the top read once, single-copy atomic; the base never
+  // changes while the heap is in use).
+  uint32_t lengthSeenByPeers() const {
+    return static_cast<uint32_t>(__atomic_load_n(&top_, __ATOMIC_RELAXED) - entries_);
+  }
 
   // malloc pops only while the length is above the floor: 0, or RecycledRing::kFirstFloor while
   // the ring holds blocks to serve first. So malloc's one test covers both an empty stack and a
   // ring to serve first (testing the ring's order, then the length, cost it 3 instructions).
   // Another thread may set it when the order changes (ShuffleVector::setRecycledFirst), hence
   // the relaxed atomics (plain loads and stores); a floor left set over an empty ring only sends
-  // one malloc to allocateSlow, which clears it.
-  bool canPop() const { return length_ > __atomic_load_n(&popFloor_, __ATOMIC_RELAXED); }
-  void setPopFloor(uint32_t floor) { __atomic_store_n(&popFloor_, floor, __ATOMIC_RELAXED); }
+  // one malloc to allocateSlow, which clears it. Kept as an address the top must be above: the
+  // base for 0, all ones for kFirstFloor (the floor sign-extended and or-ed with the base, no
+  // branch: popRecycled stores it on every recycled malloc). All zeros in the empty heap, where
+  // the top is 0 too.
+  bool canPop() const {
+#if defined(__x86_64__)
+    // The floor as the compare's memory operand (an aligned 8-byte load, single-copy atomic):
+    // GCC never folds an atomic load into another instruction, and loaded it apart (one
+    // instruction more on every malloc).
+    bool above;
+    asm("cmp %2, %1" : "=@cca"(above) : "r"(top_), "m"(popFloor_));
+    return above;
+#else
+    return reinterpret_cast<uintptr_t>(top_) > __atomic_load_n(&popFloor_, __ATOMIC_RELAXED);
+#endif
+  }
+  void setPopFloor(uint32_t floor) {
+    uintptr_t above = static_cast<uintptr_t>(static_cast<int64_t>(static_cast<int32_t>(floor)));
+    __atomic_store_n(&popFloor_, reinterpret_cast<uintptr_t>(entries_) | above, __ATOMIC_RELAXED);
+  }
 
   // The tag goes with the block: the program's data takes its place.
   void* pop() {
-    uintptr_t block = blockOf(entries_[--length_]);
+    uintptr_t* top = top_ - 1;
+    top_ = top;
+    uintptr_t block = blockOf(*top);
     setCacheTag(block, 0);
     return reinterpret_cast<void*>(block);
   }
-  // A local free. The tag lets the next free of the block notice that it is already here.
+  // A local free. The tag lets the next free of the block notice that it is already here. The
+  // top is read before the tag's store, which might alias it.
   void push(uintptr_t block) {
+    uintptr_t* top = top_;
     setCacheTag(block, vectorTag());
-    entries_[length_++] = block | kTaggedEntry;
+    *top = block | kTaggedEntry;
+    top_ = top + 1;
   }
   // Pushes, then swaps the new entry with a random one: the stack stays a uniform shuffle.
   void pushRandomly(uintptr_t block, Rng& rng) {
     setCacheTag(block, vectorTag());
-    uint32_t position = rng.below(length_ + 1);
-    entries_[length_++] = entries_[position];
+    uint32_t length = this->length();
+    uint32_t position = rng.below(length + 1);
+    entries_[length] = entries_[position];
     entries_[position] = block | kTaggedEntry;
+    top_ = entries_ + length + 1;
   }
   // A slot a refill claimed from its span's bitmap.
-  void pushClaimed(uintptr_t block) { entries_[length_++] = block; }
+  void pushClaimed(uintptr_t block) {
+    *top_++ = block;
+  }
 
   // Whether `block` is among the free slots: a scan, for the slow paths only (a block that
   // carries the vector tag). Other threads peek too, to report a double free (best effort: the
-  // owner's length and entries change under them), so each is read once, single-copy atomic:
+  // owner's top and entries change under them), so each is read once, single-copy atomic:
   // the same code as plain loads for the owner.
   bool holds(uintptr_t block) const {
-    uint32_t count = __atomic_load_n(&length_, __ATOMIC_ACQUIRE);
+    uint32_t count = static_cast<uint32_t>(__atomic_load_n(&top_, __ATOMIC_ACQUIRE) - entries_);
     if (count > capacity_) return false;
     for (uint32_t i = 0; i < count; i++) {
       if (blockOf(__atomic_load_n(&entries_[i], __ATOMIC_RELAXED)) == block) return true;
@@ -110,11 +152,13 @@ class SlotStack {
 
   // The `count` oldest entries (the bottom ones) leave; the rest move down.
   void dropOldest(uint32_t count) {
-    MESHALLOC_ASSERT(count <= length_);
-    memmove(entries_, entries_ + count, (length_ - count) * sizeof(uintptr_t));
-    length_ -= count;
+    MESHALLOC_ASSERT(count <= length());
+    memmove(entries_, entries_ + count, (length() - count) * sizeof(uintptr_t));
+    top_ -= count;
   }
-  void clear() { length_ = 0; }
+  void clear() {
+    top_ = entries_;
+  }
 
   // The orders a refill leaves the stack in (ThreadHeap::shuffle): entries [first, end)
   // reversed; all of them in uniformly random order; runs of entries reordered, run `order[k]`
@@ -127,10 +171,13 @@ class SlotStack {
       entries_[end - 1] = t;
     }
   }
-  void shuffle(Rng& rng) { rng.shuffle(entries_, length_); }
+  void shuffle(Rng& rng) {
+    rng.shuffle(entries_, length());
+  }
   void reorderRuns(const uint32_t* runStarts, const unsigned* order, unsigned runs,
                    uintptr_t* scratch) {
-    memcpy(scratch, entries_, length_ * sizeof(uintptr_t));
+    uint32_t length = this->length();
+    memcpy(scratch, entries_, length * sizeof(uintptr_t));
     uint32_t out = 0;
     for (unsigned k = 0; k < runs; k++) {
       uint32_t first = runStarts[order[k]];
@@ -138,38 +185,38 @@ class SlotStack {
       memcpy(entries_ + out, scratch + first, count * sizeof(uintptr_t));
       out += count;
     }
-    MESHALLOC_ASSERT(out == length_);
+    MESHALLOC_ASSERT(out == length);
   }
 
  private:
   // The fast paths' fields, first in ShuffleVector's first cache line.
-  uint32_t length_ = 0;  // free slots available, popped from the end
-  uint32_t popFloor_ = 0;
+  uintptr_t* top_ = nullptr;  // past the newest entry
+  uintptr_t popFloor_ = 0;    // see canPop
+  uintptr_t* inlinePushLimit_ =
+      nullptr;                    // entries_ + capacity_, or nullptr: see setShufflesEveryPush
   uintptr_t* entries_ = nullptr;  // `capacity_` entries
   uint32_t capacity_ = 0;
-  uint32_t inlinePushLimit_ = 0;  // capacity_, or 0: see setShufflesEveryPush
 };
 
-// The class's SpanPlan::objectSize, slotLimit and slotMultiplier, copied beside the stack so that
-// the inline free checks that a pointer is a slot's start from the line it reads anyway (from the
-// class's plan it took 4 instructions more: the plan's address). All zero in an unconfigured
-// vector (the empty heap's): no pointer passes, so such a free goes to the slow path.
+// The class's SpanPlan::slotLimit and slotMultiplier, copied beside the stack so that the inline
+// free checks that a pointer is a slot's start from the line it reads anyway (from the class's
+// plan it took 4 instructions more: the plan's address). The limit is widened to 64 bits, so
+// that the compare takes it as its memory operand (a 32-bit field took a load of its own). All
+// zero in an unconfigured vector (the empty heap's): no pointer passes, so such a free goes to
+// the slow path.
 class SlotCheck {
  public:
   void configure(const SpanPlan& plan) {
-    objectSize_ = plan.objectSize;
     slotLimit_ = plan.slotLimit;
     slotMultiplier_ = plan.slotMultiplier;
   }
-  uint32_t objectSize() const { return objectSize_; }
   // SizeClasses::isSlotStart for this class.
   bool isSlotStart(uintptr_t delta) const {
     return SpanPlan::isSlotStart(slotLimit_, slotMultiplier_, delta);
   }
 
  private:
-  uint32_t objectSize_ = 0;
-  uint32_t slotLimit_ = 0;
+  uint64_t slotLimit_ = 0;
   uint64_t slotMultiplier_ = 0;
 };
 
@@ -267,6 +314,9 @@ class RecycledRing {
   uint32_t head_ = 0;  // next position written; the newest is just before it
   uintptr_t blocks_[kMaxRecycled] = {};
 };
+
+// SlotStack::setPopFloor sign-extends the floor: kFirstFloor must become all ones.
+static_assert(static_cast<int32_t>(RecycledRing::kFirstFloor) == -1);
 
 // The spans attached to the thread, by index (a span's Span::attachIndex), and a table of their
 // starts by hash, so that a free can tell without touching the span's record (which misses in a

@@ -61,7 +61,7 @@ struct SpanPlan {
 
   // Whether `delta` bytes into a span (below 2^40) is a slot's start, from the two fields above
   // (the shuffle vector keeps copies of them for the inline free).
-  static bool isSlotStart(uint32_t slotLimit, uint64_t slotMultiplier, uintptr_t delta) {
+  static bool isSlotStart(uint64_t slotLimit, uint64_t slotMultiplier, uintptr_t delta) {
     return static_cast<uint64_t>(delta) * slotMultiplier < slotLimit;
   }
 };

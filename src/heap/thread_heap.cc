@@ -80,7 +80,7 @@ size_t ThreadHeap::storageBytes() {
 }
 
 void ThreadHeap::initialize() {
-  // The fast paths' vectorInRegister and vectorOfClassByte (thread_heap.h).
+  // The fast paths' vectorForSize and vectorOfClassByte (thread_heap.h).
   static_assert(std::is_standard_layout_v<ThreadHeap>);
   static_assert(offsetof(ThreadHeap, unconfigured_) == 0);
   static_assert(offsetof(ThreadHeap, vectors_) == kVectorStride);
@@ -92,7 +92,7 @@ void ThreadHeap::initialize() {
     v.check.configure(SizeClasses::plan(c));
     v.slots.configure(reinterpret_cast<uintptr_t*>(cursor), vectorCapacity(c));
     cursor += entryBytes(c);
-    size_t recycled = kRecycledBytes / v.check.objectSize();
+    size_t recycled = kRecycledBytes / kSizeClassSizes[c];
     v.recycled.configure(static_cast<uint32_t>(recycled > kMaxRecycled   ? kMaxRecycled
                                                : recycled < kMinRecycled ? kMinRecycled
                                                                          : recycled));

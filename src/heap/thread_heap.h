@@ -165,8 +165,8 @@ class ThreadHeap {
   // (no small span there), one stride below class 0's. The inline free indexes the vectors by
   // that byte, the class plus one, so it needs neither the byte's zero test nor the
   // subtraction (3 instructions): such a pointer fails this vector's slot check (its bounds are
-  // 0) and goes to the slow path. First, so that malloc reaches class c's vector at a
-  // displacement from the heap plus c strides (vectorInRegister).
+  // 0) and goes to the slow path. First, so that class c's vector lies c + 1 strides into the
+  // heap, the offset malloc adds (kVectorOffsets).
   PaddedVector unconfigured_;
   PaddedVector vectors_[kNumSizeClasses];
   // Zeros until create() seeds it and sets the level: a ThreadHeap constant-initialises to
@@ -188,15 +188,34 @@ class ThreadHeap {
   ThreadHeap* poolNext_ = nullptr;
 };
 
-// heap->vector(sizeClass) with heap + class * stride computed once, into a register, for the
-// fast paths: left to itself GCC addressed each field from the heap and the class (heap + class
-// * stride + offset) and computed the address again for the next (malloc: 2 instructions, free:
-// 2). The vector's place in the heap is a constant displacement from there.
-__attribute__((always_inline)) inline ShuffleVector& vectorInRegister(ThreadHeap* heap,
-                                                                      unsigned sizeClass) {
-  char* base = reinterpret_cast<char*>(heap) + size_t{sizeClass} * ThreadHeap::kVectorStride;
-  asm("" : "+r"(base));
-  return *reinterpret_cast<ShuffleVector*>(base + ThreadHeap::kVectorStride);
+// Each small size's vector, as its offset in a ThreadHeap (class c's: (c + 1) strides), by
+// (size + kMinAlignment - 1) / kMinAlignment, as SizeClasses::classOf indexes its byte table:
+// malloc adds the offset to the heap, where the class took a shift more (its multiply by the
+// stride). Built from kSizeClassSizes at compile time, as classOf's table is at start-up
+// (ThreadHeapTest.VectorOffsetsAgreeWithClassOf compares them at every size).
+struct VectorOffsets {
+  static constexpr size_t kCount = kMaxSmallSize / kMinAlignment + 1;
+  uint16_t bySize[kCount];
+};
+inline constexpr VectorOffsets kVectorOffsets = [] {
+  static_assert((kNumSizeClasses + 1) * ThreadHeap::kVectorStride <= UINT16_MAX);
+  VectorOffsets offsets{};
+  unsigned c = 0;
+  for (size_t i = 0; i < VectorOffsets::kCount; i++) {
+    while (kSizeClassSizes[c] < i * kMinAlignment) c++;
+    offsets.bySize[i] = static_cast<uint16_t>((c + 1) * ThreadHeap::kVectorStride);
+  }
+  return offsets;
+}();
+
+// The vector of a small size, its address computed once, into a register, for the fast path:
+// left to itself GCC addressed each field from the heap and the offset and computed the
+// address again for the next (malloc: 2 instructions).
+__attribute__((always_inline)) inline ShuffleVector& vectorForSize(ThreadHeap* heap, size_t size) {
+  char* vector = reinterpret_cast<char*>(heap) +
+                 kVectorOffsets.bySize[(size + kMinAlignment - 1) / kMinAlignment];
+  asm("" : "+r"(vector));
+  return *reinterpret_cast<ShuffleVector*>(vector);
 }
 // The same for a compact page-map entry's class byte (PageClassEntry: the class plus one, 0 where
 // there is no small span), for the inline free: byte 0 names the unconfigured vector, whose

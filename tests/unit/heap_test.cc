@@ -35,6 +35,18 @@ class HeapTest : public ::testing::Test {
   HeapConfig saved_;
 };
 
+// malloc finds a size's vector by kVectorOffsets, built apart from SizeClasses::classOf's table:
+// the two must name the same class at every small size (else malloc pops blocks of another
+// size).
+TEST(ThreadHeapTest, VectorOffsetsAgreeWithClassOf) {
+  ASSERT_TRUE(heap::ensureInitialized());
+  for (size_t size = 0; size <= kMaxSmallSize; size++) {
+    size_t offset = kVectorOffsets.bySize[(size + kMinAlignment - 1) / kMinAlignment];
+    ASSERT_EQ(offset, (SizeClasses::classOf(size) + 1) * ThreadHeap::kVectorStride)
+        << "size " << size;
+  }
+}
+
 TEST_F(HeapTest, ASpanHandsOutEverySlotExactlyOnce) {
   constexpr size_t kSize = 10240;
   unsigned c = SizeClasses::classOf(kSize);
@@ -457,7 +469,8 @@ TEST_F(HeapTest, ThreadExitReturnsAttachedSpans) {
     ASSERT_EQ(heap::currentThreadHeap(), exited);
     for (unsigned c = 0; c < kNumSizeClasses; c++) {
       const ShuffleVector& v = exited->vector(c);
-      EXPECT_EQ(v.check.objectSize(), kSizeClassSizes[c]);
+      EXPECT_TRUE(v.check.isSlotStart(kSizeClassSizes[c]));
+      EXPECT_FALSE(v.check.isSlotStart(kSizeClassSizes[c] / 2));
       EXPECT_GT(v.slots.capacity(), 0u);
       EXPECT_GT(v.recycled.capacity(), 0u);
       EXPECT_GT(v.slots.capacity(), 0u);

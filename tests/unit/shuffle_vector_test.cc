@@ -83,6 +83,13 @@ TEST_F(ShuffleVectorParts, TheStackPopsLastInAndSpillsItsOldest) {
   ASSERT_EQ(stack.length(), 2u);
   EXPECT_EQ(stack.entry(0), block(2));
   EXPECT_EQ(stack.pop(), reinterpret_cast<void*>(block(3)));
+  EXPECT_EQ(stack.lengthSeenByPeers(), 1u);
+  EXPECT_TRUE(stack.canPop());
+  EXPECT_EQ(stack.pop(), reinterpret_cast<void*>(block(2)));
+  EXPECT_TRUE(stack.empty());
+  EXPECT_FALSE(stack.canPop()) << "an empty stack: the floor at 0 is its base";
+  EXPECT_FALSE(SlotStack{}.canPop()) << "an unconfigured stack (the empty heap's)";
+  EXPECT_FALSE(SlotStack{}.takesInlinePush());
 
   // The inline push stops at the limit: the capacity, or 0 where every push is shuffled in.
   stack.clear();
