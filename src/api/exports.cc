@@ -37,7 +37,7 @@ MESHALLOC_EXPORT void* malloc(size_t size) {
   // The caller alone decides, without looking at the size first: a size test ahead of it was a
   // branch the CPU mispredicted on every other call of programs whose sizes straddle the
   // threshold (larson: 14 % slower), while the caller test is always false for a program's
-  // own calls. (api::mayBeCalledFromLibcBufferFunction, keeping the difference.)
+  // own calls. The difference from the range's start is kept: the exact test adds it back.
   uintptr_t callerOffset =
       reinterpret_cast<uintptr_t>(__builtin_return_address(0)) - api::gLibcBufferCallerSpan.start;
   if (__builtin_expect(callerOffset < api::gLibcBufferCallerSpan.size, 0))

@@ -34,11 +34,9 @@ inline CodeSpan gLibcBufferCallerSpan;
 // stream). Returns how many were found.
 size_t findLibcBufferCallers();
 
+// malloc's fast path tests only gLibcBufferCallerSpan on every call (api/exports.cc): one range
+// holds every caller, so the program's own calls (outside glibc) are told apart with one
+// comparison, and this exact test runs only for calls from inside the range.
 bool calledFromLibcBufferFunction(const void* returnAddress);
-// malloc's fast path tests only this on every call: one range holds every caller, so the
-// program's own calls (outside glibc) are told apart with one comparison.
-inline bool mayBeCalledFromLibcBufferFunction(const void* returnAddress) {
-  return gLibcBufferCallerSpan.contains(reinterpret_cast<uintptr_t>(returnAddress));
-}
 
 }  // namespace meshalloc::api

@@ -208,7 +208,7 @@ class ThreadCache {
            m.runChunks[3] == chunk;
   }
   // The magazine's address, computed once: without this GCC computes it again for the store of
-  // the count (as heap's vectorInRegister).
+  // the count (as the heap's vectorOfClassByte does for a shuffle vector).
   __attribute__((always_inline)) Magazine& magazineInRegister(unsigned sizeClass) {
     Magazine* m = &magazines_[sizeClass];
     asm("" : "+r"(m));
