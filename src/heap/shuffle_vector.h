@@ -192,8 +192,8 @@ class SlotStack {
   // The fast paths' fields, first in ShuffleVector's first cache line.
   uintptr_t* top_ = nullptr;  // past the newest entry
   uintptr_t popFloor_ = 0;    // see canPop
-  uintptr_t* inlinePushLimit_ =
-      nullptr;                    // entries_ + capacity_, or nullptr: see setShufflesEveryPush
+  // entries_ + capacity_, or nullptr: see setShufflesEveryPush.
+  uintptr_t* inlinePushLimit_ = nullptr;
   uintptr_t* entries_ = nullptr;  // `capacity_` entries
   uint32_t capacity_ = 0;
 };

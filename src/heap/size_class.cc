@@ -46,12 +46,6 @@ void SizeClasses::init(size_t pageSize) {
     p.slotLimit = p.objectCount * excess;
     if (p.objectCount > maxObjects_) maxObjects_ = p.objectCount;
   }
-  unsigned c = 0;
-  for (size_t i = 0; i <= kMaxSmallSize / kMinAlignment; i++) {
-    size_t size = i * kMinAlignment;
-    while (kSizeClassSizes[c] < size) c++;
-    lookup_[i] = static_cast<uint8_t>(c);
-  }
 }
 
 unsigned SizeClasses::classForAlignment(size_t size, size_t alignment) {

@@ -40,6 +40,23 @@ constexpr uint8_t kLargeClass = 0xff;
 static_assert(kNumSizeClasses < kLargeClass);
 static_assert(kSizeClassSizes[kNumSizeClasses - 1] == kMaxSmallSize);
 
+// The class of each small size, by (size + kMinAlignment - 1) / kMinAlignment: SizeClasses::classOf
+// reads it, and malloc's table of vector offsets (heap/thread_heap.h) is built from it. Computed at
+// compile time, so it is there before init() and costs no start-up work.
+struct ClassBySize {
+  static constexpr size_t kCount = kMaxSmallSize / kMinAlignment + 1;
+  uint8_t classes[kCount];
+};
+inline constexpr ClassBySize kClassBySize = [] {
+  ClassBySize table{};
+  unsigned c = 0;
+  for (size_t i = 0; i < ClassBySize::kCount; i++) {
+    while (kSizeClassSizes[c] < i * kMinAlignment) c++;
+    table.classes[i] = static_cast<uint8_t>(c);
+  }
+  return table;
+}();
+
 struct SpanPlan {
   uint32_t objectSize;
   uint32_t pages;
@@ -71,7 +88,7 @@ class SizeClasses {
   static void init(size_t pageSize);
 
   static unsigned classOf(size_t size) {
-    return lookup_[(size + kMinAlignment - 1) / kMinAlignment];
+    return kClassBySize.classes[(size + kMinAlignment - 1) / kMinAlignment];
   }
   static const SpanPlan& plan(unsigned sizeClass) { return plans_[sizeClass]; }
   // Slot index of `delta` bytes into a span of `sizeClass`, or -1 if it is not a slot start.
@@ -94,7 +111,6 @@ class SizeClasses {
   static unsigned classForAlignment(size_t size, size_t alignment);
 
  private:
-  static inline uint8_t lookup_[kMaxSmallSize / kMinAlignment + 1];
   static inline SpanPlan plans_[kNumSizeClasses];
   static inline size_t maxObjects_ = 0;
 };

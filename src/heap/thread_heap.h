@@ -188,22 +188,19 @@ class ThreadHeap {
   ThreadHeap* poolNext_ = nullptr;
 };
 
-// Each small size's vector, as its offset in a ThreadHeap (class c's: (c + 1) strides), by
-// (size + kMinAlignment - 1) / kMinAlignment, as SizeClasses::classOf indexes its byte table:
-// malloc adds the offset to the heap, where the class took a shift more (its multiply by the
-// stride). Built from kSizeClassSizes at compile time, as classOf's table is at start-up
+// Each small size's vector, as its offset in a ThreadHeap (class c's: (c + 1) strides), indexed
+// as kClassBySize is: malloc adds the offset to the heap, where the class took a shift more (its
+// multiply by the stride). Built at compile time from kClassBySize, the table classOf reads
 // (ThreadHeapTest.VectorOffsetsAgreeWithClassOf compares them at every size).
 struct VectorOffsets {
-  static constexpr size_t kCount = kMaxSmallSize / kMinAlignment + 1;
-  uint16_t bySize[kCount];
+  uint16_t bySize[ClassBySize::kCount];
 };
 inline constexpr VectorOffsets kVectorOffsets = [] {
   static_assert((kNumSizeClasses + 1) * ThreadHeap::kVectorStride <= UINT16_MAX);
   VectorOffsets offsets{};
-  unsigned c = 0;
-  for (size_t i = 0; i < VectorOffsets::kCount; i++) {
-    while (kSizeClassSizes[c] < i * kMinAlignment) c++;
-    offsets.bySize[i] = static_cast<uint16_t>((c + 1) * ThreadHeap::kVectorStride);
+  for (size_t i = 0; i < ClassBySize::kCount; i++) {
+    offsets.bySize[i] =
+        static_cast<uint16_t>((kClassBySize.classes[i] + 1u) * ThreadHeap::kVectorStride);
   }
   return offsets;
 }();

@@ -35,9 +35,9 @@ class HeapTest : public ::testing::Test {
   HeapConfig saved_;
 };
 
-// malloc finds a size's vector by kVectorOffsets, built apart from SizeClasses::classOf's table:
-// the two must name the same class at every small size (else malloc pops blocks of another
-// size).
+// malloc finds a size's vector by kVectorOffsets, built from the table SizeClasses::classOf reads
+// (kClassBySize): the offset must name the same class at every small size (else malloc pops
+// blocks of another size).
 TEST(ThreadHeapTest, VectorOffsetsAgreeWithClassOf) {
   ASSERT_TRUE(heap::ensureInitialized());
   for (size_t size = 0; size <= kMaxSmallSize; size++) {

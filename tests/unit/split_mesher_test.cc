@@ -149,26 +149,33 @@ class SplitMesherPages : public SplitMesherSearch {
     return spans;
   }
   static uint64_t slot(unsigned page, unsigned index) { return uint64_t{1} << (page * 16 + index); }
+  // Searches spans with `bits` (one group) under 64 seeds and expects each to pair exactly the
+  // spans `pair`, except where `skipLeft` went left (the search's halves are random: a span on
+  // the left that can only take one partner says nothing). Expects more than 8 seeds checked.
+  void expectPairUnlessLeft(const std::vector<uint64_t>& bits, uint64_t skipLeft,
+                            const std::set<uint64_t>& pair) {
+    unsigned checked = 0;
+    for (uint64_t seed = 1; seed <= 64; seed++) {
+      std::vector<Span*> candidates = makePagedSpans(bits);
+      Rng rng(seed);
+      MeshGroup groups[1];
+      size_t found = SplitMesher::find(candidates.data(), candidates.size(), 64, rng, groups, 1);
+      if (bitsOf(candidates[0]) == skipLeft) continue;
+      checked++;
+      ASSERT_EQ(found, 1u) << "seed " << seed;
+      ASSERT_EQ(groups[0].sourceCount, 1u);
+      std::set<uint64_t> got = {bitsOf(groups[0].destination), bitsOf(groups[0].sources[0])};
+      EXPECT_EQ(got, pair) << "seed " << seed;
+    }
+    EXPECT_GT(checked, 8u);
+  }
 };
 
 TEST_F(SplitMesherPages, PrefersAPartnerSharingPagesToOneSharingNone) {
   // b's objects lie on page 2 only, c's on pages 0 and 2, and b and c overlap: a (page 0) meshes
   // with c, which shares page 0, not with b, which shares none.
   const uint64_t kA = slot(0, 0), kB = slot(2, 5), kC = slot(0, 4) | slot(2, 5);
-  unsigned checked = 0;
-  for (uint64_t seed = 1; seed <= 64; seed++) {
-    std::vector<Span*> candidates = makePagedSpans({kA, kB, kC});
-    Rng rng(seed);
-    MeshGroup groups[1];
-    size_t found = SplitMesher::find(candidates.data(), candidates.size(), 64, rng, groups, 1);
-    if (bitsOf(candidates[0]) == kB) continue;  // b on the left can only take a
-    checked++;
-    ASSERT_EQ(found, 1u) << "seed " << seed;
-    ASSERT_EQ(groups[0].sourceCount, 1u);
-    std::set<uint64_t> pair = {bitsOf(groups[0].destination), bitsOf(groups[0].sources[0])};
-    EXPECT_EQ(pair, (std::set<uint64_t>{kA, kC})) << "seed " << seed;
-  }
-  EXPECT_GT(checked, 8u);
+  expectPairUnlessLeft({kA, kB, kC}, kB, {kA, kC});  // b on the left can only take a
 }
 
 TEST_F(SplitMesherPages, MeshesSpansSharingNoPageWhenNothingElseFits) {
@@ -214,21 +221,7 @@ TEST_F(SplitMesherPages, TakesThePartnerSharingTheMostPages) {
   // (pages 0 and 2), which also fits a but shares one page and overlaps d.
   const uint64_t kA = slot(0, 0) | slot(1, 0), kD = slot(0, 1) | slot(1, 2),
                  kE = slot(0, 1) | slot(2, 0);
-  unsigned checked = 0;
-  for (uint64_t seed = 1; seed <= 64; seed++) {
-    std::vector<Span*> candidates = makePagedSpans({kA, kE, kD});
-    Rng rng(seed);
-    MeshGroup groups[1];
-    size_t found = SplitMesher::find(candidates.data(), candidates.size(), 64, rng, groups, 1);
-    // One span goes left; e on the left can only take a.
-    if (bitsOf(candidates[0]) == kE) continue;
-    checked++;
-    ASSERT_EQ(found, 1u) << "seed " << seed;
-    ASSERT_EQ(groups[0].sourceCount, 1u);
-    std::set<uint64_t> pair = {bitsOf(groups[0].destination), bitsOf(groups[0].sources[0])};
-    EXPECT_EQ(pair, (std::set<uint64_t>{kA, kD})) << "seed " << seed;
-  }
-  EXPECT_GT(checked, 8u);
+  expectPairUnlessLeft({kA, kE, kD}, kE, {kA, kD});  // e on the left can only take a
 }
 
 // The search's one-word page mask (livePageWord) says what livePages says, in every class whose
