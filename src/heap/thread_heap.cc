@@ -153,21 +153,24 @@ void ThreadHeap::updateRecycledOrder(bool joined) {
   }
 }
 
+namespace {
+// The whole pages within [start, end).
+ThreadHeap::PageRange wholePagesIn(uintptr_t start, uintptr_t end) {
+  uintptr_t first = roundUpToPage(start);
+  uintptr_t last = end & ~(uintptr_t{Arena::pageSize()} - 1);
+  return {first, last > first ? last - first : 0};
+}
+}  // namespace
+
 ThreadHeap::PageRange ThreadHeap::entryPages() const {
-  uintptr_t pageSize = Arena::pageSize();
   uintptr_t base = reinterpret_cast<uintptr_t>(this);
-  uintptr_t first = (base + entriesOffset() + pageSize - 1) & ~(pageSize - 1);
-  uintptr_t end = (base + storageBytes()) & ~(pageSize - 1);
-  return {first, end > first ? end - first : 0};
+  return wholePagesIn(base + entriesOffset(), base + storageBytes());
 }
 
 ThreadHeap::PageRange ThreadHeap::vectorPages() const {
-  uintptr_t pageSize = Arena::pageSize();
   // From the unconfigured vector, which is zeros too.
-  uintptr_t base = reinterpret_cast<uintptr_t>(&unconfigured_);
-  uintptr_t first = (base + pageSize - 1) & ~(pageSize - 1);
-  uintptr_t end = reinterpret_cast<uintptr_t>(vectors_ + kNumSizeClasses) & ~(pageSize - 1);
-  return {first, end > first ? end - first : 0};
+  return wholePagesIn(reinterpret_cast<uintptr_t>(&unconfigured_),
+                      reinterpret_cast<uintptr_t>(vectors_ + kNumSizeClasses));
 }
 
 void ThreadHeap::releaseEntryPages() {
